@@ -1,0 +1,15 @@
+"""Errors a user can cause.
+
+Every command catches :class:`UserError` at the CLI boundary and prints its
+message as one line (what is wrong, how to fix it), then exits with code 2.
+Library code raises it for bad input; anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+    exit_code = 2
