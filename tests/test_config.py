@@ -1,0 +1,111 @@
+"""Typed configs: defaults, YAML loading, overrides, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from toprcli.cli.main import app
+from toprcli.config import (
+    ConfigError,
+    CurateConfig,
+    GenerateConfig,
+    IterateConfig,
+    TrainConfig,
+    config_to_dict,
+    load_config,
+    parse_override,
+)
+
+runner = CliRunner()
+
+
+def test_defaults_follow_the_paper():
+    g, t = GenerateConfig(), TrainConfig()
+    assert (g.n, g.temperature, g.max_new_tokens) == (16, 1.0, 512)
+    assert (t.optimizer, t.lr, t.schedule, t.grad_clip, t.epochs, t.loss) == ("adafactor", 5e-7, "constant", 1.0, 1.0, "topr")
+
+
+def test_yaml_and_overrides(tmp_path):
+    f = tmp_path / "g.yaml"
+    f.write_text("model: m\nn: 4\ntemperature: 0.7\ndataset:\n  source: builtin:arith\n  split: test\n")
+    cfg = load_config(GenerateConfig, f, {"n": 8, "top_k": None, "dataset.level": 3})
+    assert cfg.n == 8 and cfg.temperature == 0.7 and cfg.top_k == -1
+    assert cfg.dataset.split == "test" and cfg.dataset.level == 3
+
+
+def test_pipeline_file_gives_each_stage_its_section(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("rounds: 2\ngenerate:\n  n: 3\ntrain:\n  lr: 1e-4\n  loss: sft\n")
+    assert load_config(GenerateConfig, f).n == 3
+    t = load_config(TrainConfig, f)
+    assert t.lr == 1e-4 and t.loss == "sft"  # '1e-4' (a string to PyYAML) is read as a float
+    it = load_config(IterateConfig, f)
+    assert it.rounds == 2 and it.generate.n == 3
+
+
+@pytest.mark.parametrize(
+    "yaml_text, words",
+    [
+        ("nn: 3\n", ["unknown config key 'nn'", "allowed keys"]),
+        ("n: 0\n", ["'n'", "0", "integer >= 1"]),
+        ("n: three\n", ["'n'", "'three'", "an integer"]),
+        ("backend: tpu\n", ["'backend'", "'tpu'", "'vllm'"]),
+        ("dataset:\n  splt: test\n", ["unknown config key 'dataset.splt'"]),
+        ("top_p: 1.5\n", ["'top_p'", "1.5", "(0, 1]"]),
+        ("- a\n- b\n", ["must be a mapping"]),
+        ("n: [\n", ["not valid YAML"]),
+    ],
+)
+def test_bad_configs_name_key_value_and_allowed(tmp_path, yaml_text, words):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml_text)
+    with pytest.raises(ConfigError) as e:
+        load_config(GenerateConfig, f)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg
+
+
+def test_curate_fraction_bounds():
+    with pytest.raises(ConfigError, match="strictly between 0 and 1"):
+        load_config(CurateConfig, None, {"positive_fraction": 1.0})
+
+
+def test_parse_override():
+    assert parse_override("train.lr=1e-6") == ("train.lr", "1e-6")
+    assert parse_override("generate.n=4") == ("generate.n", 4)
+    with pytest.raises(ConfigError):
+        parse_override("nokey")
+
+
+def test_config_show_and_check_cli(tmp_path):
+    r = runner.invoke(app, ["config", "show", "train"])
+    assert r.exit_code == 0 and "optimizer: adafactor" in r.stdout
+    r = runner.invoke(app, ["config", "show"])
+    assert r.exit_code == 0 and "warm_start:" in r.stdout and "generate:" in r.stdout
+    good = tmp_path / "ok.yaml"
+    good.write_text("rounds: 2\ngenerate:\n  n: 2\n")
+    r = runner.invoke(app, ["config", "check", str(good)])
+    assert r.exit_code == 0 and "rounds: 2" in r.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: 2\ntrain:\n  optimizer: sgd\n")
+    r = runner.invoke(app, ["config", "check", str(bad)])
+    assert r.exit_code == 2
+    assert "train.optimizer" in r.stderr and "'sgd'" in r.stderr and "Traceback" not in r.output
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = runner.invoke(app, ["config", "show", "nope"])
+    assert r.exit_code == 2 and "unknown stage" in r.stderr
+
+
+def test_resolved_config_is_plain_data():
+    d = config_to_dict(IterateConfig())
+    assert d["train"]["loss"] == "topr" and isinstance(d["generate"]["dataset"], dict)
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    for f in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+        load_config(IterateConfig, f)

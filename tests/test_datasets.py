@@ -1,0 +1,143 @@
+"""Dataset specs: every source, presets, templates, stable ids, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from toprcli.config import DatasetSpec
+from toprcli.data.datasets import (
+    encode_prompt,
+    gsm8k_gold,
+    last_boxed,
+    load_examples,
+    render_prompt,
+    resolve_preset,
+)
+from toprcli.errors import UserError
+
+
+def test_gsm8k_local_jsonl(gsm8k_dir):
+    ex = load_examples(DatasetSpec(source=str(gsm8k_dir / "test.jsonl"), split="test"))
+    assert len(ex) == 1319
+    assert ex[0].answer == "18" and ex[0].solution.endswith("#### 18")
+    assert len({e.prompt_id for e in ex}) == 1319
+    prompt = render_prompt(ex[0], DatasetSpec(source=str(gsm8k_dir / "test.jsonl")))
+    assert "#### <number>" in prompt and ex[0].question in prompt
+
+
+def test_gsm8k_dataset_dir_through_the_hub_loader(gsm8k_dir):
+    # A local directory laid out like a hub repo goes through the same load_dataset(id, config, split) call.
+    spec = DatasetSpec(source=str(gsm8k_dir), split="test", limit=5)
+    ex = load_examples(spec)
+    assert len(ex) == 5 and resolve_preset(spec).name == "gsm8k"
+    train = load_examples(DatasetSpec(source=str(gsm8k_dir), split="train", limit=5))
+    assert {e.prompt_id for e in train}.isdisjoint({e.prompt_id for e in ex})
+
+
+def test_ids_are_stable_under_reordering(tmp_path):
+    rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(5)]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    b.write_text("".join(json.dumps(r) + "\n" for r in reversed(rows)))
+    ia = {e.question: e.prompt_id for e in load_examples(DatasetSpec(source=str(a), preset="gsm8k"))}
+    ib = {e.question: e.prompt_id for e in load_examples(DatasetSpec(source=str(b), preset="gsm8k"))}
+    assert ia == ib
+
+
+@pytest.mark.parametrize("fmt", ["json", "parquet", "csv"])
+def test_other_local_formats_with_column_mapping(tmp_path, fmt):
+    data = {"problem_text": ["What is \\frac{1}{2}+\\frac{1}{2}?", "2+2?"], "sol": ["so \\boxed{1}", "\\boxed{4}"], "uid": ["a", "b"]}
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "json":
+        path.write_text(json.dumps([dict(zip(data, v)) for v in zip(*data.values())]))
+    elif fmt == "parquet":
+        pq.write_table(pa.table(data), path)
+    else:
+        path.write_text("problem_text,sol,uid\n" + "\n".join(f'"{a}","{b}",{c}' for a, b, c in zip(*data.values())) + "\n")
+    spec = DatasetSpec(source=str(path), preset="math", question_column="problem_text", answer_column="sol", id_column="uid")
+    ex = load_examples(spec)
+    assert [e.prompt_id for e in ex] == ["a", "b"] and [e.answer for e in ex] == ["1", "4"]
+    assert "\\boxed{}" in render_prompt(ex[0], spec)
+
+
+def test_builtin_arith():
+    spec = DatasetSpec(source="builtin:arith", split="train", size=50, seed=3)
+    ex = load_examples(spec)
+    assert len(ex) == 50 and all(e.solution.rstrip().split("#### ")[-1] == e.answer for e in ex)
+    assert ex == load_examples(spec)
+    test = load_examples(DatasetSpec(source="builtin:arith", split="test", size=50, seed=3))
+    assert {e.question for e in ex}.isdisjoint({e.question for e in test})
+
+
+def test_templates_and_chat_template(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ex = load_examples(DatasetSpec(size=3))[0]
+    spec = DatasetSpec(template="Problem: {question}\nSolution:")
+    text = render_prompt(ex, spec)
+    assert text == f"Problem: {ex.question}\nSolution:"
+    ids = encode_prompt(text, tok, spec)
+    assert ids[0] == tok.bos_token_id and tok.decode(ids[1:]) == text
+    chat = render_prompt(ex, DatasetSpec(chat_template=True, system_prompt="Be brief."), tok)
+    assert ex.question in chat and "Be brief." in chat and chat != text
+    with pytest.raises(UserError, match="no \\{question\\} placeholder"):
+        render_prompt(ex, DatasetSpec(template="no placeholder"))
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        (DatasetSpec(source="builtin:nope"), "unknown built-in dataset"),
+        (DatasetSpec(source="./missing.jsonl"), "not found"),
+        (DatasetSpec(source="missing.jsonl"), "not found"),
+        (DatasetSpec(source="builtin:arith", split="validation"), "split"),
+    ],
+)
+def test_bad_specs(spec, match):
+    with pytest.raises(UserError, match=match):
+        load_examples(spec)
+
+
+def test_bad_columns_and_empty(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "hi", "label": "1"}\n')
+    with pytest.raises(UserError, match="no question column.*columns are: text, label"):
+        load_examples(DatasetSpec(source=str(f)))
+    with pytest.raises(UserError, match="no column 'q'"):
+        load_examples(DatasetSpec(source=str(f), question_column="q"))
+    e = tmp_path / "e.csv"
+    e.write_text("question,answer\n")
+    with pytest.raises(UserError):
+        load_examples(DatasetSpec(source=str(e)))
+    u = tmp_path / "d.txt"
+    u.write_text("x")
+    with pytest.raises(UserError, match="unsupported file type"):
+        load_examples(DatasetSpec(source=str(u)))
+
+
+def test_unreachable_hub_id_is_one_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError) as e:
+        load_examples(DatasetSpec(source="nobody-xyz/not-a-dataset", split="test"))
+    assert "\n" not in str(e.value) and "nobody-xyz/not-a-dataset" in str(e.value)
+
+
+def test_gold_helpers():
+    assert gsm8k_gold("a\nb\n#### 1,234") == "1234"
+    assert gsm8k_gold("42") == "42"
+    assert last_boxed("x \\boxed{\\frac{1}{2}} y \\boxed{3}") == "3"
+    assert last_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert last_boxed("none") is None
+
+
+def test_cli_reports_bad_dataset_in_one_line(tmp_path):
+    from toprcli.cli.main import app
+
+    r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "nope.yaml")])
+    assert r.exit_code == 2 and "config file not found" in r.stderr

@@ -1,0 +1,113 @@
+"""The shard store: atomic writes, resume, manifests and the schema validator."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from toprcli import shards
+from toprcli.errors import UserError
+
+
+def samples_table(n: int = 3, start: int = 0) -> pa.Table:
+    rows = {
+        "prompt_id": [f"p{i}" for i in range(start, start + n)],
+        "prompt": ["Q: 1+1\nA:"] * n,
+        "answer": ["2"] * n,
+        "prompt_token_ids": [[1, 2, 3]] * n,
+        "sample_index": list(range(n)),
+        "completion": [" 2"] * n,
+        "completion_token_ids": [[4, 5]] * n,
+        "behavior_logprobs": [[-0.1, -0.2]] * n,
+        "finish_reason": ["stop"] * n,
+        "policy": ["m"] * n,
+        "iteration": [0] * n,
+    }
+    return pa.Table.from_pydict(rows, schema=shards.SAMPLES_SCHEMA)
+
+
+def test_write_and_read_shards_with_metadata(tmp_path):
+    shards.write_shard(tmp_path, 1, samples_table(2, 2), {"temperature": 1.0})
+    shards.write_shard(tmp_path, 0, samples_table(2, 0), {"temperature": 1.0})
+    assert list(shards.complete_shards(tmp_path)) == [0, 1]
+    t = shards.read_table(tmp_path)
+    assert t.column("prompt_id").to_pylist() == ["p0", "p1", "p2", "p3"]  # shard order
+    assert shards.read_file_metadata(tmp_path / "shard-00000.parquet") == {"temperature": 1.0}
+    shards.validate_columns(t, "samples", tmp_path)
+
+
+def test_half_written_temporary_is_ignored_and_replaced(tmp_path):
+    shards.write_shard(tmp_path, 0, samples_table())
+    # What a writer killed mid-way leaves behind: a truncated temporary file.
+    (tmp_path / ".shard-00001.parquet.999.tmp").write_bytes(b"PAR1 truncated")
+    assert list(shards.complete_shards(tmp_path)) == [0]
+    assert shards.read_table(tmp_path).num_rows == 3
+    assert shards.remove_stale_temporaries(tmp_path) == 1
+    shards.write_shard(tmp_path, 1, samples_table())
+    assert list(shards.complete_shards(tmp_path)) == [0, 1]
+
+
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", boom)
+    with pytest.raises(OSError):
+        shards.write_shard(tmp_path, 0, samples_table())
+    assert os.listdir(tmp_path) == []
+
+
+def test_manifest_roundtrip(tmp_path):
+    shards.write_manifest(tmp_path, stage="generate", config={"n": 2}, counts={"rows": 3}, wall_time_s=1.5)
+    m = shards.read_manifest(tmp_path)
+    assert m["stage"] == "generate" and m["config"] == {"n": 2} and m["counts"]["rows"] == 3
+    assert "torch" in m["versions"] and "pyarrow" in m["versions"]
+    assert shards.read_manifest(tmp_path / "nothing") is None
+
+
+def test_validator_names_missing_column_and_file(tmp_path):
+    t = samples_table().drop(["behavior_logprobs"])
+    with pytest.raises(UserError) as e:
+        shards.validate_columns(t, "samples", "x/shard-00000.parquet")
+    msg = str(e.value)
+    assert "x/shard-00000.parquet" in msg and "'behavior_logprobs'" in msg and "topr generate" in msg
+
+
+def test_validator_names_mistyped_column():
+    t = samples_table()
+    t = t.set_column(t.schema.get_field_index("sample_index"), "sample_index", pa.array(["0", "1", "2"]))
+    with pytest.raises(UserError, match=r"'sample_index' has type string, expected int32"):
+        shards.validate_columns(t, "samples", "f.parquet")
+    with pytest.raises(UserError, match="missing column 'reward'"):
+        shards.validate_columns(samples_table(), "scored", "f.parquet")
+
+
+def test_validator_accepts_large_types_and_extra_columns():
+    t = samples_table()
+    t = t.set_column(0, "prompt_id", t.column("prompt_id").cast(pa.large_string()))
+    t = t.append_column("extra", pa.array([1, 2, 3]))
+    shards.validate_columns(t, "samples", "f.parquet")
+    c = shards.conform(t, "samples")
+    assert c.schema.field("prompt_id").type == pa.string() and c.column_names[-1] == "extra"
+
+
+def test_read_errors_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        shards.read_table(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no shard"):
+        shards.read_table(tmp_path / "empty")
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet")
+    with pytest.raises(UserError, match="not a readable Parquet"):
+        shards.read_table(bad)
+
+
+def test_fingerprint_changes_with_content(tmp_path):
+    shards.write_shard(tmp_path, 0, samples_table())
+    a = shards.fingerprint(tmp_path)
+    shards.write_shard(tmp_path, 1, samples_table())
+    assert shards.fingerprint(tmp_path) != a
