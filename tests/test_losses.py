@@ -1,0 +1,364 @@
+"""Hand-computed checks of toprcli.losses (aggregation, TOPR and its siblings)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from toprcli.errors import UserError
+from toprcli.losses import (
+    AGGREGATIONS,
+    LOSSES,
+    aggregate,
+    kl_penalty,
+    list_losses,
+    policy_loss,
+    register_loss,
+)
+
+D = torch.float64
+
+
+def t(x, grad=False):
+    return torch.tensor(x, dtype=D, requires_grad=grad)
+
+
+def grad_of(name, lp, blp, adv, mask, **kw):
+    """(loss, metrics, d loss / d logprobs) for a fresh leaf copy of lp."""
+    x = lp.detach().clone().requires_grad_(True)
+    loss, metrics = policy_loss(name, x, blp, adv, mask, **kw)
+    (g,) = torch.autograd.grad(loss, x)
+    return loss, metrics, g
+
+
+# --------------------------------------------------------------------------- #
+# Aggregation on a 2×3 example
+#   l = [[1, 2, 3], [4, 5, 6]], mask = [[1, 1, 0], [1, 1, 1]], w = [1, 3]
+#   row sums 3 and 15, lengths 2 and 3
+# --------------------------------------------------------------------------- #
+
+L = t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+M = t([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+W = t([1.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    "mode, norm, expected",
+    [
+        ("token-mean", None, (1 * 3 + 3 * 15) / (1 * 2 + 3 * 3)),  # 48/11
+        ("seq-mean-token-sum", None, (1 * 3 + 3 * 15) / 4),  # 12
+        ("seq-mean-token-mean", None, (1 * 1.5 + 3 * 5) / 4),  # 4.125
+        ("seq-mean-token-sum-norm", None, (1 * 3 / 3 + 3 * 15 / 3) / 4),  # N = T = 3 → 4
+        ("seq-mean-token-sum-norm", 10, (1 * 0.3 + 3 * 1.5) / 4),  # 1.2
+    ],
+)
+def test_aggregation_by_hand(mode, norm, expected):
+    assert aggregate(L, M, mode, W, norm_length=norm).item() == pytest.approx(expected, abs=1e-12)
+
+
+def test_aggregation_unweighted_and_default_mode():
+    assert aggregate(L, M).item() == pytest.approx((1.5 + 5) / 2)
+    assert aggregate(L, M, "token-mean").item() == pytest.approx(18 / 5)
+
+
+def test_aggregation_guards_no_nan():
+    # padding may hold inf/NaN: it must not leak into value or gradient
+    x = t([[1.0, 2.0, float("nan")], [4.0, 5.0, 6.0]], grad=True)
+    x2 = t([[1.0, 2.0, float("-inf")], [4.0, 5.0, 6.0]])
+    for mode in AGGREGATIONS:
+        assert aggregate(x2, M, mode, W).item() == pytest.approx(aggregate(L, M, mode, W).item())
+        v = aggregate(x, M, mode, W)
+        (g,) = torch.autograd.grad(v, x)
+        assert torch.isfinite(v) and torch.isfinite(g).all()
+        assert g[0, 2] == 0
+        # all-empty mask and all-zero weights → exactly 0, finite grads
+        for mask, w in [(torch.zeros_like(M), W), (M, torch.zeros_like(W))]:
+            y = L.clone().requires_grad_(True)
+            v = aggregate(y, mask, mode, w)
+            (g,) = torch.autograd.grad(v, y)
+            assert v.item() == 0.0 and torch.isfinite(g).all()
+    # a row without tokens is not a sequence: it leaves the denominator
+    empty_first = t([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    assert aggregate(L, empty_first, "seq-mean-token-mean").item() == pytest.approx(5.0)
+    with pytest.raises(UserError, match="token-mean"):
+        aggregate(L, M, "mean")
+
+
+# --------------------------------------------------------------------------- #
+# TOPR
+#   row 0: positive, A = 2, 3 tokens
+#   row 1: negative, A = −1, 2 tokens (third is padding), s = −0.3 − 0.4 = −0.7
+# --------------------------------------------------------------------------- #
+
+LP = t([[-1.0, -2.0, -3.0], [-0.5, -1.0, -9.0]])
+BLP = t([[-1.1, -2.0, -2.0], [-0.2, -0.6, 0.0]])
+MASK = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+ADV = t([2.0, -1.0])
+ALPHA = math.exp(-0.7)
+
+
+def test_topr_value_and_gradients_by_hand():
+    loss, metrics, g = grad_of("topr", LP, BLP, ADV, MASK)
+    # loss = ½[−2·mean(−1,−2,−3) + α·mean(−0.5,−1)]
+    assert loss.item() == pytest.approx(0.5 * (-2 * -2.0 + ALPHA * -0.75), abs=1e-12)
+    expected = t([[-1 / 3, -1 / 3, -1 / 3], [ALPHA / 4, ALPHA / 4, 0.0]])
+    torch.testing.assert_close(g, expected, rtol=0, atol=1e-15)
+    assert metrics["n_pos"].item() == 1 and metrics["n_neg"].item() == 1
+    assert metrics["neg_alpha_mean"].item() == pytest.approx(ALPHA)
+    assert metrics["neg_alpha_lt1_frac"].item() == 1.0
+    # sequence log-ratios: row 0 = 0.1 + 0 − 1 = −0.9, row 1 = −0.7
+    assert metrics["log_ratio_min"].item() == pytest.approx(-0.9)
+    assert metrics["log_ratio_max"].item() == pytest.approx(-0.7)
+    assert metrics["log_ratio_mean"].item() == pytest.approx(-0.8)
+    assert all(not v.requires_grad and v.dim() == 0 for v in metrics.values())
+
+
+def test_topr_positives_equal_sft_negatives_equal_truncated_is():
+    _, _, g_topr = grad_of("topr", LP, BLP, ADV, MASK)
+    _, _, g_sft = grad_of("sft", LP, BLP, ADV, MASK)
+    # positives: exactly the SFT gradient; SFT drops the negative entirely
+    torch.testing.assert_close(g_topr[0], g_sft[0], rtol=0, atol=0)
+    assert (g_sft[1] == 0).all()
+    # negatives: truncated IS, coef clip(π/μ, 0, 1) = e^-0.7, with a python-float
+    # constant α, so any dα/dθ term in TOPR would show up as a difference
+    x = LP.clone().requires_grad_(True)
+    neg_only = 0.5 * (-(-1.0) * ALPHA * (x[1, :2].sum() / 2))
+    (g_hand,) = torch.autograd.grad(neg_only, x)
+    torch.testing.assert_close(g_topr[1], g_hand[1], rtol=0, atol=1e-16)
+    # and the library's own tis (all samples clipped to [0, 1]) agrees on negatives
+    _, _, g_tis = grad_of("tis", LP, BLP, ADV, MASK)
+    torch.testing.assert_close(g_topr[1], g_tis[1], rtol=0, atol=1e-16)
+
+
+def test_topr_alpha_carries_no_gradient():
+    # full hand loss with α a python float: gradients must match exactly
+    x = LP.clone().requires_grad_(True)
+    hand = 0.5 * (-2.0 * x[0].mean() - (-1.0) * ALPHA * x[1, :2].mean())
+    (g_hand,) = torch.autograd.grad(hand, x)
+    _, _, g = grad_of("topr", LP, BLP, ADV, MASK)
+    torch.testing.assert_close(g, g_hand, rtol=0, atol=1e-16)
+
+
+def test_topr_far_negative_has_no_gradient_and_negative_above_mu_gets_alpha_one():
+    lp = t([[-1.0, -2.0], [-30.0, -30.0], [-1.0, -1.0]])
+    blp = t([[-1.0, -2.0], [-5.0, -5.0], [-2.0, -2.0]])  # row 1: s = −50; row 2: s = +2
+    adv = t([1.0, -1.0, -1.0])
+    mask = torch.ones_like(lp)
+    _, metrics, g = grad_of("topr", lp, blp, adv, mask)
+    assert g[1].abs().max().item() < 1e-20  # e^-50/6 ≈ 3e-23
+    _, _, g_naive = grad_of("reinforce", lp, blp, adv, mask)
+    torch.testing.assert_close(g[2], g_naive[2], rtol=0, atol=0)  # α = 1 when π > μ
+    torch.testing.assert_close(g[2], t([1 / 6, 1 / 6]), rtol=0, atol=1e-16)
+    assert metrics["neg_alpha_lt1_frac"].item() == 0.5
+
+
+def test_topr_token_level_differs_from_sequence_level():
+    # token log-ratios +1 and −1: sequence ratio 1 (α = 1), token α = (1, e^-1)
+    lp, blp = t([[-1.0, -2.0]]), t([[-2.0, -1.0]])
+    adv, mask = t([-1.0]), t([[1.0, 1.0]])
+    l_seq, _, g_seq = grad_of("topr", lp, blp, adv, mask)
+    l_tok, m_tok, g_tok = grad_of("topr", lp, blp, adv, mask, ratio_level="token")
+    assert l_seq.item() == pytest.approx(-1.5)
+    assert l_tok.item() == pytest.approx((-1.0 + math.exp(-1) * -2.0) / 2)
+    torch.testing.assert_close(g_seq, t([[0.5, 0.5]]))
+    torch.testing.assert_close(g_tok, t([[0.5, math.exp(-1) / 2]]))
+    assert m_tok["neg_token_alpha_mean"].item() == pytest.approx((1 + math.exp(-1)) / 2)
+
+
+# --------------------------------------------------------------------------- #
+# Siblings by hand
+# --------------------------------------------------------------------------- #
+
+
+def test_is_and_tis_coefficients():
+    lp = t([[math.log(5000.0)], [math.log(3.0)], [math.log(0.5)]])
+    blp = torch.zeros_like(lp)
+    adv, mask = t([1.0, 1.0, 1.0]), torch.ones_like(lp)
+    # grad of −coef·A·log π per row, mean over 3 rows → −coef/3
+    _, m_is, g = grad_of("is", lp, blp, adv, mask)
+    torch.testing.assert_close(g[:, 0], t([-1000.0, -3.0, -0.5]) / 3)  # capped at max_weight=1e3
+    assert m_is["clip_frac"].item() == pytest.approx(1 / 3)
+    _, m_tis, g = grad_of("tis", lp, blp, adv, mask)
+    torch.testing.assert_close(g[:, 0], t([-1.0, -1.0, -0.5]) / 3)
+    assert m_tis["clip_frac"].item() == pytest.approx(2 / 3)
+    _, _, g = grad_of("tis", lp, blp, adv, mask, lower=0.6, upper=2.0)
+    torch.testing.assert_close(g[:, 0], t([-2.0, -2.0, -0.6]) / 3)
+
+
+def _ppo(ratios, a, **kw):
+    lp = t([[math.log(r) for r in ratios]])
+    return grad_of("ppo", lp, torch.zeros_like(lp), t([a]), torch.ones_like(lp), **kw)
+
+
+def test_ppo_clipping_by_hand():
+    # A = +1, ε = 0.2: r=1.5 → −1.2 (clipped, no grad); r=0.5 → −0.5; r=1.1 → −1.1
+    loss, m, g = _ppo([1.5, 0.5, 1.1], 1.0)
+    assert loss.item() == pytest.approx(-2.8 / 3)
+    # d(−r)/d log π = −r, mean over 3 tokens
+    torch.testing.assert_close(g, t([[0.0, -0.5 / 3, -1.1 / 3]]))
+    assert m["clip_frac"].item() == pytest.approx(1 / 3)
+    # asymmetric (clip-higher): r=1.5 → −1.28
+    loss, _, _ = _ppo([1.5], 1.0, clip_high=0.28)
+    assert loss.item() == pytest.approx(-1.28)
+
+
+def test_ppo_dual_clip_by_hand():
+    # A = −1: r=1.5 → 1.5; r=0.5 → max(0.5, 0.8) = 0.8 (clipped); r=4 → 4, dual c=3 → 3
+    loss, m, _ = _ppo([1.5, 0.5, 4.0], -1.0)
+    assert loss.item() == pytest.approx(6.3 / 3)
+    loss, m, g = _ppo([1.5, 0.5, 4.0], -1.0, dual_clip=3.0)
+    assert loss.item() == pytest.approx(5.3 / 3)
+    torch.testing.assert_close(g, t([[1.5 / 3, 0.0, 0.0]]))
+    assert m["clip_frac"].item() == pytest.approx(1 / 3)
+    assert m["dual_clip_frac"].item() == pytest.approx(1 / 3)
+
+
+def test_cispo_by_hand():
+    lp = t([[math.log(1.5), math.log(0.5)]])
+    blp, adv, mask = torch.zeros_like(lp), t([1.0]), torch.ones_like(lp)
+    loss, m, g = grad_of("cispo", lp, blp, adv, mask)  # coef (1.28, 0.5): no lower bound
+    assert loss.item() == pytest.approx(-(1.28 * math.log(1.5) + 0.5 * math.log(0.5)) / 2)
+    torch.testing.assert_close(g, t([[-1.28 / 2, -0.5 / 2]]))
+    assert m["clip_frac"].item() == 0.5
+    _, m, g = grad_of("cispo", lp, blp, adv, mask, clip_low=0.2)  # coef (1.28, 0.8)
+    torch.testing.assert_close(g, t([[-1.28 / 2, -0.8 / 2]]))
+    assert m["clip_frac"].item() == 1.0
+
+
+def test_kimi15_by_hand():
+    lp, blp = t([[-1.0, -2.0]]), t([[-1.5, -1.0]])  # d = (0.5, −1)
+    adv, mask = t([2.0]), t([[1.0, 1.0]])
+    loss, _, g = grad_of("kimi15", lp, blp, adv, mask, tau=0.4)
+    # mean_t[−2·lp + 0.2·d²] = [(2 + 0.05) + (4 + 0.2)] / 2
+    assert loss.item() == pytest.approx((2.05 + 4.2) / 2)
+    # d/dlp = (−2 + 0.4·d)/2
+    torch.testing.assert_close(g, t([[(-2 + 0.2) / 2, (-2 - 0.4) / 2]]))
+
+
+def test_kl_estimators_by_hand():
+    lp, ref = t([[-1.0, -2.0]]), t([[-1.5, -1.0]])  # d = log π − log ref = (0.5, −1)
+    k3 = ((math.exp(-0.5) - 1 + 0.5) + (math.exp(1.0) - 1 - 1.0)) / 2
+    expected = {"k1": (0.5 - 1) / 2, "k2": (0.125 + 0.5) / 2, "k3": k3}
+    for est, value in expected.items():
+        assert kl_penalty(lp, ref, est).mean().item() == pytest.approx(value)
+        # through policy_loss: A = 0 → pg_loss = 0, loss = kl_coef · kl
+        loss, m, g = grad_of(
+            "reinforce", lp, torch.zeros_like(lp), t([0.0]), torch.ones_like(lp),
+            ref_logprobs=ref, kl_coef=0.5, kl_estimator=est,
+        )
+        assert m["kl"].item() == pytest.approx(value)
+        assert loss.item() == pytest.approx(0.5 * value)
+        if est == "k3":  # d k3 / d lp = 1 − e^−d
+            torch.testing.assert_close(g, 0.5 * t([[1 - math.exp(-0.5), 1 - math.exp(1.0)]]) / 2)
+    with pytest.raises(UserError, match="k1, k2, k3"):
+        kl_penalty(lp, ref, "k4")
+
+
+def test_entropy_bonus_and_advantage_options():
+    lp, mask = t([[-1.0, -2.0], [-1.0, -1.0]]), torch.ones(2, 2, dtype=D)
+    ent = t([[0.5, 1.5], [1.0, 1.0]], grad=True)
+    loss, m = policy_loss("reinforce", lp, lp, t([0.0, 0.0]), mask, entropy=ent, entropy_coef=0.1)
+    assert m["entropy"].item() == pytest.approx(1.0)
+    assert loss.item() == pytest.approx(-0.1)
+    # adv_clip: A = (2, −3) → (0.5, −0.5); loss = ½[−0.5·(−1.5) + 0.5·(−1)] = 0.125
+    loss, m = policy_loss("reinforce", lp, lp, t([2.0, -3.0]), mask, adv_clip=0.5)
+    assert loss.item() == pytest.approx(0.125)
+    # whitening: A = (1, 3) → (−1, 1); loss = ½[1·(−1.5) − 1·(−1)] = −0.25
+    loss, m = policy_loss("reinforce", lp, lp, t([1.0, 3.0]), mask, whiten_advantages=True)
+    assert loss.item() == pytest.approx(-0.25, abs=1e-7)
+    assert m["n_pos"].item() == 1 and m["n_neg"].item() == 1
+
+
+def test_weights_scale_sequences():
+    lp, mask = t([[-1.0], [-3.0]]), torch.ones(2, 1, dtype=D)
+    loss, m = policy_loss("reinforce", lp, lp, t([1.0, 1.0]), mask, weights=t([3.0, 1.0]))
+    assert loss.item() == pytest.approx((3 * 1 + 1 * 3) / 4)
+    loss, m = policy_loss("reinforce", lp, lp, t([1.0, -1.0]), mask, weights=t([1.0, 0.0]))
+    assert loss.item() == pytest.approx(1.0) and m["n_neg"].item() == 0
+
+
+# --------------------------------------------------------------------------- #
+# Robustness over every registered loss
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_extreme_log_ratios_are_finite(name):
+    # sequence log-ratios −1e4 and +1e4 (float32), both signs of A, padding = −inf
+    lp = torch.tensor([[-1e4, -1.0, float("-inf")], [0.0, -1.0, float("-inf")]], requires_grad=True)
+    blp = torch.tensor([[0.0, -1.0, 0.0], [-1e4, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    ref = torch.tensor([[0.0, 0.0, 0.0], [-1e4, 0.0, 0.0]])
+    for adv in ([1.0, -1.0], [-1.0, 1.0]):
+        for agg in AGGREGATIONS:
+            for extra in ({}, {"ref_logprobs": ref, "kl_coef": 0.1, "kl_estimator": "k3"}):
+                loss, metrics = policy_loss(name, lp, blp, torch.tensor(adv), mask, aggregation=agg, **extra)
+                (g,) = torch.autograd.grad(loss, lp)
+                assert torch.isfinite(loss), (name, adv, agg)
+                assert torch.isfinite(g).all(), (name, adv, agg)
+                assert (g[:, 2] == 0).all()
+                assert all(torch.isfinite(v) for v in metrics.values()), metrics
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_on_policy_losses_reduce_to_reinforce_gradient(name):
+    # π = μ: every ratio is 1, so every loss has the REINFORCE gradient, except
+    # that sft drops the negative
+    lp = t([[-1.0, -2.0], [-0.5, -0.7]])
+    adv, mask = t([1.0, -2.0]), torch.ones(2, 2, dtype=D)
+    _, _, g = grad_of(name, lp, lp, adv, mask)
+    expected = t([[-0.25, -0.25], [0.5, 0.5]])
+    if name == "sft":
+        expected[1] = 0
+    torch.testing.assert_close(g, expected)
+
+
+# --------------------------------------------------------------------------- #
+# Registry and errors
+# --------------------------------------------------------------------------- #
+
+
+def test_registry_contents():
+    assert list(list_losses()) == ["topr", "sft", "reinforce", "is", "tis", "ppo", "cispo", "kimi15"]
+    assert all(list_losses().values())
+    assert LOSSES["topr"].options == {"ratio_level": "sequence"}
+    assert LOSSES["ppo"].options["clip_ratio"] == 0.2
+
+
+def test_unknown_loss_and_inapplicable_option_raise_user_error():
+    with pytest.raises(UserError) as e:
+        policy_loss("grpo", LP, BLP, ADV, MASK)
+    assert "grpo" in str(e.value) and "topr" in str(e.value) and "cispo" in str(e.value)
+    with pytest.raises(UserError) as e:
+        policy_loss("topr", LP, BLP, ADV, MASK, clip_high=0.2)
+    msg = str(e.value)
+    assert "clip_high" in msg and "'topr'" in msg and "ratio_level" in msg
+    with pytest.raises(UserError, match="reinforce.*none"):
+        policy_loss("reinforce", LP, BLP, ADV, MASK, tau=1.0)
+    with pytest.raises(UserError, match="ratio_level"):
+        policy_loss("topr", LP, BLP, ADV, MASK, ratio_level="batch")
+    with pytest.raises(UserError, match="aggregation"):
+        policy_loss("topr", LP, BLP, ADV, MASK, aggregation="sum")
+    with pytest.raises(UserError, match="ref_logprobs"):
+        policy_loss("topr", LP, BLP, ADV, MASK, kl_coef=0.1)
+    with pytest.raises(UserError, match="dual_clip"):
+        policy_loss("ppo", LP, BLP, ADV, MASK, dual_clip=0.5)
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss("topr", LP, BLP, t([1.0, 2.0, 3.0]), MASK)
+
+
+def test_register_loss_decorator():
+    @register_loss("_half", options={"k": 0.5}, description="test only")
+    def _half(logprobs, behavior_logprobs, advantages, mask, *, k):
+        return -k * advantages.unsqueeze(-1) * logprobs, {"k": torch.tensor(k)}
+
+    try:
+        loss, m = policy_loss("_half", LP, BLP, ADV, MASK, k=1.0)
+        ref, _ = policy_loss("reinforce", LP, BLP, ADV, MASK)
+        assert loss.item() == pytest.approx(ref.item()) and m["k"].item() == 1.0
+        with pytest.raises(ValueError):
+            register_loss("_half")(_half)
+    finally:
+        LOSSES.pop("_half")
