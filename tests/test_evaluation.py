@@ -1,0 +1,58 @@
+"""Eval metrics against hand-computed values."""
+
+from __future__ import annotations
+
+from math import comb
+
+import pytest
+
+from toprcli.evaluation import eval_metrics, majority_vote_correct, normalize_answer, pass_at_k
+
+
+@pytest.mark.parametrize("n,c,k", [(5, 2, 1), (5, 2, 2), (5, 2, 3), (5, 2, 4), (10, 0, 3), (10, 10, 3), (16, 3, 8)])
+def test_pass_at_k_matches_the_binomial_formula(n, c, k):
+    expected = 1 - comb(n - c, k) / comb(n, k)
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_hand_values():
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # 1 - 1/6
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)
+
+
+def test_majority_vote_and_ties():
+    assert majority_vote_correct(["5", "5", "7"], [True, True, False]) == 1.0
+    assert majority_vote_correct(["7", "5", "7"], [False, True, False]) == 0.0
+    # Tie between 5 (correct) and 7: expected credit 1/2.
+    assert majority_vote_correct(["5", "7"], [True, False]) == 0.5
+    # Three-way tie, one correct: 1/3.
+    assert majority_vote_correct(["1", "2", "3"], [False, True, False]) == pytest.approx(1 / 3)
+    # Equal numbers vote together; no-answers do not vote.
+    assert majority_vote_correct(["18.00", "18", None, None, "3"], [True, True, False, False, False]) == 1.0
+    assert majority_vote_correct([None, None], [False, False]) == 0.0
+
+
+def test_normalize_answer():
+    assert normalize_answer("1,000.") == "1000"
+    assert normalize_answer("$18.50") == "18.5"
+    assert normalize_answer(" x  y ") == "x y"
+    assert normalize_answer("") is None and normalize_answer(None) is None
+
+
+def test_eval_metrics_by_hand():
+    # prompt a: 2 samples, 1 correct; prompt b: 2 samples, 0 correct, one has no answer.
+    m = eval_metrics(
+        ["a", "a", "b", "b"],
+        [True, False, False, False],
+        ["4", "5", None, "9"],
+        ["correct", "incorrect", "no_answer", "incorrect"],
+        k=2,
+    )
+    assert m["pass@1"] == pytest.approx((0.5 + 0.0) / 2)
+    assert m["pass@2"] == pytest.approx((1.0 + 0.0) / 2)
+    assert m["maj@2"] == pytest.approx((0.5 + 0.0) / 2)  # a: tie 4 vs 5 -> 1/2
+    assert m["invalid_rate"] == pytest.approx(0.25)
+    assert m["prompts"] == 2 and m["samples"] == 4
