@@ -63,7 +63,7 @@ PRESETS: dict[str, Preset] = {
         name="arith",
         question_columns=("question",),
         answer_columns=("answer",),
-        template="Q: {question}\nA:",
+        template="Question: {question}\nAnswer:",
         chat_instruction="{question}",
         verifier="gsm8k",
     ),

@@ -1,0 +1,64 @@
+"""`topr eval`: pass@1, pass@k, maj@k, greedy accuracy and invalid rate of a policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from toprcli.cli.common import ConfigFile, console, summary_table, user_errors
+
+
+@user_errors
+def eval_command(
+    model: Annotated[str | None, typer.Option(help="Policy: an HF model dir or hub id.")] = None,
+    dataset: Annotated[str | None, typer.Option(help="Test prompts: hub id, local .jsonl/.json/.parquet/.csv, or builtin:arith.")] = None,
+    split: Annotated[str | None, typer.Option(help="Dataset split (default: test).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output dir: samples/, scored/, greedy/, eval.json.")] = None,
+    k: Annotated[int | None, typer.Option(help="Samples per prompt for pass@k and maj@k (default 16).")] = None,
+    verifier: Annotated[str | None, typer.Option(help="gsm8k, math, exact, regex:PATTERN, python:mod:fn, or auto (from the dataset).")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (default 1.0).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Max new tokens (default 512).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Evaluate only the first K prompts.")] = None,
+    backend: Annotated[str | None, typer.Option(help="auto, vllm or hf.")] = None,
+    greedy: Annotated[bool | None, typer.Option("--greedy/--no-greedy", help="Also decode one greedy completion per prompt.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Sample k completions per test prompt, score them, and report the metrics.
+
+    Reports greedy accuracy, pass@1 (mean over samples), pass@k (unbiased
+    estimator), maj@k (majority vote over extracted answers; ties give
+    expected credit) and the invalid rate (no extractable answer).
+
+    Examples:
+      [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/r3 --k 8[/]
+      [bold]topr eval --model meta-llama/Meta-Llama-3-8B-Instruct --dataset openai/gsm8k --out eval/base[/]
+    """
+    from toprcli.config import EvalConfig, load_config
+    from toprcli.eval_stage import evaluate
+
+    cfg = load_config(
+        EvalConfig,
+        config,
+        {
+            "model": model, "dataset.source": dataset, "dataset.split": split, "dataset.limit": limit,
+            "out": str(out) if out else None, "k": k, "verifier": verifier, "temperature": temperature,
+            "max_new_tokens": max_new_tokens, "backend": backend, "greedy": greedy, "seed": seed,
+        },
+    )
+    if dataset and "openai/gsm8k" in dataset and cfg.dataset.config_name is None:
+        cfg.dataset.config_name = "main"
+    from toprcli.errors import UserError
+
+    if not cfg.model:
+        raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
+    result = evaluate(cfg)
+    m = result["metrics"]
+    rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("pass@1", m["pass@1"]), (f"pass@{cfg.k}", m["pass@k"]),
+            (f"maj@{cfg.k}", m["maj@k"]), ("invalid rate", m["invalid_rate"]), ("mean completion tokens", m["mean_completion_tokens"])]
+    if "greedy_accuracy" in m:
+        rows.insert(2, ("greedy accuracy", m["greedy_accuracy"]))
+    console.print(summary_table(f"eval of {cfg.model}", rows))
+    console.print(f"wrote {Path(cfg.out) / 'eval.json'}", highlight=False)

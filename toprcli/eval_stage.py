@@ -1,0 +1,110 @@
+"""The eval stage: sample k completions per test prompt, score them, report metrics.
+
+Reads a policy and a prompt dataset. Writes, under ``OUT``:
+``samples/`` and ``scored/`` (k samples per prompt), ``greedy/samples`` and
+``greedy/scored`` (one greedy completion per prompt, when ``greedy`` is on), and
+``eval.json`` last — its presence means the evaluation is complete. A killed
+eval resumes through the shard stores of generate and score.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from toprcli.config import EvalConfig, GenerateConfig, ScoreConfig, config_to_dict
+from toprcli.errors import UserError
+from toprcli.evaluation import accuracy, eval_metrics
+from toprcli.shards import read_table, write_json_atomic
+
+EVAL_FILE = "eval.json"
+
+
+def generate_config(cfg: EvalConfig, out: Path, *, greedy: bool) -> GenerateConfig:
+    return GenerateConfig(
+        model=cfg.model,
+        dataset=cfg.dataset,
+        out=str(out),
+        n=1 if greedy else cfg.k,
+        temperature=0.0 if greedy else cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        backend=cfg.backend,
+        shard_size=max(1, cfg.shard_size),
+        iteration=cfg.iteration,
+    )
+
+
+def score_config(cfg: EvalConfig, samples: Path, out: Path) -> ScoreConfig:
+    return ScoreConfig(samples=str(samples), out=str(out), verifier=cfg.verifier, workers=cfg.workers, timeout=cfg.timeout)
+
+
+def read_eval(out: str | Path) -> dict[str, Any] | None:
+    import json
+
+    path = Path(out) / EVAL_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an evaluation and return the metrics written to ``eval.json``."""
+    from toprcli.data.datasets import default_verifier, load_examples
+    from toprcli.generate_stage import generate_samples
+    from toprcli.scoring import score_dir
+
+    if not cfg.out:
+        raise UserError("eval needs an output directory — pass --out DIR")
+    out = Path(cfg.out)
+    done = read_eval(out)
+    if done is not None:
+        return done
+    if cfg.verifier == "auto":
+        cfg = replace(cfg, verifier=default_verifier(cfg.dataset))
+    if examples is None:
+        examples = load_examples(cfg.dataset)
+    t0 = time.perf_counter()
+    runs = [("sampled", out, False)]
+    if cfg.greedy:
+        runs.append(("greedy", out / "greedy", True))
+    tables = {}
+    for name, where, greedy in runs:
+        generate_samples(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)
+        score_dir(where / "samples", where / "scored", score_config(cfg, where / "samples", where / "scored"), progress=progress)
+        tables[name] = read_table(where / "scored", columns=["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"])
+
+    t = tables["sampled"]
+    t = t.take(pc.sort_indices(t, sort_keys=[("prompt_id", "ascending"), ("sample_index", "ascending")]))
+    metrics: dict[str, Any] = eval_metrics(
+        t.column("prompt_id").to_pylist(),
+        t.column("correct").to_pylist(),
+        t.column("extracted_answer").to_pylist(),
+        t.column("verdict").to_pylist(),
+        k=cfg.k,
+    )
+    lengths = pc.list_value_length(t.column("completion_token_ids")).to_numpy()
+    metrics["mean_completion_tokens"] = float(np.mean(lengths))
+    metrics["maj@k"] = metrics[f"maj@{cfg.k}"]
+    metrics["pass@k"] = metrics[f"pass@{cfg.k}"]
+    if "greedy" in tables:
+        g = tables["greedy"]
+        metrics["greedy_accuracy"] = accuracy(g.column("correct").to_pylist())
+        metrics["greedy_invalid_rate"] = float(np.mean([v == "no_answer" for v in g.column("verdict").to_pylist()]))
+    result = {
+        "model": cfg.model,
+        "dataset": cfg.dataset.source,
+        "split": cfg.dataset.split,
+        "k": cfg.k,
+        "iteration": cfg.iteration,
+        "metrics": metrics,
+        "config": config_to_dict(cfg),
+        "wall_time_s": time.perf_counter() - t0,
+    }
+    write_json_atomic(out / EVAL_FILE, result)
+    return result

@@ -1,0 +1,363 @@
+"""`topr iterate`: generate → score → curate → train → eval, round after round, resumable.
+
+Reads a pipeline config (:class:`~toprcli.config.IterateConfig`). Writes a run
+directory::
+
+    RUN_DIR/config.yaml          the resolved config the run was started with
+    RUN_DIR/state.json           steps done, with wall times (read by `topr report`)
+    RUN_DIR/base/                the built-in tiny model (warm_start.init_model)
+    RUN_DIR/warmstart/gold.parquet, policy/   supervised warm start on gold solutions
+    RUN_DIR/round-000/eval/      the starting policy, evaluated
+    RUN_DIR/round-001/samples/ scored/ train.parquet policy/ eval/
+    ...
+
+Every step is idempotent: it is *done* when its output exists in complete form
+(a stage's ``_manifest.json``, an atomically renamed policy dir, ``eval.json``),
+and each stage resumes its own partial work (shards, training checkpoints). So
+a run killed at any point and re-run with the same command continues from the
+last complete step with nothing lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from toprcli.config import (
+    CurateConfig,
+    EvalConfig,
+    GenerateConfig,
+    IterateConfig,
+    ScoreConfig,
+    TrainConfig,
+    config_to_dict,
+)
+from toprcli.errors import UserError
+from toprcli.shards import read_manifest, write_json_atomic
+
+STATE_FILE = "state.json"
+CONFIG_FILE = "config.yaml"
+
+
+def round_dir(run_dir: Path, r: int) -> Path:
+    return run_dir / f"round-{r:03d}"
+
+
+@dataclass
+class Step:
+    """One unit of resumable work: done when ``is_done()``; ``run()`` resumes or starts it."""
+
+    key: str  # e.g. "round-001/train"
+    is_done: Callable[[], bool]
+    run: Callable[[], Any]
+
+
+class EngineHolder:
+    """One generation backend for the whole run, pointed at whichever policy is needed.
+
+    Opening a vLLM engine costs tens of seconds; swapping weights in place costs
+    far less, so the engine that samples a round's training prompts also
+    evaluates that round's trained policy and serves the next round.
+    The engine is opened lazily: a resumed run past generation never starts one.
+    """
+
+    def __init__(self, gen: GenerateConfig):
+        self.gen = gen
+        self.backend: Any = None
+        self.model: str | None = None
+
+    def get(self, model: str) -> Any:
+        from toprcli.generation import open_backend
+
+        if self.backend is None:
+            self.backend = open_backend(replace(self.gen, model=model))
+        elif self.model != model:
+            self.backend.load_weights(model)
+        self.model = model
+        return self.backend
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+class State:
+    """``state.json``: what finished when; for humans and `topr report`, never for deciding what to run."""
+
+    def __init__(self, run_dir: Path):
+        import json
+
+        self.path = run_dir / STATE_FILE
+        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"steps": {}}
+
+    def record(self, key: str, wall_time_s: float, **info: Any) -> None:
+        self.data["steps"][key] = {"wall_time_s": round(wall_time_s, 3), "finished_at": time.time(), **info}
+        write_json_atomic(self.path, self.data)
+
+
+# -- the warm start -----------------------------------------------------------
+
+
+def gold_training_set(cfg: IterateConfig, tokenizer_dir: str, out: Path) -> Path:
+    """A curated-schema table of gold solutions: advantage 1, weight 1 (SFT data)."""
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    from toprcli.data.datasets import encode_prompt, load_examples, render_prompt
+    from toprcli.shards import CURATED_SCHEMA, write_table_atomic
+
+    spec = replace(cfg.generate.dataset, limit=None, size=max(cfg.warm_start.examples, 1))
+    examples = [e for e in load_examples(spec) if e.solution][: cfg.warm_start.examples]
+    if not examples:
+        raise UserError(f"dataset {spec.source!r} has no gold solutions for the warm start — disable warm_start or pick a dataset with answers")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rows: dict[str, list] = {f.name: [] for f in CURATED_SCHEMA}
+    for e in examples:
+        prompt = render_prompt(e, spec, tok)
+        completion = " " + e.solution.strip()
+        ids = list(tok(completion, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
+        row = {
+            "prompt_id": e.prompt_id, "prompt": prompt, "answer": e.answer,
+            "prompt_token_ids": encode_prompt(prompt, tok, spec), "sample_index": 0,
+            "completion": completion, "completion_token_ids": ids,
+            "behavior_logprobs": [0.0] * len(ids),  # unused by the sft loss
+            "finish_reason": "stop", "policy": "gold", "iteration": 0,
+            "reward": 1.0, "correct": True, "extracted_answer": e.answer, "verdict": "correct",
+            "advantage": 1.0, "weight": 1.0,
+        }
+        for k, v in row.items():
+            rows[k].append(v)
+    return write_table_atomic(out, pa.Table.from_pydict(rows, schema=CURATED_SCHEMA), {"source": "gold solutions"})
+
+
+# -- the loop -----------------------------------------------------------------
+
+
+class Pipeline:
+    def __init__(self, cfg: IterateConfig, *, progress: bool = True, on_round: Callable[[int, dict], None] | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.progress = progress
+        self.on_round = on_round
+        self.engine = EngineHolder(cfg.generate)
+        self.state: State | None = None
+
+    # paths and policies ---------------------------------------------------
+
+    def base_policy(self) -> str:
+        """The policy of round 0: the warm-started model, else the configured model."""
+        if self.cfg.warm_start.enabled:
+            return str(self.run_dir / "warmstart" / "policy")
+        return self.initial_model()
+
+    def initial_model(self) -> str:
+        if self.cfg.warm_start.init_model:
+            return str(self.run_dir / "base")
+        if not self.cfg.model:
+            raise UserError("iterate needs a starting model — set `model:` in the config or warm_start.init_model: true")
+        return self.cfg.model
+
+    def policy_after(self, r: int) -> str:
+        return self.base_policy() if r == 0 else str(round_dir(self.run_dir, r) / "policy")
+
+    def verifier(self) -> str:
+        from toprcli.data.datasets import default_verifier
+
+        v = self.cfg.score.verifier
+        return default_verifier(self.cfg.generate.dataset) if v == "auto" else v
+
+    # steps ----------------------------------------------------------------
+
+    def steps(self) -> list[Step]:
+        cfg, run = self.cfg, self.run_dir
+        steps: list[Step] = []
+        if cfg.warm_start.init_model:
+            steps.append(Step("base/init-model", lambda: (run / "base" / "config.json").exists(), self._init_model))
+        if cfg.warm_start.enabled:
+            ws = run / "warmstart"
+            steps.append(Step("warmstart/gold", lambda: (ws / "gold.parquet").exists(), lambda: gold_training_set(cfg, self.initial_model(), ws / "gold.parquet")))
+            steps.append(Step("warmstart/train", lambda: (ws / "policy" / "config.json").exists(), self._warm_start_train))
+        steps.append(self._eval_step(0))
+        for r in range(1, cfg.rounds + 1):
+            d = round_dir(run, r)
+            steps += [
+                Step(f"{d.name}/generate", lambda d=d: read_manifest(d / "samples") is not None, lambda r=r: self._generate(r)),
+                Step(f"{d.name}/score", lambda d=d: read_manifest(d / "scored") is not None, lambda r=r: self._score(r)),
+                Step(f"{d.name}/curate", lambda d=d: (d / "train.parquet").exists(), lambda r=r: self._curate(r)),
+                Step(f"{d.name}/train", lambda d=d: (d / "policy" / "config.json").exists(), lambda r=r: self._train(r)),
+            ]
+            if r % cfg.eval_every == 0 or r == cfg.rounds:
+                steps.append(self._eval_step(r))
+        return steps
+
+    def _eval_step(self, r: int) -> Step:
+        out = round_dir(self.run_dir, r) / "eval"
+        return Step(f"round-{r:03d}/eval", lambda: (out / "eval.json").exists(), lambda: self._eval(r))
+
+    def _init_model(self) -> None:
+        from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
+
+        import shutil
+
+        target = self.run_dir / "base"
+        if target.exists():  # a half-built dir (no config.json) from a killed run
+            shutil.rmtree(target)
+        build_tiny_model(target, seed=self.cfg.warm_start.model_seed, **TINY_PRESETS[self.cfg.warm_start.model_preset])
+
+    def _warm_start_train(self) -> None:
+        from toprcli.training import train_policy
+
+        ws = self.cfg.warm_start
+        tcfg = replace(
+            self.cfg.train,
+            model=self.initial_model(),
+            data=str(self.run_dir / "warmstart" / "gold.parquet"),
+            out=str(self.run_dir / "warmstart" / "policy"),
+            loss="sft",
+            loss_options={},
+            optimizer=ws.optimizer,
+            lr=ws.lr,
+            epochs=ws.epochs,
+            max_steps=ws.max_steps,
+            batch_size=ws.batch_size,
+            schedule=ws.schedule,
+            warmup_steps=ws.warmup_steps,
+            kl_coef=0.0,
+            ref_model=None,
+            resume=True,
+        )
+        train_policy(tcfg, progress=self.progress)
+
+    def _generate(self, r: int) -> None:
+        from toprcli.generate_stage import generate_samples
+
+        gcfg = replace(self.cfg.generate, model=self.policy_after(r - 1), out=str(round_dir(self.run_dir, r) / "samples"), iteration=r)
+        generate_samples(gcfg, backend=self.engine.get(gcfg.model), progress=self.progress)
+
+    def _score(self, r: int) -> None:
+        from toprcli.scoring import score_dir
+
+        d = round_dir(self.run_dir, r)
+        scfg = replace(self.cfg.score, samples=str(d / "samples"), out=str(d / "scored"), verifier=self.verifier())
+        score_dir(scfg.samples, scfg.out, scfg, progress=self.progress)
+
+    def _curate(self, r: int) -> None:
+        from toprcli.curate_stage import curate
+
+        d = round_dir(self.run_dir, r)
+        earlier = [round_dir(self.run_dir, q) / "scored" for q in range(r - 1, max(0, r - 1 - self.cfg.replay_rounds), -1)]
+        sources = [str(d / "scored")] + [str(p) for p in earlier]
+        weights = [1.0] + [self.cfg.replay_weight] * len(earlier)
+        ccfg = replace(self.cfg.curate, scored=sources, out=str(d / "train.parquet"), source_weights=weights if earlier else None)
+        curate(ccfg)
+
+    def _train(self, r: int) -> None:
+        from toprcli.training import train_policy
+
+        d = round_dir(self.run_dir, r)
+        start = self.policy_after(r - 1) if self.cfg.train_from == "previous" else self.base_policy()
+        tcfg = replace(self.cfg.train, model=start, data=str(d / "train.parquet"), out=str(d / "policy"), resume=True)
+        train_policy(tcfg, progress=self.progress)
+
+    def _eval(self, r: int) -> None:
+        from toprcli.eval_stage import evaluate
+
+        policy = self.policy_after(r)
+        ecfg = replace(self.cfg.eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
+        if ecfg.verifier == "auto":
+            ecfg = replace(ecfg, verifier=self.verifier())
+        backend = self.engine.get(policy) if ecfg.backend == self.cfg.generate.backend else None
+        evaluate(ecfg, backend=backend, progress=self.progress)
+
+    # driving --------------------------------------------------------------
+
+    def check_run_dir(self) -> None:
+        """Refuse to resume a run dir that was started with a different config."""
+        import yaml
+
+        resolved = config_to_dict(self.cfg)
+        path = self.run_dir / CONFIG_FILE
+        if path.exists():
+            previous = yaml.safe_load(path.read_text()) or {}
+            diff = sorted(_diff_keys(previous, resolved))
+            if diff:
+                shown = ", ".join(diff[:5]) + (" ..." if len(diff) > 5 else "")
+                raise UserError(
+                    f"run dir {self.run_dir} was started with a different config (changed: {shown}) — "
+                    "rerun with the original config, or pass a new --run-dir"
+                )
+        else:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            from toprcli.shards import write_json_atomic  # noqa: F401  (same atomic rename for YAML below)
+
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
+            tmp.replace(path)
+
+    def run(self) -> list[dict[str, Any]]:
+        self.check_run_dir()
+        self.state = State(self.run_dir)
+        try:
+            for step in self.steps():
+                if step.is_done():
+                    continue
+                t0 = time.perf_counter()
+                step.run()
+                self.state.record(step.key, time.perf_counter() - t0)
+                if step.key.endswith("/eval") and self.on_round is not None:
+                    r = int(step.key.split("/")[0].split("-")[1])
+                    self.on_round(r, round_summary(self.run_dir, r))
+        finally:
+            self.engine.close()
+        return run_summary(self.run_dir)
+
+
+def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: set[str] = set()
+        for k in set(a) | set(b):
+            out |= _diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return set() if a == b else {prefix.rstrip(".")}
+
+
+# -- summaries ----------------------------------------------------------------
+
+
+def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
+    """Per-round numbers gathered from the files a round wrote."""
+    import json
+
+    from toprcli.eval_stage import read_eval
+
+    d = round_dir(Path(run_dir), r)
+    out: dict[str, Any] = {"round": r}
+    ev = read_eval(d / "eval")
+    if ev is not None:
+        m = ev["metrics"]
+        out.update({"pass@1": m["pass@1"], "maj@k": m["maj@k"], "pass@k": m["pass@k"], "k": ev["k"], "invalid_rate": m["invalid_rate"], "greedy_accuracy": m.get("greedy_accuracy")})
+    curated = d / "train.parquet"
+    if curated.exists():
+        from toprcli.shards import read_file_metadata
+
+        meta = read_file_metadata(curated)
+        for key in ("p", "c", "p_tilde", "rows_out"):
+            if key in meta:
+                out[key] = meta[key]
+    summary = d / "policy" / "train_summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        for key in ("final_loss", "steps", "tokens_per_s"):
+            if key in s:
+                out[f"train_{key}"] = s[key]
+    return out
+
+
+def run_summary(run_dir: str | Path) -> list[dict[str, Any]]:
+    run_dir = Path(run_dir)
+    rounds = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("round-*") if p.is_dir())
+    return [round_summary(run_dir, r) for r in rounds]
