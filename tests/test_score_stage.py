@@ -1,0 +1,234 @@
+"""The score stage: shards in → scored shards out, resume, summary, bad input, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from test_verifiers import gsm8k_rows
+from toprcli import shards
+from toprcli.cli.score import score as score_cmd
+from toprcli.config import ScoreConfig
+from toprcli.errors import UserError
+from toprcli.scoring import score_dir
+
+
+def samples_table(items: list[tuple[str, str, str | None]], n: int = 1, iteration: int = 0) -> pa.Table:
+    """items: (prompt_id, completion, answer); each repeated as n samples."""
+    cols: dict[str, list] = {f.name: [] for f in shards.SAMPLES_SCHEMA}
+    for pid, completion, answer in items:
+        for k in range(n):
+            cols["prompt_id"].append(pid)
+            cols["prompt"].append(f"Q {pid}")
+            cols["answer"].append(answer)
+            cols["prompt_token_ids"].append([1, 2, 3])
+            cols["sample_index"].append(k)
+            cols["completion"].append(completion)
+            cols["completion_token_ids"].append([4, 5])
+            cols["behavior_logprobs"].append([-0.5, -0.25])
+            cols["finish_reason"].append("stop")
+            cols["policy"].append("tiny")
+            cols["iteration"].append(iteration)
+    t = pa.table(cols, schema=shards.SAMPLES_SCHEMA.with_metadata(None))
+    return t.append_column("extra_col", pa.array(list(range(t.num_rows)), pa.int64()))
+
+
+def write_samples(d: Path, tables: list[pa.Table]) -> Path:
+    for i, t in enumerate(tables):
+        shards.write_shard(d, i, t, metadata={"generation": {"temperature": 1.0}})
+    return d
+
+
+@pytest.fixture
+def gsm_samples(tmp_path):
+    rows = gsm8k_rows()[:40]
+    items = []
+    for i, r in enumerate(rows):
+        # sample 0..3 per prompt: prompt i gets (i % 5) correct out of 4 (capped)
+        for k in range(4):
+            right = k < (i % 5)  # i % 5 == 4: all four
+            items.append((f"p{i}", r["answer"] if right else "#### -123456", r["answer"]))
+    return write_samples(tmp_path / "samples", [samples_table(items[:80]), samples_table(items[80:])])
+
+
+def test_score_dir_writes_scored_shards_with_passthrough(gsm_samples, tmp_path):
+    out = tmp_path / "scored"
+    res = score_dir(gsm_samples, out, ScoreConfig(workers=1, reward_no_answer=0.0))
+    assert res.rows == 160 and res.prompts == 40 and res.shards_scored == 2 and res.shards_skipped == 0
+    files = shards.complete_shards(out)
+    assert list(files) == [0, 1]
+    for i, path in files.items():
+        src = pq.read_table(gsm_samples / shards.shard_name(i))
+        got = pq.read_table(path)
+        shards.validate_columns(got.schema, "scored", path)
+        for name in src.column_names:  # every input column unchanged
+            assert got.column(name).equals(src.column(name)), name
+        assert got.schema.field("reward").type == pa.float32()
+        assert got.schema.field("correct").type == pa.bool_()
+        meta = shards.read_file_metadata(path)
+        assert meta["generation"] == {"temperature": 1.0} and meta["score"]["settings"]["verifier"] == "gsm8k"
+    t = shards.read_table(out)
+    correct = t.column("correct").to_pylist()
+    assert t.column("verdict").to_pylist() == ["correct" if c else "incorrect" for c in correct]
+    assert t.column("reward").to_pylist() == [1.0 if c else -1.0 for c in correct]
+    # pass-rate distribution: prompt i has i % 5 of its 4 samples correct (4 → all)
+    assert res.pass_counts == {4: {0: 8, 1: 8, 2: 8, 3: 8, 4: 8}}
+    assert (res.prompts_none_correct, res.prompts_some_correct, res.prompts_all_correct) == (8, 24, 8)
+    assert res.accuracy == pytest.approx(sum(correct) / 160)
+    manifest = shards.read_manifest(out)
+    assert manifest["stage"] == "score" and manifest["counts"]["rows"] == 160
+    assert manifest["summary"]["pass_rate"]["histogram"]["4"]["0"] == 8
+
+
+def test_rerun_skips_and_settings_change_needs_overwrite(gsm_samples, tmp_path):
+    out = tmp_path / "scored"
+    score_dir(gsm_samples, out, ScoreConfig(workers=1))
+    mtimes = {p: p.stat().st_mtime_ns for p in shards.complete_shards(out).values()}
+    # a killed run: shard 1 missing, manifest missing
+    (out / shards.shard_name(1)).unlink()
+    (out / shards.MANIFEST_NAME).unlink()
+    res = score_dir(gsm_samples, out, ScoreConfig(workers=1))
+    assert (res.shards_scored, res.shards_skipped) == (1, 1)
+    assert (out / shards.shard_name(0)).stat().st_mtime_ns == mtimes[out / shards.shard_name(0)]
+    assert shards.read_manifest(out) is not None and res.rows == 160
+    res = score_dir(gsm_samples, out, ScoreConfig(workers=1))
+    assert (res.shards_scored, res.shards_skipped) == (0, 2)
+    with pytest.raises(UserError, match="other settings"):
+        score_dir(gsm_samples, out, ScoreConfig(workers=1, reward_incorrect=0.0))
+    res = score_dir(gsm_samples, out, ScoreConfig(workers=1, reward_incorrect=0.0, overwrite=True))
+    assert res.shards_scored == 2
+    assert set(shards.read_table(out).column("reward").to_pylist()) == {1.0, 0.0}
+
+
+def test_plugin_rows_and_float_rewards(tmp_path, monkeypatch):
+    (tmp_path / "lenplug.py").write_text(
+        "def reward(completion, answer, row):\n"
+        "    assert 'completion_token_ids' in row and 'extra_col' in row\n"
+        "    return None if completion == 'skip' else len(completion) / 10 - 0.2\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    d = write_samples(tmp_path / "s", [samples_table([("a", "x", "1"), ("b", "xyz", "1"), ("c", "skip", None)])])
+    res = score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:lenplug:reward", workers=1, reward_no_answer=-0.5))
+    t = shards.read_table(tmp_path / "o")
+    assert t.column("verdict").to_pylist() == ["incorrect", "correct", "no_answer"]
+    assert t.column("reward").to_pylist() == pytest.approx([-0.1, 0.1, -0.5])
+    assert res.verdicts["no_answer"] == 1
+
+
+def test_timeouts_and_errors_get_the_incorrect_reward(tmp_path, monkeypatch):
+    (tmp_path / "hang.py").write_text(
+        "import time\ndef f(c, a, r):\n    if c == 'hang': time.sleep(60)\n    if c == 'boom': raise ValueError('bad')\n    return True\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    d = write_samples(tmp_path / "s", [samples_table([("a", "ok", "1"), ("b", "hang", "1"), ("c", "boom", "1")])])
+    res = score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:hang:f", workers=1, timeout=1.0, reward_incorrect=-2.0))
+    t = shards.read_table(tmp_path / "o")
+    assert t.column("verdict").to_pylist() == ["correct", "timeout", "error"]
+    assert t.column("reward").to_pylist() == [1.0, -2.0, -2.0]
+    assert res.worker_stats["timeouts"] == 1 and any("ValueError" in e for e in res.error_examples)
+
+
+# -- bad input: one line, nothing written ---------------------------------------
+
+
+def _assert_nothing_written(out: Path) -> None:
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_missing_column_names_column_and_file(tmp_path):
+    t = samples_table([("a", "#### 1", "1")]).drop_columns(["completion"])
+    pq.write_table(t, (tmp_path / "s").mkdir() or tmp_path / "s" / "shard-00000.parquet")
+    out = tmp_path / "o"
+    with pytest.raises(UserError) as e:
+        score_dir(tmp_path / "s", out, ScoreConfig(workers=1))
+    assert "'completion'" in str(e.value) and "shard-00000.parquet" in str(e.value)
+    _assert_nothing_written(out)
+
+
+def test_several_missing_columns_are_all_named(tmp_path):
+    t = samples_table([("a", "#### 1", "1")]).drop_columns(["completion", "answer"])
+    write_samples(tmp_path / "s", [t])
+    with pytest.raises(UserError, match="missing columns 'answer', 'completion'"):
+        score_dir(tmp_path / "s", tmp_path / "o", ScoreConfig(workers=1))
+
+
+def test_mistyped_column(tmp_path):
+    t = samples_table([("a", "#### 1", "1")])
+    t = t.set_column(t.column_names.index("answer"), "answer", pa.array([1], pa.int64()))
+    write_samples(tmp_path / "s", [samples_table([("a", "#### 1", "1")]), t])
+    with pytest.raises(UserError, match="'answer' has type int64"):
+        score_dir(tmp_path / "s", tmp_path / "o", ScoreConfig(workers=1))
+    _assert_nothing_written(tmp_path / "o")
+
+
+def test_empty_and_missing_input(tmp_path):
+    write_samples(tmp_path / "s", [samples_table([])])
+    with pytest.raises(UserError, match="no rows"):
+        score_dir(tmp_path / "s", tmp_path / "o", ScoreConfig(workers=1))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no shard"):
+        score_dir(tmp_path / "empty", tmp_path / "o", ScoreConfig(workers=1))
+    with pytest.raises(UserError, match="no such file"):
+        score_dir(tmp_path / "nope", tmp_path / "o", ScoreConfig(workers=1))
+    _assert_nothing_written(tmp_path / "o")
+
+
+@pytest.mark.parametrize(
+    "spec, words", [("nope", "unknown verifier"), ("python:not_a_module_qq:f", "does not import"), ("regex:(", "bad regular")]
+)
+def test_bad_verifier_writes_nothing(tmp_path, spec, words):
+    write_samples(tmp_path / "s", [samples_table([("a", "#### 1", "1")])])
+    with pytest.raises(UserError, match=words):
+        score_dir(tmp_path / "s", tmp_path / "o", ScoreConfig(verifier=spec, workers=1))
+    _assert_nothing_written(tmp_path / "o")
+
+
+# -- CLI ---------------------------------------------------------------------------
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("score")(score_cmd)
+
+    @app.command("noop", hidden=True)
+    def _noop() -> None:  # a second command keeps typer from collapsing the app into one command
+        pass
+
+    return app
+
+
+def test_cli_scores_and_prints_summary(gsm_samples, tmp_path):
+    out = tmp_path / "scored"
+    r = CliRunner().invoke(_app(), ["score", "--samples", str(gsm_samples), "--out", str(out), "--workers", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["rows"] == 160 and summary["pass_rate"]["histogram"]["4"]["4"] == 8
+    r = CliRunner().invoke(_app(), ["score", "-s", str(gsm_samples), "-o", str(out), "-w", "1"])
+    assert r.exit_code == 0 and "pass counts (n=4)" in r.output and "accuracy" in r.output
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--verifier", "nope"], "unknown verifier"),
+        (["--verifier", "python:no_such_mod_zz:f"], "does not import"),
+        (["--timeout", "-1"], "timeout"),
+    ],
+)
+def test_cli_bad_input_one_line_exit_2(tmp_path, args, words):
+    write_samples(tmp_path / "s", [samples_table([("a", "#### 1", "1")])])
+    r = CliRunner().invoke(_app(), ["score", "--samples", str(tmp_path / "s"), "--out", str(tmp_path / "o"), *args])
+    assert r.exit_code == 2, r.output
+    assert words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    _assert_nothing_written(tmp_path / "o")
+
+
+def test_cli_help_has_examples():
+    r = CliRunner().invoke(_app(), ["score", "--help"])
+    assert r.exit_code == 0 and "--verifier" in r.output and "topr score --samples" in r.output

@@ -1,0 +1,363 @@
+"""The score stage: samples shards in, scored shards out.
+
+Reads  ``shard-*.parquet`` of a ``samples/`` directory (or one Parquet file,
+       taken as shard 0); every samples column is required (ARCHITECTURE.md §3).
+Writes ``scored/shard-NNNNN.parquet`` with the same index as its input shard:
+       every input column unchanged, plus ``reward`` (float32), ``correct``
+       (bool), ``extracted_answer`` (string, nullable) and ``verdict``
+       (correct | incorrect | no_answer | timeout | error); the input file's
+       key-value metadata plus a ``score`` entry; then ``_manifest.json``
+       (config, input fingerprint, counts, summary), last.
+
+Shard by shard: each is written atomically when scored, so a killed run
+resumes where it stopped. A re-run skips complete output shards whose
+metadata says they were scored from the same input shard with the same
+settings; a shard scored with other settings is an error unless
+``overwrite`` (then the output directory's shards are replaced).
+
+Verdicts come from :mod:`toprcli.verifiers` running in worker processes with a
+hard per-check time limit. Rewards: ``reward_correct`` for correct,
+``reward_no_answer`` for no_answer, ``reward_incorrect`` for incorrect, timeout
+and error; a plugin returning a float sets the reward itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from toprcli import shards
+from toprcli.config import ScoreConfig, config_to_dict
+from toprcli.errors import UserError
+
+SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
+VERIFY_SLICE = 8192  # rows turned into Python strings at a time (bounds memory on huge shards)
+MAX_ERROR_EXAMPLES = 5
+Progress = Callable[[int, int], None]  # (rows done, rows total)
+
+# Settings that change the scored columns; a complete shard is reused only if they match.
+_SCORE_KEYS = ("verifier", "strict", "reward_correct", "reward_incorrect", "reward_no_answer")
+
+
+@dataclass
+class ScoreResult:
+    """What a score run produced (also written to ``_manifest.json``)."""
+
+    out: str
+    rows: int = 0
+    prompts: int = 0
+    shards_scored: int = 0
+    shards_skipped: int = 0
+    verdicts: dict[str, int] = field(default_factory=dict)
+    accuracy: float = 0.0
+    mean_reward: float = 0.0
+    # per-prompt pass rates: {samples per prompt n: {k correct: number of prompts}}
+    pass_counts: dict[int, dict[int, int]] = field(default_factory=dict)
+    prompts_none_correct: int = 0
+    prompts_some_correct: int = 0
+    prompts_all_correct: int = 0
+    worker_stats: dict[str, int] = field(default_factory=dict)
+    error_examples: list[str] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    rows_per_s: float | None = None  # rows scored in this run / time spent scoring them
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "out": self.out,
+            "rows": self.rows,
+            "prompts": self.prompts,
+            "shards_scored": self.shards_scored,
+            "shards_skipped": self.shards_skipped,
+            "accuracy": self.accuracy,
+            "mean_reward": self.mean_reward,
+            "verdicts": self.verdicts,
+            "pass_rate": {
+                "none_correct": self.prompts_none_correct,
+                "some_correct": self.prompts_some_correct,
+                "all_correct": self.prompts_all_correct,
+                "histogram": {str(n): {str(k): c for k, c in h.items()} for n, h in self.pass_counts.items()},
+            },
+            "worker_stats": self.worker_stats,
+            "error_examples": self.error_examples,
+            "wall_time_s": self.wall_time_s,
+            "rows_per_s": self.rows_per_s,
+        }
+
+
+# -- inputs ---------------------------------------------------------------------
+
+
+def input_shards(samples: str | Path) -> dict[int, Path]:
+    """Shard index → file of a samples directory, or {0: file} for one Parquet file."""
+    p = Path(samples)
+    if p.is_file():
+        return {0: p}
+    if not p.exists():
+        raise UserError(f"{p}: no such file or directory — pass the samples directory `topr generate` wrote")
+    found = shards.complete_shards(p)
+    if not found:
+        raise UserError(f"{p}: no shard-*.parquet files in this directory — check --samples or run `topr generate`")
+    return found
+
+
+def _validate_inputs(files: dict[int, Path]) -> int:
+    """Check every input shard's columns before anything is written; return the total row count."""
+    total = 0
+    for path in files.values():
+        try:
+            meta = pq.read_metadata(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise UserError(f"{path}: not a readable Parquet file ({e}) — regenerate it") from None
+        schema = meta.schema.to_arrow_schema()
+        missing = [name for name in shards.SAMPLES_SCHEMA.names if name not in schema.names]
+        if len(missing) > 1:  # name them all; validate_columns reports the first problem only
+            raise UserError(
+                f"{path}: missing columns {', '.join(repr(m) for m in missing)} required for samples data — "
+                "produce this file with `topr generate`"
+            )
+        shards.validate_columns(schema, "samples", path)
+        total += meta.num_rows
+    if total == 0:
+        where = next(iter(files.values())).parent if len(files) > 1 else next(iter(files.values()))
+        raise UserError(f"{where}: the samples hold no rows — nothing to score; check --samples")
+    return total
+
+
+def _settings(cfg: ScoreConfig) -> dict[str, Any]:
+    d = config_to_dict(cfg)
+    return {k: d[k] for k in _SCORE_KEYS}
+
+
+def _reusable(path: Path, settings: dict[str, Any], input_fp: str) -> bool:
+    meta = shards.read_file_metadata(path).get("score") or {}
+    return meta.get("settings") == settings and meta.get("input_fingerprint") == input_fp
+
+
+# -- scoring one table ----------------------------------------------------------
+
+
+def score_table(
+    table: pa.Table,
+    pool: Any,
+    rewards: Any,
+    *,
+    progress: Callable[[int], None] | None = None,
+    error_examples: list[str] | None = None,
+) -> pa.Table:
+    """``table`` (samples columns) + the four score columns, verified by ``pool`` (a VerifierPool).
+
+    Existing score columns are replaced; every other column passes through.
+    """
+    from toprcli.verifiers import ERROR, TIMEOUT, reward_of
+
+    n = table.num_rows
+    rewards_out: list[float] = []
+    correct_out: list[bool] = []
+    extracted_out: list[str | None] = []
+    verdict_out: list[str] = []
+    needs_row = pool.verifier.needs_row
+    for start in range(0, n, VERIFY_SLICE):
+        part = table.slice(start, VERIFY_SLICE)
+        completions = [c if c is not None else "" for c in part.column("completion").to_pylist()]
+        answers = part.column("answer").to_pylist()
+        rows = part.drop_columns([c for c in SCORE_COLUMNS if c in part.column_names]).to_pylist() if needs_row else None
+        for v in pool.map(completions, answers, rows, progress=progress):
+            rewards_out.append(reward_of(v, rewards))
+            correct_out.append(v.correct)
+            extracted_out.append(v.extracted_answer)
+            verdict_out.append(v.verdict)
+            if error_examples is not None and v.verdict in (ERROR, TIMEOUT) and len(error_examples) < MAX_ERROR_EXAMPLES:
+                error_examples.append(f"{v.verdict}: {v.detail}")
+    keep = table.drop_columns([c for c in SCORE_COLUMNS if c in table.column_names])
+    keep = keep.append_column(pa.field("reward", pa.float32(), nullable=False), pa.array(rewards_out, pa.float32()))
+    keep = keep.append_column(pa.field("correct", pa.bool_(), nullable=False), pa.array(correct_out, pa.bool_()))
+    keep = keep.append_column(pa.field("extracted_answer", pa.string()), pa.array(extracted_out, pa.string()))
+    keep = keep.append_column(pa.field("verdict", pa.string(), nullable=False), pa.array(verdict_out, pa.string()))
+    return keep
+
+
+# -- summary --------------------------------------------------------------------
+
+
+def summarize(table: pa.Table, result: ScoreResult) -> None:
+    """Accuracy, verdict counts, mean reward and per-prompt pass counts of scored rows."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    result.rows = table.num_rows
+    if table.num_rows == 0:
+        return
+    counts = pc.value_counts(table.column("verdict")).to_pylist()
+    by = {c["values"]: c["counts"] for c in counts}
+    from toprcli.verifiers import VERDICTS
+
+    result.verdicts = {v: int(by.get(v, 0)) for v in VERDICTS}
+    correct = table.column("correct").to_numpy(zero_copy_only=False).astype(bool)
+    result.accuracy = float(correct.mean())
+    result.mean_reward = float(np.asarray(table.column("reward").to_numpy(zero_copy_only=False), dtype=np.float64).mean())
+    # A prompt group is (iteration, policy, prompt_id), as in curation.
+    keys = pa.table(
+        {
+            "iteration": table.column("iteration"),
+            "policy": table.column("policy"),
+            "prompt_id": table.column("prompt_id"),
+            "correct": pa.array(correct.astype(np.int64)),
+        }
+    )
+    grouped = keys.group_by(["iteration", "policy", "prompt_id"]).aggregate([("correct", "sum"), ("correct", "count")])
+    ks = grouped.column("correct_sum").to_numpy()
+    ns = grouped.column("correct_count").to_numpy()
+    result.prompts = int(len(ks))
+    hist: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for k, n in zip(ks.tolist(), ns.tolist()):
+        hist[n][k] += 1
+    result.pass_counts = {n: dict(sorted(h.items())) for n, h in sorted(hist.items())}
+    result.prompts_none_correct = int((ks == 0).sum())
+    result.prompts_all_correct = int((ks == ns).sum())
+    result.prompts_some_correct = result.prompts - result.prompts_none_correct - result.prompts_all_correct
+
+
+# -- the stage ------------------------------------------------------------------
+
+
+def score_dir(
+    samples_dir: str | Path,
+    out_dir: str | Path,
+    cfg: ScoreConfig | None = None,
+    progress: Progress | bool | None = None,
+) -> ScoreResult:
+    """Score ``samples_dir`` into ``out_dir`` with ``cfg`` (its samples/out fields are ignored)."""
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg or ScoreConfig(), samples=str(samples_dir), out=str(out_dir))
+    return score(cfg, progress=progress)
+
+
+def score(cfg: ScoreConfig, progress: Progress | bool | None = None) -> ScoreResult:
+    """Run the score stage described by ``cfg``; see the module docstring.
+
+    ``progress``: a callback ``(rows done, rows total)``, ``True`` for a rich
+    progress bar on stderr, or None.
+    """
+    t0 = time.monotonic()
+    if not cfg.samples:
+        raise UserError("no --samples given — pass the samples directory `topr generate` wrote")
+    if not cfg.out:
+        raise UserError("no --out given — pass the directory to write scored shards to")
+    samples, out = Path(cfg.samples), Path(cfg.out)
+    if samples.resolve() == out.resolve():
+        raise UserError(f"--out {out} is the samples directory — write scored shards to another directory")
+
+    # Everything a user can get wrong is checked before anything is written.
+    files = input_shards(samples)
+    total_rows = _validate_inputs(files)
+    from toprcli.verifiers import Rewards, VerifierPool, resolve_verifier
+
+    verifier = resolve_verifier(cfg.verifier, strict=cfg.strict)
+    rewards = Rewards(cfg.reward_correct, cfg.reward_incorrect, cfg.reward_no_answer)
+    settings = _settings(cfg)
+    fingerprints = {i: shards.fingerprint(p) for i, p in files.items()}
+
+    existing = shards.complete_shards(out)
+    todo = [i for i in files if i not in existing or (cfg.overwrite and i in existing)]
+    if not cfg.overwrite:
+        stale = [i for i in files if i in existing and not _reusable(existing[i], settings, fingerprints[i])]
+        if stale:
+            raise UserError(
+                f"{existing[stale[0]]} was scored from other samples or with other settings — "
+                "use a new --out, or --overwrite to rescore"
+            )
+    result = ScoreResult(out=str(out), shards_skipped=len(files) - len(todo))
+    skipped_rows = sum(pq.read_metadata(files[i]).num_rows for i in files if i not in todo)
+
+    report, close_bar = _progress(progress, total_rows, skipped_rows)
+    scored_rows = 0
+    t_scoring = 0.0
+    try:
+        if todo:
+            workers = cfg.workers
+            with VerifierPool(
+                verifier, workers=workers, timeout=cfg.timeout, memory_limit_mb=cfg.worker_memory_mb or None
+            ) as pool:
+                # The manifest marks a finished directory: drop a stale one before the first write.
+                (out / shards.MANIFEST_NAME).unlink(missing_ok=True)
+                if cfg.overwrite:
+                    for i in [i for i in existing if i not in files]:
+                        existing[i].unlink(missing_ok=True)  # not part of this input: would mix into the output
+                done = skipped_rows
+                t1 = time.monotonic()
+                for i in todo:
+                    table = pq.read_table(files[i])
+                    input_meta = shards.read_file_metadata(files[i])
+
+                    def tick(k: int) -> None:
+                        nonlocal done
+                        done += k
+                        report(done)
+
+                    scored = score_table(table, pool, rewards, progress=tick, error_examples=result.error_examples)
+                    meta = dict(input_meta)
+                    meta["score"] = {"settings": settings, "input_fingerprint": fingerprints[i], "verifier": verifier.name}
+                    shards.write_shard(out, i, scored, metadata=meta)
+                    scored_rows += scored.num_rows
+                    result.shards_scored += 1
+                t_scoring = time.monotonic() - t1
+                result.worker_stats = dict(pool.stats)
+    finally:
+        close_bar()
+
+    summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(_SUMMARY_COLUMNS)), result)
+    result.wall_time_s = time.monotonic() - t0
+    result.rows_per_s = scored_rows / t_scoring if t_scoring > 0 else None
+    shards.write_manifest(
+        out,
+        stage="score",
+        config=config_to_dict(cfg),
+        inputs={"samples": str(samples), "fingerprint": shards.fingerprint(samples)},
+        counts={"rows": result.rows, "prompts": result.prompts, "shards": len(files), **result.verdicts},
+        wall_time_s=result.wall_time_s,
+        summary=result.summary(),
+    )
+    return result
+
+
+_SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "verdict")
+
+
+def _progress(progress: Progress | bool | None, total: int, done: int) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """(report(rows done), close()) for a callback, a rich bar (True), or nothing."""
+    if callable(progress):
+        progress(done, total)
+        return (lambda d: progress(d, total)), (lambda: None)
+    if not progress:
+        return (lambda d: None), (lambda: None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("[bold]scoring"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task("scoring", total=total, completed=done, rate="")
+    bar.start()
+    t0, d0 = time.monotonic(), done
+
+    def report(d: int) -> None:
+        dt = time.monotonic() - t0
+        rate = f"{(d - d0) / dt:,.0f} rows/s" if dt > 0.2 else ""
+        bar.update(task, completed=d, rate=rate)
+
+    return report, bar.stop

@@ -1,0 +1,150 @@
+"""What every verifier shares: the verdict type, the verifier record, rewards.
+
+A verifier is a plain function ``check(completion, answer, row=None) -> Verdict``
+plus a name. It never sees a process, a timeout or a file: isolation is the
+job of :mod:`toprcli.verifiers.pool`, resolution from a ``--verifier`` string
+the job of :mod:`toprcli.verifiers.registry`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# The verdict vocabulary is a public contract (the ``verdict`` column).
+CORRECT = "correct"
+INCORRECT = "incorrect"
+NO_ANSWER = "no_answer"
+TIMEOUT = "timeout"
+ERROR = "error"
+VERDICTS = (CORRECT, INCORRECT, NO_ANSWER, TIMEOUT, ERROR)
+
+# ``extracted_answer`` records what was read, cut to this many characters so a
+# runaway completion cannot bloat the scored shards.
+MAX_EXTRACTED_CHARS = 200
+
+
+def clip_text(text: str | None, limit: int = MAX_EXTRACTED_CHARS) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of one check.
+
+    ``verdict`` is one of :data:`VERDICTS`. ``score`` is set only by plugins
+    that return a float: it then *is* the reward (see :func:`reward_of`).
+    ``detail`` says why for ``error``/``timeout`` (kept out of the Parquet
+    shards; the score summary shows a few examples).
+    """
+
+    verdict: str
+    extracted_answer: str | None = None
+    score: float | None = None
+    detail: str | None = None
+
+    @property
+    def correct(self) -> bool:
+        return self.verdict == CORRECT
+
+
+def judged(ok: bool, extracted: str | None) -> Verdict:
+    return Verdict(CORRECT if ok else INCORRECT, clip_text(extracted))
+
+
+CheckFn = Callable[..., Verdict]  # (completion: str, answer: str | None, row: dict | None = None)
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """A resolved ``--verifier`` spec.
+
+    ``check(completion, answer, row=None)`` does the work. A worker process
+    rebuilds the verifier from ``spec`` and ``options`` (functions do not
+    travel between processes), so both must be plain data.
+
+    ``needs_row``: the pool ships the whole input row (plugins only; it costs
+    IPC). ``chunk_size``: rows per task sent to a worker — large for
+    microsecond checks so pipe traffic is amortised, small for sympy.
+    ``preload``: modules a fresh worker imports before it says it is ready.
+    ``warmup``: called once per worker so first-call costs (regex compiles,
+    lazy imports) are not charged to the first row's time limit.
+    """
+
+    name: str
+    spec: str
+    check: CheckFn
+    options: Mapping[str, Any] = field(default_factory=dict)
+    needs_row: bool = False
+    chunk_size: int = 256
+    preload: tuple[str, ...] = ()
+    warmup: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class Rewards:
+    """Reward per verdict. Paper defaults: +1 correct, −1 otherwise.
+
+    ``timeout`` and ``error`` get ``incorrect``: a completion that cannot be
+    verified in time is not rewarded, and giving it the no-answer reward would
+    make hanging the verifier a strategy when no-answer pays more.
+    """
+
+    correct: float = 1.0
+    incorrect: float = -1.0
+    no_answer: float = -1.0
+
+
+def reward_of(v: Verdict, rewards: Rewards) -> float:
+    """The reward of one verdict; a plugin's float score, when given, is the reward itself."""
+    if v.score is not None and v.verdict in (CORRECT, INCORRECT):
+        return float(v.score)
+    if v.verdict == CORRECT:
+        return rewards.correct
+    if v.verdict == NO_ANSWER:
+        return rewards.no_answer
+    return rewards.incorrect
+
+
+_WS = re.compile(r"\s+")
+
+
+def normalize_ws(text: str) -> str:
+    """Strip and collapse runs of whitespace to one space (linear time)."""
+    return _WS.sub(" ", text).strip()
+
+
+def from_plugin_result(result: Any) -> Verdict:
+    """Map a plugin's return value to a verdict.
+
+    ``True``/``False`` → correct/incorrect; a float (or int) → ``score`` = that
+    number, correct iff it is > 0; ``None`` → no_answer; a :class:`Verdict`
+    passes through. Anything else (or NaN) is an ``error``.
+    """
+    if isinstance(result, Verdict):
+        if result.verdict not in VERDICTS:
+            return Verdict(ERROR, detail=f"plugin returned unknown verdict {result.verdict!r}")
+        return result
+    if result is None:
+        return Verdict(NO_ANSWER)
+    if isinstance(result, bool):
+        return Verdict(CORRECT if result else INCORRECT)
+    try:
+        import numpy as np
+
+        np_number = isinstance(result, (np.bool_, np.integer, np.floating))
+    except ImportError:  # pragma: no cover
+        np_number = False
+    if np_number and isinstance(result, np.bool_):
+        return Verdict(CORRECT if bool(result) else INCORRECT)
+    if isinstance(result, (int, float)) or np_number:
+        x = float(result)
+        if math.isnan(x) or math.isinf(x):
+            return Verdict(ERROR, detail=f"plugin returned {x}")
+        return Verdict(CORRECT if x > 0 else INCORRECT, score=x)
+    return Verdict(ERROR, detail=f"plugin returned {type(result).__name__}, expected bool or float")

@@ -1,0 +1,94 @@
+"""GSM8K verifier: read a number, compare it numerically with the gold number.
+
+Gold: the number after ``#### `` in the ``answer`` column (the last ``####``),
+or the whole value when it is a bare number.
+
+Prediction, in order (flexible mode, the default):
+
+1. the number after the first ``####`` (what GSM8K solutions end with; text
+   after it is the model rambling on),
+2. the number after the first "the answer is" / "the final answer is",
+3. the last number in the completion.
+
+``strict=True`` uses only (1). Numbers are compared as :class:`~decimal.Decimal`
+after removing thousands separators, ``$`` and a trailing period, so ``18.00``
+equals ``18`` and ``1,000`` equals ``1000``; no string equality.
+
+Bounded time on any input: the number pattern has no nested quantifiers and
+no exponent notation (``1e999999999`` reads as ``1``, then ``999999999``; a
+Decimal is never built from an exponent), each regex scan is linear in the
+text, and a Decimal of an n-digit literal is built and compared in O(n).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+from toprcli.verifiers.base import ERROR, NO_ANSWER, Verdict, clip_text, judged
+
+# A number as GSM8K writes it: optional sign and $, digits with optional
+# thousands commas, optional decimals. ``−`` is the Unicode minus.
+_NUMBER = r"(?:[-−]\$?|\$[-−]?)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
+_NUMBER_RE = re.compile(_NUMBER)
+_HASH_RE = re.compile(r"####\s*(" + _NUMBER + r")")
+_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?\s*(" + _NUMBER + r")")
+_BARE_RE = re.compile(r"\s*(" + _NUMBER + r")\s*\.?\s*")
+
+
+def to_decimal(text: str) -> Decimal | None:
+    """``"$1,234.50"`` → ``Decimal("1234.50")``; None when it is not a number."""
+    s = text.strip().replace(",", "").replace("$", "").replace("−", "-").replace(" ", "")
+    s = s.rstrip(".")
+    if not s or s in "-+":
+        return None
+    try:
+        d = Decimal(s)
+    except InvalidOperation:
+        return None
+    # Our pattern never yields an exponent, but the gold path accepts any text:
+    # refuse what is not a plain finite decimal literal.
+    return d if d.is_finite() and "e" not in s.lower() else None
+
+
+def gold_number(answer: str | None) -> Decimal | None:
+    if answer is None:
+        return None
+    if "####" in answer:
+        m = _NUMBER_RE.search(answer.rsplit("####", 1)[1])
+        return to_decimal(m.group(0)) if m else None
+    m = _BARE_RE.fullmatch(answer)
+    return to_decimal(m.group(1)) if m else None
+
+
+def extract(completion: str, strict: bool = False) -> str | None:
+    """The number text the model gave, or None."""
+    m = _HASH_RE.search(completion)
+    if m:
+        return m.group(1)
+    if strict:
+        return None
+    m = _ANSWER_IS_RE.search(completion)
+    if m:
+        return m.group(1)
+    last = None
+    for m in _NUMBER_RE.finditer(completion):
+        last = m
+    return last.group(0) if last else None
+
+
+def check(completion: str, answer: str | None, row: dict | None = None, *, strict: bool = False) -> Verdict:
+    gold = gold_number(answer)
+    if gold is None:
+        return Verdict(ERROR, detail=f"gold answer has no '#### n' and is not a number: {clip_text(answer, 60)!r}")
+    text = extract(completion, strict)
+    if text is None:
+        return Verdict(NO_ANSWER)
+    pred = to_decimal(text)
+    if pred is None:
+        return Verdict(NO_ANSWER, clip_text(text.strip()))
+    return judged(pred == gold, text.strip())
+
+
+def check_strict(completion: str, answer: str | None, row: dict | None = None) -> Verdict:
+    return check(completion, answer, row, strict=True)

@@ -1,0 +1,84 @@
+"""User verifiers: ``--verifier python:module:function``.
+
+The function has this signature (documented in ``topr score --help``)::
+
+    def my_check(completion: str, answer: str | None, row: dict) -> bool | float:
+        ...
+
+``row`` is the whole input row (every samples column, e.g. ``prompt``,
+``prompt_id``, ``finish_reason``, token ids). Return ``True``/``False`` for
+correct/incorrect, or a float: it becomes the ``reward`` as is, and the row is
+``correct`` iff it is > 0. ``None`` means no answer. An exception gives
+``error``; a hang past ``--timeout`` gives ``timeout``. The function runs in a
+worker process, so it can keep module-level caches but must not rely on state
+in the parent.
+
+``module`` is an importable module name (the current directory is on the
+path) or a path to a ``.py`` file: ``python:checks.py:reward`` or
+``python:mypkg.checks:reward``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from toprcli.errors import UserError
+from toprcli.verifiers.base import Verdict, from_plugin_result
+
+
+def parse_plugin_spec(target: str) -> tuple[str, str]:
+    """``"mod.sub:fn"`` or ``"path/to/file.py:fn"`` → (module, function)."""
+    module, sep, func = target.rpartition(":")
+    if not sep or not module or not func:
+        raise UserError(f"bad plugin spec 'python:{target}' — write python:MODULE:FUNCTION, e.g. python:my_checks:is_correct")
+    return module, func
+
+
+def load_function(target: str) -> Callable:
+    """Import the plugin function; every failure is one-line :class:`UserError`."""
+    module_name, func_name = parse_plugin_spec(target)
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            path = Path(module_name).resolve()
+            if not path.is_file():
+                raise UserError(f"plugin file not found: {module_name} — check the path in --verifier python:{target}")
+            name = "toprcli_plugin_" + path.stem
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise UserError(f"cannot import plugin file {module_name} — is it a .py file?")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            cwd = os.getcwd()
+            if cwd not in sys.path and "" not in sys.path:
+                sys.path.insert(0, cwd)
+            module = importlib.import_module(module_name)
+    except UserError:
+        raise
+    except BaseException as e:  # a plugin may raise anything at import, even SystemExit
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UserError(
+            f"plugin module {module_name!r} does not import ({type(e).__name__}: {first}) — "
+            "check the name and that it is on PYTHONPATH or in the current directory"
+        ) from None
+    func = getattr(module, func_name, None)
+    if func is None:
+        raise UserError(f"plugin module {module_name!r} has no attribute {func_name!r} — check --verifier python:{target}")
+    if not callable(func):
+        raise UserError(f"plugin {module_name}:{func_name} is not callable — point --verifier at a function")
+    return func
+
+
+def make_check(target: str) -> Callable[..., Verdict]:
+    func = load_function(target)
+
+    def check(completion: str, answer: str | None, row: dict | None = None) -> Verdict:
+        return from_plugin_result(func(completion, answer, row if row is not None else {}))
+
+    return check

@@ -1,0 +1,66 @@
+"""Resolve a ``--verifier`` spec string to a :class:`Verifier`.
+
+Specs: ``gsm8k``, ``math``, ``exact``, ``regex:PATTERN``, ``python:MODULE:FUNCTION``.
+Every resolution error (unknown name, bad regex, a plugin that does not import
+or is not callable) is a one-line :class:`~toprcli.errors.UserError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from toprcli.errors import UserError
+from toprcli.verifiers.base import Verifier
+
+BUILTIN = ("gsm8k", "math", "exact")
+SPEC_HELP = "gsm8k, math, exact, regex:PATTERN or python:MODULE:FUNCTION"
+
+
+def resolve_verifier(spec: str, *, strict: bool = False) -> Verifier:
+    """Build the verifier named by ``spec``; ``strict`` applies to gsm8k (require ``####``)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise UserError(f"empty --verifier — choose one of: {SPEC_HELP}")
+    spec = spec.strip()
+    options: dict[str, Any] = {"strict": strict} if spec == "gsm8k" else {}
+    if spec == "gsm8k":
+        from toprcli.verifiers import gsm8k
+
+        check = gsm8k.check_strict if strict else gsm8k.check
+        return Verifier(
+            "gsm8k-strict" if strict else "gsm8k", spec, check, options, chunk_size=512, preload=("toprcli.verifiers.gsm8k",)
+        )
+    if spec == "math":
+        from toprcli.verifiers import math_verifier
+
+        return Verifier(
+            "math",
+            spec,
+            math_verifier.check,
+            options,
+            chunk_size=8,
+            preload=("toprcli.verifiers.math_verifier", "math_verify", "sympy"),
+            warmup=math_verifier.warmup,
+        )
+    if spec == "exact":
+        from toprcli.verifiers import exact
+
+        return Verifier("exact", spec, exact.check_exact, options, chunk_size=512)
+    if spec.startswith("regex:"):
+        from toprcli.verifiers import exact
+
+        pattern = spec[len("regex:") :]
+        if not pattern:
+            raise UserError("empty pattern in --verifier regex: — write regex:PATTERN, e.g. 'regex:ANSWER: (\\S+)'")
+        try:
+            exact.compile_pattern(pattern)
+        except re.error as e:
+            raise UserError(f"bad regular expression in --verifier {spec!r}: {e} — fix the pattern") from None
+        return Verifier("regex", spec, functools.partial(exact.check_regex, pattern=pattern), options, chunk_size=512)
+    if spec.startswith("python:"):
+        from toprcli.verifiers import plugins
+
+        target = spec[len("python:") :]
+        return Verifier(f"python:{target}", spec, plugins.make_check(target), options, needs_row=True, chunk_size=64)
+    raise UserError(f"unknown verifier {spec!r} — choose one of: {SPEC_HELP}")
