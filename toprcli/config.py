@@ -80,7 +80,7 @@ class GenerateConfig:
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
     out: str = ""
     n: int = field(default=16, metadata=AT_LEAST_ONE)
-    temperature: float = field(default=1.0, metadata=POSITIVE)
+    temperature: float = field(default=1.0, metadata=_check(lambda v: v >= 0, "a number >= 0 (0 = greedy)"))
     top_p: float = field(default=1.0, metadata=UNIT_HALF_OPEN)
     top_k: int = field(default=-1, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
     max_new_tokens: int = field(default=512, metadata=AT_LEAST_ONE)
@@ -97,6 +97,11 @@ class GenerateConfig:
     skip_long: bool = False
     iteration: int = field(default=0, metadata=NON_NEGATIVE)
     batch_size: int = field(default=64, metadata=AT_LEAST_ONE)  # prompts per engine call (hf)
+    # One seed per (seed, iteration, prompt_id) for every request (vLLM; results then do not
+    # depend on batching or sharding). Off: the sampler RNG is reseeded per shard only.
+    per_request_seed: bool = True
+    enforce_eager: bool | None = None  # vLLM: None = eager on CPU (fast start), compiled on GPU
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
 
 
 @dataclass
@@ -110,13 +115,16 @@ class ScoreConfig:
     reward_correct: float = 1.0
     reward_incorrect: float = -1.0
     reward_no_answer: float = -1.0
+    worker_memory_mb: int = field(default=4096, metadata=NON_NEGATIVE)  # address-space cap per verifier worker; 0 = none
+    overwrite: bool = False  # replace an --out scored from other inputs or settings
 
 
 @dataclass
 class CurateConfig:
     scored: list[str] = field(default_factory=list)
     out: str = ""
-    # A number (constant c), "group-mean", "leave-one-out"; ignored when positive_fraction is set.
+    # A number (constant c), "group-mean" or "leave-one-out"; None = constant 0 (A = R).
+    # Exclusive with positive_fraction (which solves the constant c from the data).
     baseline: float | str | None = None
     positive_fraction: float | None = field(default=None, metadata=UNIT_OPEN)
     source_weights: list[float] | None = None
@@ -127,6 +135,7 @@ class CurateConfig:
     first_positive: bool = False
     subsample: int | None = field(default=None, metadata=AT_LEAST_ONE)
     seed: int = 0
+    overwrite: bool = False  # replace an existing --out made from other inputs or settings
 
 
 @dataclass
@@ -168,6 +177,10 @@ class TrainConfig:
     adv_clip: float | None = field(default=None, metadata=POSITIVE)
     log_every: int = field(default=1, metadata=AT_LEAST_ONE)
     tensorboard: bool = False
+    # N of seq-mean-token-sum-norm; None = the longest completion in the data (a constant per run).
+    norm_length: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    threads: int | None = field(default=None, metadata=AT_LEAST_ONE)  # torch CPU threads; None = torch's default
+    overwrite: bool = False  # replace an existing complete --out
 
 
 @dataclass
@@ -183,9 +196,11 @@ class EvalConfig:
     max_new_tokens: int = field(default=512, metadata=AT_LEAST_ONE)
     seed: int = 1234
     backend: Literal["auto", "vllm", "hf"] = "auto"
-    verifier: str = "gsm8k"
+    verifier: str = "auto"  # "auto": the dataset preset's verifier (gsm8k for GSM8K/arith, math for MATH)
     workers: int | None = field(default=None, metadata=AT_LEAST_ONE)
     timeout: float = field(default=5.0, metadata=POSITIVE)
+    shard_size: int = field(default=64, metadata=AT_LEAST_ONE)
+    iteration: int = field(default=0, metadata=NON_NEGATIVE)
 
 
 @dataclass
@@ -195,12 +210,15 @@ class WarmStartConfig:
     enabled: bool = False
     init_model: bool = False  # build the built-in tiny model first (then `model` is ignored)
     model_seed: int = 0
+    model_preset: Literal["tiny", "small"] = "tiny"
     examples: int = field(default=2000, metadata=AT_LEAST_ONE)
     epochs: float = field(default=1.0, metadata=POSITIVE)
     lr: float = field(default=2e-3, metadata=POSITIVE)
     optimizer: Literal["adafactor", "adamw"] = "adamw"
     batch_size: int = field(default=64, metadata=AT_LEAST_ONE)
     max_steps: int | None = field(default=None, metadata=AT_LEAST_ONE)
+    schedule: Literal["constant", "cosine"] = "cosine"
+    warmup_steps: int = field(default=10, metadata=NON_NEGATIVE)
 
 
 @dataclass
@@ -381,11 +399,13 @@ def load_config(
     overrides: dict[str, Any] | None = None,
     *,
     base: dict[str, Any] | None = None,
+    sets: dict[str, Any] | None = None,
 ) -> Any:
-    """Build a stage config: defaults ← ``base`` ← YAML file ← overrides.
+    """Build a stage config: defaults ← ``base`` ← YAML file ← overrides ← sets.
 
-    ``overrides`` maps (dotted) keys to values; ``None`` values mean "not
-    given on the command line" and are skipped.
+    ``overrides`` maps (dotted) keys to values from typed CLI options; ``None``
+    values mean "not given on the command line" and are skipped. ``sets`` are
+    ``--set key=value`` pairs, applied as written (``null`` included).
     """
     stage = next(name for name, c in STAGES.items() if c is cls)
     data: dict[str, Any] = dict(base or {})
@@ -394,6 +414,8 @@ def load_config(
     for key, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(data, key, value)
+    for key, value in (sets or {}).items():
+        _set_dotted(data, key, value)
     return _from_dict(cls, data)
 
 

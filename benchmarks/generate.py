@@ -1,0 +1,222 @@
+"""Benchmark `topr generate`: toolkit vs raw vLLM, vLLM vs HF, seed cost, weight reload.
+
+Reads nothing; builds the tiny model (and the ~85M "bench" preset, random
+weights) under --work (default: a temporary directory) and writes shards there.
+Prints a Markdown table (paste into docs/benchmarks.md) and, with --json FILE,
+the raw numbers.
+
+Measured, on the same prompts (builtin:arith) and sampling parameters, with one
+engine per model (engine start excluded from the throughput numbers):
+
+- ``raw vLLM``: ``vllm.LLM.generate`` on the prompt token ids, logprobs=0,
+  processed log-probs, per-request seeds: what the toolkit asks of the engine.
+- ``topr generate (vllm)``: ``generate_samples`` with the same engine: prompts
+  rendered and tokenised, engine call, text decoding, Parquet shards, manifest.
+  Overhead = toolkit wall / raw wall − 1 (best of --repeats, alternated).
+- ``raw vLLM, no seeds``: the per-request seed cost on this engine.
+- ``topr generate (hf)``: the transformers backend through the same stage.
+- weight refresh: ``load_weights`` in place vs a fresh engine.
+
+Usage: python benchmarks/generate.py [--models tiny,bench] [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Workload per model: (prompts, n, max_new_tokens). The bench model is ~200x bigger.
+WORKLOADS = {"tiny": (64, 8, 128), "bench": (16, 4, 64)}
+
+
+def _tokens(results) -> int:
+    return sum(len(c.token_ids) for comps in results for c in comps)
+
+
+class _Replay:
+    """A backend that returns recorded results at once (isolates the toolkit's own cost)."""
+
+    name = "vllm"
+
+    def __init__(self, be, results) -> None:
+        self.model, self.max_model_len, self.tokenizer = be.model, be.max_model_len, be.tokenizer
+        self.engine_version, self.eos_token_ids, self.info = be.engine_version, be.eos_token_ids, be.info
+        self.results = results
+
+    def generate(self, requests, params, progress=None):
+        return self.results[: len(requests)]
+
+    def reseed(self, seed):
+        pass
+
+    def load_weights(self, model_dir):
+        return {}
+
+    def close(self):
+        pass
+
+
+def bench_model(preset: str, work: Path, repeats: int, with_hf: bool, with_restart: bool) -> dict:
+    from toprcli.config import DatasetSpec, GenerateConfig
+    from toprcli.data.datasets import load_examples
+    from toprcli.generate_stage import build_prompts, generate_samples
+    from toprcli.generation import PromptRequest, SamplingParams, derive_seed
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.vllm_backend import VLLMBackend
+    from toprcli.models.tiny import build_tiny_model, count_parameters
+
+    model = work / preset
+    if not (model / "config.json").exists():
+        build_tiny_model(model, preset=preset, seed=0, overwrite=True)
+    other = work / f"{preset}-seed1"
+    if not (other / "config.json").exists():
+        build_tiny_model(other, preset=preset, seed=1, overwrite=True)
+    n_prompts, n, max_new = WORKLOADS[preset]
+    spec = DatasetSpec(source="builtin:arith", size=n_prompts)
+    examples = load_examples(spec)
+    row: dict = {"model": preset, "parameters": count_parameters(model), "prompts": n_prompts, "n": n, "max_new_tokens": max_new}
+
+    def cfg(out: str, backend: str, **kw) -> GenerateConfig:
+        shutil.rmtree(out, ignore_errors=True)  # a fresh directory: no shard may be skipped as complete
+        return GenerateConfig(model=str(model), out=out, backend=backend, n=n, max_new_tokens=max_new, dataset=spec,
+                              shard_size=n_prompts, **kw)
+
+    from transformers import AutoTokenizer
+
+    prompts = build_prompts(cfg(str(work / "unused"), "vllm"), examples, AutoTokenizer.from_pretrained(model))
+    t0 = time.perf_counter()
+    be = VLLMBackend(BackendOptions(model=str(model), dtype="float32", gpu_memory_utilization=0.15))
+    row["vllm_start_s"] = round(time.perf_counter() - t0, 1)
+    import vllm
+
+    def raw(seeded: bool) -> tuple[float, int]:
+        sps = [vllm.SamplingParams(n=n, temperature=1.0, max_tokens=max_new, logprobs=0, flat_logprobs=True, detokenize=False,
+                                   seed=derive_seed(0, 0, p.prompt_id) if seeded else None) for p in prompts]
+        t = time.perf_counter()
+        outs = be.llm.generate([{"prompt_token_ids": p.token_ids} for p in prompts], sps, use_tqdm=False)
+        dt = time.perf_counter() - t
+        return dt, sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+    def toolkit(i: int) -> tuple[float, int]:
+        t = time.perf_counter()
+        s = generate_samples(cfg(str(work / f"out-{preset}-vllm-{i}"), "vllm"), backend=be, examples=examples, progress=False)
+        return time.perf_counter() - t, s["completion_tokens"]
+
+    raw(True)  # warm-up (first batch pays one-off allocations)
+    r_raw, r_tk, r_ns = [], [], []
+    for i in range(repeats):  # alternate, so machine load drifts hit all three alike
+        r_raw.append(raw(True))
+        r_tk.append(toolkit(i))
+        r_ns.append(raw(False))
+    best = lambda rs: min(rs, key=lambda x: x[0])  # noqa: E731
+    (raw_s, raw_tok), (tk_s, tk_tok), (ns_s, ns_tok) = best(r_raw), best(r_tk), best(r_ns)
+    if raw_tok != tk_tok:
+        print(f"warning: toolkit sampled {tk_tok} tokens, raw engine {raw_tok} (same seeds expected)", flush=True)
+    row.update(
+        tokens=raw_tok,
+        raw_vllm_tok_s=round(raw_tok / raw_s, 1),
+        topr_vllm_tok_s=round(tk_tok / tk_s, 1),
+        toolkit_overhead_pct=round(100 * (tk_s / raw_s - 1), 1),
+        raw_vllm_noseed_tok_s=round(ns_tok / ns_s, 1),
+        seed_cost_pct=round(100 * ((raw_s / raw_tok) / (ns_s / ns_tok) - 1), 1),
+        raw_runs_s=[round(x[0], 3) for x in r_raw],
+        topr_runs_s=[round(x[0], 3) for x in r_tk],
+        noseed_runs_s=[round(x[0], 3) for x in r_ns],
+    )
+
+    # The toolkit's own work (prompts, decoding, Parquet, manifest) measured exactly: the same
+    # stage with a backend that replays the engine's results instantly.
+    replay = _Replay(be, be.generate([PromptRequest(p.token_ids, seed=derive_seed(0, 0, p.prompt_id)) for p in prompts],
+                                     SamplingParams(n=n, max_new_tokens=max_new)))
+    times = []
+    for i in range(5):
+        t = time.perf_counter()
+        generate_samples(cfg(str(work / f"out-{preset}-replay-{i}"), "vllm"), backend=replay, examples=examples, progress=False)
+        times.append(time.perf_counter() - t)
+    row["toolkit_only_s"] = round(statistics.median(times[1:]), 4)
+    row["toolkit_only_pct"] = round(100 * row["toolkit_only_s"] / raw_s, 2)
+
+    # Weight refresh: in place, then verify against a fresh engine on the new weights.
+    params = SamplingParams(n=2, max_new_tokens=32)
+    reqs = [PromptRequest(p.token_ids, seed=derive_seed(0, 0, p.prompt_id)) for p in prompts[:8]]
+    rec = be.load_weights(str(other))
+    inplace_out = be.generate(reqs, params)
+    row["reload_inplace_s"] = rec["seconds"]
+    if with_restart:
+        rec = be.load_weights(str(other), force_restart=True)
+        fresh_out = be.generate(reqs, params)
+        row["reload_restart_s"] = rec["seconds"]
+        row["inplace_equals_fresh"] = [[c.token_ids for c in x] for x in inplace_out] == [[c.token_ids for c in x] for x in fresh_out]
+        lp = [abs(a - b) for x, y in zip(inplace_out, fresh_out) for c, d in zip(x, y) for a, b in zip(c.logprobs, d.logprobs)]
+        row["inplace_vs_fresh_max_logprob_diff"] = max(lp) if lp else None
+    be.close()
+
+    if with_hf:
+        from toprcli.generation.base import BackendOptions as BO
+        from toprcli.generation.hf_backend import HFBackend
+
+        hf = HFBackend(BO(model=str(model), dtype="float32", batch_size=64))
+        runs = []
+        for i in range(max(1, repeats - 1)):
+            t = time.perf_counter()
+            s = generate_samples(cfg(str(work / f"out-{preset}-hf-{i}"), "hf"), backend=hf, examples=examples, progress=False)
+            runs.append((time.perf_counter() - t, s["completion_tokens"]))
+        hf_s, hf_tok = best(runs)
+        row["topr_hf_tok_s"] = round(hf_tok / hf_s, 1)
+        row["hf_tokens"] = hf_tok
+        hf.close()
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| model | params | prompts × n × max new | raw vLLM tok/s | topr generate (vllm) tok/s | toolkit overhead, end to end | "
+            "toolkit's own work | "
+            "vLLM, no per-request seeds tok/s | per-request seed cost | topr generate (hf) tok/s | vLLM / HF | engine start s | "
+            "weight reload in place s | engine restart s |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        ratio = f"{r['topr_vllm_tok_s'] / r['topr_hf_tok_s']:.2f}x" if r.get("topr_hf_tok_s") else "-"
+        lines.append(
+            f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['prompts']} × {r['n']} × {r['max_new_tokens']} | "
+            f"{r['raw_vllm_tok_s']:,.0f} | {r['topr_vllm_tok_s']:,.0f} | {r['toolkit_overhead_pct']:+.1f}% | "
+            f"{r['toolkit_only_s']:.3f} s ({r['toolkit_only_pct']:.1f}%) | "
+            f"{r['raw_vllm_noseed_tok_s']:,.0f} | {r['seed_cost_pct']:+.1f}% | "
+            f"{r.get('topr_hf_tok_s', float('nan')):,.0f} | {ratio} | {r['vllm_start_s']} | "
+            f"{r['reload_inplace_s']} | {r.get('reload_restart_s', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,bench", help="comma-separated presets of toprcli.models.tiny (tiny, small, bench)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--work", default=None, help="working directory (models, shards); default: a temporary one")
+    ap.add_argument("--no-hf", action="store_true", help="skip the HF backend")
+    ap.add_argument("--no-restart", action="store_true", help="skip the engine-restart measurement")
+    ap.add_argument("--json", default=None, help="also write the raw numbers here")
+    args = ap.parse_args()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="topr-bench-gen-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for preset in args.models.split(","):
+        row = bench_model(preset.strip(), work, args.repeats, not args.no_hf, not args.no_restart)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print()
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

