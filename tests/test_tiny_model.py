@@ -159,28 +159,10 @@ def test_presets_are_valid_kwargs():
 # -- vLLM -----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def vllm_engine(tiny_dir):
-    """One real vLLM engine on the tiny model for the session (~35-45 s to start on 2 CPU cores)."""
-    vllm = pytest.importorskip("vllm")
-    llm = vllm.LLM(
-        model=str(tiny_dir),
-        dtype="float32",
-        max_model_len=512,
-        gpu_memory_utilization=0.2,  # on CPU: fraction of RAM reserved for the KV cache
-        enforce_eager=True,  # no torch.compile: starts faster, same outputs
-        distributed_executor_backend="uni",  # worker inside the engine process: one fewer spawn
-        seed=0,
-    )
-    yield llm
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # teardown is best effort
-        pass
-
-
 @pytest.mark.vllm
-def test_vllm_generates_with_logprobs(vllm_engine, tiny_dir):
+def test_vllm_generates_with_logprobs(vllm_backend, tiny_model_dir):
+    """The real vLLM engine (the session's shared one) loads the tiny model dir and samples from it."""
+    vllm_engine, tiny_dir = vllm_backend.llm, tiny_model_dir
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
