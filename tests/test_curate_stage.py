@@ -1,0 +1,414 @@
+"""The curate stage end to end on small synthetic scored shards (toprcli/curate_stage.py, cli/curate.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from toprcli import curation as cu
+from toprcli import shards
+from toprcli.config import CurateConfig, ConfigError, load_config
+from toprcli.curate_stage import curate, manifest_path
+from toprcli.errors import UserError
+
+
+def scored_table(
+    prompt_ids: list[str],
+    correct: list[bool],
+    *,
+    completions: list[str] | None = None,
+    finish: list[str] | None = None,
+    sample_index: list[int] | None = None,
+    rewards: list[float] | None = None,
+    iteration: int = 0,
+    policy: str = "pi0",
+) -> pa.Table:
+    n = len(prompt_ids)
+    if sample_index is None:  # 0.. within each prompt, in row order
+        seen: dict[str, int] = {}
+        sample_index = []
+        for p in prompt_ids:
+            sample_index.append(seen.get(p, 0))
+            seen[p] = seen.get(p, 0) + 1
+    if rewards is None:
+        rewards = [1.0 if c else -1.0 for c in correct]
+    t = pa.table(
+        {
+            "prompt_id": prompt_ids,
+            "prompt": [f"Q: {p}?" for p in prompt_ids],
+            "answer": ["42"] * n,
+            "prompt_token_ids": pa.array([[1, 2, 3]] * n, pa.list_(pa.int32())),
+            "sample_index": pa.array(sample_index, pa.int32()),
+            "completion": completions or [f"completion {i}" for i in range(n)],
+            "completion_token_ids": pa.array([[4, 5, i % 7] for i in range(n)], pa.list_(pa.int32())),
+            "behavior_logprobs": pa.array([[-0.5, -0.25, -1.0]] * n, pa.list_(pa.float32())),
+            "finish_reason": finish or ["stop"] * n,
+            "policy": [policy] * n,
+            "iteration": pa.array([iteration] * n, pa.int32()),
+            "reward": pa.array(rewards, pa.float32()),
+            "correct": correct,
+            "extracted_answer": ["42" if c else "7" for c in correct],
+            "verdict": ["correct" if c else "incorrect" for c in correct],
+        }
+    )
+    return shards.conform(t, "scored")
+
+
+def write_scored(directory, table: pa.Table, rows_per_shard: int | None = None):
+    rows_per_shard = rows_per_shard or max(table.num_rows, 1)
+    for k, start in enumerate(range(0, max(table.num_rows, 1), rows_per_shard)):
+        shards.write_shard(directory, k, table.slice(start, rows_per_shard))
+    return str(directory)
+
+
+def pm1_data(tmp_path, p: float, n_prompts: int = 250, n: int = 16, seed: int = 0, name: str = "scored", **kw):
+    rng = np.random.default_rng(seed)
+    correct = (rng.random(n_prompts * n) < p).tolist()
+    pids = [f"q{i // n}" for i in range(n_prompts * n)]
+    return write_scored(tmp_path / name, scored_table(pids, correct, **kw), rows_per_shard=1000)
+
+
+def run(tmp_path, scored, **kw) -> tuple:
+    cfg = CurateConfig(scored=scored if isinstance(scored, list) else [scored], out=str(tmp_path / "train.parquet"), **kw)
+    result = curate(cfg)
+    return result, pq.read_table(cfg.out)
+
+
+# -- baselines -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_positive_fraction_hits_target(tmp_path, p):
+    scored = pm1_data(tmp_path, p, seed=int(p * 10))
+    result, t = run(tmp_path, scored, positive_fraction=0.15)
+    adv = t.column("advantage").to_numpy()
+    w = t.column("weight").to_numpy()
+    share = cu.effective_positive_share(adv, w)
+    assert abs(share - 0.15) < 0.005
+    assert result.p_effective == pytest.approx(share)
+    assert result.c == pytest.approx(cu.closed_form_baseline(result.p, 0.15), abs=1e-9)
+    assert result.p == pytest.approx(np.mean(t.column("correct").to_numpy()))
+    assert t.schema.field("advantage").type == pa.float32() and t.schema.field("weight").type == pa.float32()
+    shards.validate_columns(t, "curated", "train.parquet")
+
+
+def test_paper_example_c_0_7(tmp_path):
+    # exactly half correct → p = 0.5, P = 0.15 → c = 0.7; A = +0.3 / -1.7
+    correct = [True, False] * 8
+    scored = write_scored(tmp_path / "s", scored_table([f"q{i // 4}" for i in range(16)], correct))
+    result, t = run(tmp_path, scored, positive_fraction=0.15)
+    assert result.p == 0.5 and result.c == pytest.approx(0.7)
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [0.3, -1.7] * 8, rtol=1e-6)
+    assert result.p_effective == pytest.approx(0.15)
+
+
+def test_positive_fraction_with_non_binary_rewards(tmp_path):
+    rewards = [0.0, 0.25, 1.0, 0.5, 0.0, 0.0, 1.0, 0.75] * 4
+    scored = write_scored(
+        tmp_path / "s", scored_table([f"q{i // 4}" for i in range(32)], [r == 1.0 for r in rewards], rewards=rewards)
+    )
+    result, t = run(tmp_path, scored, positive_fraction=0.3)
+    assert cu.effective_positive_share(t.column("advantage").to_numpy()) == pytest.approx(0.3, abs=1e-6)
+
+
+def test_constant_and_default_baseline(tmp_path):
+    scored = write_scored(tmp_path / "s", scored_table(["a", "a", "b", "b"], [True, False, False, False]))
+    result, t = run(tmp_path, scored)  # default: c = 0, A = R
+    np.testing.assert_array_equal(t.column("advantage").to_numpy(), [1, -1, -1, -1])
+    assert result.baseline == "constant" and result.c == 0.0 and result.p_effective == pytest.approx(0.25)
+    result, t = run(tmp_path, scored, baseline=-0.5, overwrite=True)
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [1.5, -0.5, -0.5, -0.5])
+    # p̃ = 1.5 / (1.5 + 1.5) = 0.5 = closed form 0.25·1.5/(1 - 0.5·0.5)
+    assert result.p_effective == pytest.approx(0.5) == pytest.approx(cu.closed_form_share(0.25, -0.5))
+
+
+def test_group_baselines_hand_values(tmp_path):
+    # prompt a: R = [1, -1, -1, -1] → mean -0.5, LOO: [-1, -1/3, -1/3, -1/3]; prompt b: singleton
+    scored = write_scored(tmp_path / "s", scored_table(["a", "a", "a", "a", "b"], [True, False, False, False, True]))
+    result, t = run(tmp_path, scored, baseline="group-mean")
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [1.5, -0.5, -0.5, -0.5, 0.0])
+    assert result.c is None and result.baseline == "group-mean"
+    result, t = run(tmp_path, scored, baseline="leave-one-out", overwrite=True)
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [2.0, -2 / 3, -2 / 3, -2 / 3, 0.0], rtol=1e-6)
+    # p̃ = 2 / (2 + 2) with the zero advantage counting as positive but massless
+    assert result.p_effective == pytest.approx(0.5) and result.positives == 2
+
+
+def test_group_baseline_uses_all_samples_of_the_prompt(tmp_path):
+    # first-positive keeps [+1 (idx0), -1, -1] but the group mean still sees the 2nd positive: mean = 0
+    scored = write_scored(tmp_path / "s", scored_table(["a"] * 4, [True, True, False, False]))
+    _, t = run(tmp_path, scored, baseline="group-mean", first_positive=True)
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [1.0, -1.0, -1.0])
+
+
+# -- selection -------------------------------------------------------------------
+
+
+def test_options_compose(tmp_path):
+    # prompt a (mixed): rows 0..5; prompt b: all wrong; prompt c: all right
+    pids = ["a"] * 6 + ["b"] * 3 + ["c"] * 2
+    correct = [True, False, True, False, False, True, False, False, False, True, True]
+    comps = ["x", "y", "x2", "y", "z", "x3", "b1", "b2", "b3", "c1", "c2"]
+    finish = ["stop", "stop", "stop", "stop", "length", "stop", "stop", "stop", "stop", "stop", "stop"]
+    scored = write_scored(tmp_path / "s", scored_table(pids, correct, completions=comps, finish=finish))
+    result, t = run(
+        tmp_path, scored, drop_truncated=True, dedupe=True, drop_uniform_prompts=True, first_positive=True, max_per_prompt=2
+    )
+    # truncated: row 4; duplicate: row 3 ("y" again); uniform: b and c; extra positives: rows 2, 5;
+    # cap 2 leaves rows 0, 1 of prompt a.
+    assert t.column("completion").to_pylist() == ["x", "y"]
+    assert result.dropped == {
+        "truncated": 1,
+        "duplicates": 1,
+        "uniform-outcome prompts": 5,
+        "extra positives": 2,
+        "over max per prompt": 0,
+    }
+    assert (result.rows_in, result.rows_out, result.prompts_in, result.prompts_out) == (11, 2, 3, 1)
+    # each option alone
+    _, t = run(tmp_path, scored, first_positive=True, overwrite=True)
+    assert t.column("completion").to_pylist() == ["x", "y", "y", "z", "b1", "b2", "b3", "c1"]
+    _, t = run(tmp_path, scored, max_per_prompt=1, overwrite=True)
+    assert t.column("completion").to_pylist() == ["x", "b1", "c1"]
+
+
+def test_dedupe_is_per_prompt_and_exact(tmp_path):
+    # identical text under different prompts is kept; near-identical long texts are both kept
+    long_a = "step " * 20 + "answer 12 " + "done " * 20
+    long_b = long_a.replace("answer 12", "answer 13")
+    scored = write_scored(
+        tmp_path / "s", scored_table(["p", "p", "q", "p", "p"], [True] * 5, completions=["same", "same", "same", long_a, long_b])
+    )
+    _, t = run(tmp_path, scored, dedupe=True)
+    assert t.column("completion").to_pylist() == ["same", "same", long_a, long_b]
+
+
+def test_subsample_is_seeded(tmp_path):
+    scored = pm1_data(tmp_path, 0.5, n_prompts=20, n=8)
+    r1, t1 = run(tmp_path, scored, subsample=50, seed=1)
+    assert r1.rows_out == 50 and r1.dropped["subsampled out"] == 110
+    ids1 = list(zip(t1.column("prompt_id").to_pylist(), t1.column("sample_index").to_pylist()))
+    _, t2 = run(tmp_path, scored, subsample=50, seed=1, overwrite=True)
+    assert ids1 == list(zip(t2.column("prompt_id").to_pylist(), t2.column("sample_index").to_pylist()))
+
+
+# -- replay ----------------------------------------------------------------------
+
+
+def test_replay_sources_weights_and_groups(tmp_path):
+    # the same prompt id in two rounds is two groups: round 1 mean 0, round 0 mean -0.5
+    new = write_scored(tmp_path / "r1", scored_table(["a"] * 4, [True, True, False, False], iteration=1, policy="pi1"))
+    old = write_scored(tmp_path / "r0", scored_table(["a"] * 4, [True, False, False, False], iteration=0, policy="pi0"))
+    result, t = run(tmp_path, [new, old], baseline="group-mean", source_weights=[1.0, 0.5])
+    assert t.column("iteration").to_pylist() == [1] * 4 + [0] * 4
+    assert t.column("policy").to_pylist() == ["pi1"] * 4 + ["pi0"] * 4
+    np.testing.assert_allclose(t.column("weight").to_numpy(), [1.0] * 4 + [0.5] * 4)
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [1, 1, -1, -1, 1.5, -0.5, -0.5, -0.5])
+    assert [(s.rows_in, s.rows_out, s.weight, s.iterations, s.policies) for s in result.sources] == [
+        (4, 4, 1.0, [1], ["pi1"]),
+        (4, 4, 0.5, [0], ["pi0"]),
+    ]
+    # weighted p̃: positives 1+1 + 0.5·1.5 = 2.75; negatives 2 + 0.5·1.5 = 2.75
+    assert result.p_effective == pytest.approx(0.5)
+
+
+def test_replay_positive_fraction_uses_weights(tmp_path):
+    new = pm1_data(tmp_path, 0.6, name="r1", iteration=1, policy="pi1", n_prompts=50)
+    old = pm1_data(tmp_path, 0.2, name="r0", iteration=0, policy="pi0", n_prompts=50, seed=3)
+    result, t = run(tmp_path, [new, old], positive_fraction=0.2, source_weights=[1.0, 0.25])
+    w = t.column("weight").to_numpy()
+    assert cu.effective_positive_share(t.column("advantage").to_numpy(), w) == pytest.approx(0.2, abs=1e-5)
+    assert result.p == pytest.approx(np.average(t.column("correct").to_numpy(), weights=w))
+
+
+# -- output, metadata, resume ----------------------------------------------------
+
+
+def test_metadata_manifest_and_resume(tmp_path):
+    scored = pm1_data(tmp_path, 0.3, n_prompts=10, n=4)
+    result, t = run(tmp_path, scored, positive_fraction=0.15)
+    meta = shards.read_file_metadata(result.out)
+    assert meta["stage"] == "curate" and meta["baseline"] == "positive-fraction"
+    assert meta["c"] == pytest.approx(result.c) and meta["p"] == pytest.approx(result.p)
+    assert meta["p_effective"] == pytest.approx(result.p_effective) and meta["target"] == 0.15
+    assert meta["sources"][0]["path"] == scored and meta["config"]["positive_fraction"] == 0.15
+    manifest = json.loads(manifest_path(result.out).read_text())
+    assert manifest["stage"] == "curate" and manifest["counts"]["rows_out"] == 40 and scored in manifest["inputs"]
+    assert not list(tmp_path.glob(".*.tmp"))
+    # same inputs and settings again: nothing rewritten
+    mtime = (tmp_path / "train.parquet").stat().st_mtime_ns
+    again = curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.15))
+    assert again.skipped and again.c == pytest.approx(result.c) and again.rows_out == 40
+    assert (tmp_path / "train.parquet").stat().st_mtime_ns == mtime
+    # other settings: refuse, then overwrite
+    with pytest.raises(UserError, match="already exists"):
+        curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.2))
+    r2 = curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.2, overwrite=True))
+    assert not r2.skipped and r2.p_effective == pytest.approx(0.2, abs=1e-6)
+
+
+def test_mixed_string_types_across_files(tmp_path):
+    a = scored_table(["a", "a"], [True, False])
+    b = scored_table(["b", "b"], [False, True], iteration=1)
+    b = b.set_column(b.schema.get_field_index("completion"), "completion", b.column("completion").cast(pa.large_string()))
+    b = b.append_column("extra", pa.array([1, 2]))
+    write_scored(tmp_path / "s", a)
+    shards.write_shard(tmp_path / "s", 1, b)
+    _, t = run(tmp_path, str(tmp_path / "s"))
+    assert t.num_rows == 4 and t.column("extra").to_pylist() == [None, None, 1, 2]
+
+
+# -- bad input -------------------------------------------------------------------
+
+
+def _no_output(tmp_path):
+    return not (tmp_path / "train.parquet").exists() and not list(tmp_path.glob("*.manifest.json"))
+
+
+def test_not_scored(tmp_path):
+    t = scored_table(["a", "a"], [True, False]).drop_columns(["reward", "correct", "extracted_answer", "verdict"])
+    shards.write_shard(tmp_path / "samples", 0, t)
+    with pytest.raises(UserError, match="missing column 'reward'"):
+        run(tmp_path, str(tmp_path / "samples"))
+    assert _no_output(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(positive_fraction=1.5), "outside \\(0, 1\\)"),
+        (dict(positive_fraction=0.0), "outside \\(0, 1\\)"),
+        (dict(positive_fraction=0.2, baseline=0.5), "both given"),
+        (dict(positive_fraction=0.2, baseline="group-mean"), "both given"),
+        (dict(baseline="median"), "bad --baseline"),
+        (dict(source_weights=[1.0, 2.0]), "2 source weights for 1"),
+        (dict(source_weights=[-1.0]), "bad source weight"),
+        (dict(source_weights=[0.0]), "every source weight is 0"),
+    ],
+)
+def test_bad_options(tmp_path, kw, message):
+    scored = pm1_data(tmp_path, 0.5, n_prompts=4, n=4)
+    with pytest.raises(UserError, match=message):
+        run(tmp_path, scored, **kw)
+    assert _no_output(tmp_path)
+
+
+def test_config_rejects_fraction_outside_unit_interval():
+    with pytest.raises(ConfigError, match="strictly between 0 and 1"):
+        load_config(CurateConfig, None, {"positive_fraction": 1.0})
+
+
+@pytest.mark.parametrize("correct", [[True] * 8, [False] * 8])
+def test_positive_fraction_unreachable(tmp_path, correct):
+    scored = write_scored(tmp_path / "s", scored_table(["a"] * 4 + ["b"] * 4, correct))
+    with pytest.raises(UserError, match="unreachable"):
+        run(tmp_path, scored, positive_fraction=0.15)
+    assert _no_output(tmp_path)
+
+
+def test_unreachable_after_filters_and_empty_selection(tmp_path):
+    scored = write_scored(tmp_path / "s", scored_table(["a", "a", "b", "b"], [True, True, False, False]))
+    with pytest.raises(UserError, match="no rows left"):
+        run(tmp_path, scored, drop_uniform_prompts=True)
+    # every negative was truncated: after --drop-truncated only positives are left
+    finish = ["stop", "length", "stop", "length"]
+    scored = write_scored(tmp_path / "s2", scored_table(["a", "a", "b", "b"], [True, False, True, False], finish=finish))
+    with pytest.raises(UserError, match="unreachable: every curated row has reward 1"):
+        run(tmp_path, scored, positive_fraction=0.5, drop_truncated=True)
+    assert _no_output(tmp_path)
+
+
+def test_missing_input_and_bad_out(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        run(tmp_path, str(tmp_path / "nope"))
+    scored = pm1_data(tmp_path, 0.5, n_prompts=2, n=2)
+    with pytest.raises(UserError, match="name it \\*.parquet"):
+        curate(CurateConfig(scored=[scored], out=str(tmp_path / "outdir")))
+    with pytest.raises(UserError, match="given twice"):
+        run(tmp_path, [scored, scored])
+
+
+# -- CLI ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli():
+    """The real app when the lead has registered `curate`, else a local one with the same function."""
+    from toprcli.cli import main
+
+    names = {c.name for c in main.app.registered_commands}
+    if "curate" in names:
+        return main.app, ["curate"]
+    from toprcli.cli.curate import curate as command
+
+    app = typer.Typer()
+    app.command("curate")(command)
+    app.command("noop")(lambda: None)
+    return app, ["curate"]
+
+
+def test_cli_writes_and_summarises(tmp_path, cli):
+    app, prefix = cli
+    a = pm1_data(tmp_path, 0.5, name="r1", n_prompts=10, n=4, iteration=1)
+    b = pm1_data(tmp_path, 0.2, name="r0", n_prompts=10, n=4)
+    out = tmp_path / "train.parquet"
+    res = CliRunner().invoke(
+        app, prefix + ["--scored", a, b, "--source-weights", "1,0.5", "--out", str(out), "--positive-fraction", "0.15", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["rows_out"] == 80 and abs(summary["p_effective"] - 0.15) < 1e-6
+    assert [s["weight"] for s in summary["sources"]] == [1.0, 0.5]
+    res = CliRunner().invoke(app, prefix + ["-s", a, "-s", b, "--out", str(out), "--baseline", "leave-one-out", "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert "leave-one-out" in res.stdout and "rows out" in res.stdout
+
+
+def test_cli_config_file(tmp_path, cli):
+    app, prefix = cli
+    scored = pm1_data(tmp_path, 0.5, n_prompts=4, n=4)
+    cfg = tmp_path / "curate.yaml"
+    cfg.write_text(f"scored: [{scored}]\nout: {tmp_path / 'train.parquet'}\nbaseline: group-mean\nmax_per_prompt: 2\n")
+    res = CliRunner().invoke(app, prefix + ["--config", str(cfg), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["baseline"] == "group-mean" and summary["rows_out"] == 8
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--positive-fraction", "1.5"], "positive_fraction"),
+        (["--positive-fraction", "0.2", "--baseline", "0.1"], "both given"),
+        (["--source-weights", "1,x"], "bad --source-weights"),
+        (["--baseline", "median"], "bad --baseline"),
+    ],
+)
+def test_cli_bad_input_exit_2(tmp_path, cli, args, message):
+    app, prefix = cli
+    scored = pm1_data(tmp_path, 0.5, n_prompts=4, n=4)
+    res = CliRunner().invoke(app, prefix + ["--scored", scored, "--out", str(tmp_path / "train.parquet"), *args])
+    assert res.exit_code == 2
+    assert message in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "train.parquet").exists()
+
+
+def test_cli_not_scored_exit_2(tmp_path, cli):
+    app, prefix = cli
+    t = scored_table(["a", "a"], [True, False]).drop_columns(["reward"])
+    shards.write_shard(tmp_path / "samples", 0, t)
+    res = CliRunner().invoke(app, prefix + ["--scored", str(tmp_path / "samples"), "--out", str(tmp_path / "train.parquet")])
+    assert res.exit_code == 2 and "'reward'" in res.output
+    assert not (tmp_path / "train.parquet").exists()
+
+
+def test_cli_help_has_examples(cli):
+    app, prefix = cli
+    res = CliRunner().invoke(app, prefix + ["--help"])
+    assert res.exit_code == 0 and "--positive-fraction" in res.output and "Examples" in res.output
