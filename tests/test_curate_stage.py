@@ -312,6 +312,13 @@ def test_positive_fraction_unreachable(tmp_path, correct):
     assert _no_output(tmp_path)
 
 
+def test_unreachable_fraction_can_fall_back_to_a_constant(tmp_path):
+    scored = write_scored(tmp_path / "s", scored_table(["a"] * 4 + ["b"] * 4, [False] * 8))
+    result, table = run(tmp_path, scored, positive_fraction=0.15, unreachable_baseline=0.0)
+    assert table.column("advantage").to_pylist() == [-1.0] * 8  # A = R - 0
+    assert result.metadata()["c"] == 0.0 and "unreachable" in result.metadata()["baseline"]
+
+
 def test_unreachable_after_filters_and_empty_selection(tmp_path):
     scored = write_scored(tmp_path / "s", scored_table(["a", "a", "b", "b"], [True, True, False, False]))
     with pytest.raises(UserError, match="no rows left"):

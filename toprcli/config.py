@@ -136,6 +136,9 @@ class CurateConfig:
     subsample: int | None = field(default=None, metadata=AT_LEAST_ONE)
     seed: int = 0
     overwrite: bool = False  # replace an existing --out made from other inputs or settings
+    # With positive_fraction: the constant baseline to use when the data has one outcome only
+    # (P unreachable). None = fail. `topr iterate` sets it so one lopsided round cannot stop a run.
+    unreachable_baseline: float | None = None
 
 
 @dataclass
@@ -233,7 +236,7 @@ class IterateConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
-    curate: CurateConfig = field(default_factory=lambda: CurateConfig(positive_fraction=None))
+    curate: CurateConfig = field(default_factory=lambda: CurateConfig(unreachable_baseline=0.0))
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 

@@ -336,10 +336,16 @@ def curate(cfg: CurateConfig, *, progress: Progress | None = None) -> CurateResu
             c_const = cu.solve_baseline(r_k, cfg.positive_fraction, w_k)
         except ValueError:
             value = float(r_k[w_k > 0][0])
-            raise UserError(
-                f"--positive-fraction {cfg.positive_fraction} is unreachable: every curated row has reward {value:g}, "
-                "so no baseline makes both positives and negatives — add data with both outcomes or use --baseline"
-            ) from None
+            if cfg.unreachable_baseline is not None:
+                # A round with one outcome only (all wrong early on, all right late) must not
+                # stop a multi-round run: fall back to the configured constant, and say so.
+                c_const = float(cfg.unreachable_baseline)
+                kind = "constant (positive fraction unreachable)"
+            else:
+                raise UserError(
+                    f"--positive-fraction {cfg.positive_fraction} is unreachable: every curated row has reward {value:g}, "
+                    "so no baseline makes both positives and negatives — add data with both outcomes or use --baseline"
+                ) from None
     baseline = group_c[kept] if group_c is not None else c_const
     adv = cu.advantages(r_k, baseline)  # float32 (K,)
     w32 = w_k.astype(np.float32)

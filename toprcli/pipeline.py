@@ -345,13 +345,13 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
         from toprcli.shards import read_file_metadata
 
         meta = read_file_metadata(curated)
-        for key in ("p", "c", "p_tilde", "rows_out"):
+        for key, name in (("p", "p"), ("c", "c"), ("p_effective", "p_tilde"), ("rows_out", "rows_out")):
             if key in meta:
-                out[key] = meta[key]
+                out[name] = meta[key]
     summary = d / "policy" / "train_summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())
-        for key in ("final_loss", "steps", "tokens_per_s"):
+        for key in ("final_loss", "steps", "tokens_per_s", "behavior_gap_mean"):
             if key in s:
                 out[f"train_{key}"] = s[key]
     return out

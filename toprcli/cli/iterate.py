@@ -44,9 +44,9 @@ def iterate(
     if config is None:
         config = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
         err_console.print(f"[bold]No --config given: running the built-in demo settings ({config}).[/]", highlight=False)
-    overrides = dict(parse_override(s) for s in (set_ or []))
-    overrides.update({"run_dir": str(run_dir) if run_dir else None, "rounds": rounds})
-    cfg = load_config(IterateConfig, config, overrides)
+    sets = dict(parse_override(s) for s in (set_ or []))
+    overrides = {"run_dir": str(run_dir) if run_dir else None, "rounds": rounds}
+    cfg = load_config(IterateConfig, config, overrides, sets=sets)
     err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.backend}", highlight=False)
 
     seen: list[dict] = []

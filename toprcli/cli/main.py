@@ -21,6 +21,13 @@ app = typer.Typer(
 
 app.command("info")(info.info)
 app.command("init-model")(init_model.init_model)
+app.command("generate")(__import__("toprcli.cli.generate", fromlist=["generate"]).generate)
+app.command("score")(__import__("toprcli.cli.score", fromlist=["score"]).score)
+app.command("eval")(__import__("toprcli.cli.eval", fromlist=["eval_command"]).eval_command)
+app.command("iterate")(__import__("toprcli.cli.iterate", fromlist=["iterate"]).iterate)
+app.command("report")(__import__("toprcli.cli.report", fromlist=["report"]).report)
+app.command("curate")(__import__("toprcli.cli.curate", fromlist=["curate"]).curate)
+app.command("train")(__import__("toprcli.cli.train", fromlist=["train"]).train)
 app.add_typer(config_cmd.app, name="config")
 
 
