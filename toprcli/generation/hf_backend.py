@@ -246,11 +246,11 @@ class HFBackend:
         processors.append(recorder)
         # A fresh config: the model's own generation_config may carry sampling defaults
         # (temperature, top_p, repetition penalty) that would change μ.
+        # Greedy decoding takes no sampling flags (transformers warns about them).
+        sampling = {} if params.greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
         gen_cfg = GenerationConfig(
             do_sample=not params.greedy,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
+            **sampling,
             max_new_tokens=max_new,
             min_new_tokens=0,
             eos_token_id=sorted(self.eos_token_ids) or None,

@@ -168,6 +168,9 @@ class VLLMBackend:
     def __init__(self, options: BackendOptions) -> None:
         # vLLM's INFO logs would bury the progress bar; users can set the variable themselves.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # The engine runs in child processes that inherit this: keep their deprecation noise
+        # (vLLM's own FutureWarnings) off the user's terminal.
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::DeprecationWarning")
         import warnings
 
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
