@@ -1,0 +1,417 @@
+"""The trainer (toprcli/training/, cli/train.py) on the built-in tiny model and synthetic curated data.
+
+Tiers: pieces against hand-written references (optimizer, schedule, batching,
+log-probs, micro-batch aggregation); tiny end-to-end runs (weights change, the
+saved policy loads, resume reproduces an uninterrupted run, bad input fails
+with one line and no output).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train_data import curated_rows, write_curated
+from typer.testing import CliRunner
+
+from toprcli.cli.main import app
+from toprcli.config import TrainConfig
+from toprcli.errors import UserError
+from toprcli.losses import AGGREGATIONS, policy_loss
+from toprcli.training import SimulatedKill, train_policy
+from toprcli.training.batching import (
+    TokenData,
+    collate,
+    data_order,
+    loss_denominator,
+    pack_rows,
+    plan_micro_batches,
+    split_rows,
+    total_steps,
+)
+from toprcli.training.logprobs import completion_logprobs
+from toprcli.training.optim import Adafactor, lr_factor
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def _cfg(tiny_model_dir, data, out, **kw) -> TrainConfig:
+    base = dict(model=str(tiny_model_dir), data=str(data), out=str(out), optimizer="adamw", lr=1e-3, batch_size=16, max_steps=3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def data_path(tmp_path_factory, tiny_model_dir) -> Path:
+    return write_curated(tmp_path_factory.mktemp("data") / "train.parquet", n=48, policy=str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def token_data(data_path) -> TokenData:
+    from toprcli.shards import read_table
+
+    return TokenData.from_table(read_table(data_path))
+
+
+# -- optimizer and schedule ---------------------------------------------------------
+
+
+def test_adafactor_matches_transformers_absolute_lr():
+    from transformers.optimization import Adafactor as HFAdafactor
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    mine = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    mine.load_state_dict(ref.state_dict())
+    opt_ref = HFAdafactor(ref.parameters(), lr=1e-2, scale_parameter=False, relative_step=False, warmup_init=False, weight_decay=0.01)
+    opt_mine = Adafactor(mine.parameters(), lr=1e-2, weight_decay=0.01)
+    for step in range(5):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+        for model, opt in ((ref, opt_ref), (mine, opt_mine)):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+    for a, b in zip(ref.parameters(), mine.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_lr_schedule_warmup_constant_and_cosine():
+    f = lambda s, sched: lr_factor(s, schedule=sched, warmup_steps=4, total_steps=14)  # noqa: E731
+    assert [f(s, "constant") for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert f(4, "cosine") == 1.0
+    assert f(9, "cosine") == pytest.approx(0.5)
+    assert f(14, "cosine") == pytest.approx(0.0)
+    assert lr_factor(0, schedule="constant", warmup_steps=0, total_steps=3) == 1.0
+
+
+# -- batching -------------------------------------------------------------------------
+
+
+def test_data_order_is_seeded_and_covers_epochs():
+    a = data_order(10, 4, total_steps(10, 4, 2.0, None), 2.0, None, seed=3)
+    assert len(a) == 20 and sorted(a[:10]) == list(range(10)) and sorted(a[10:]) == list(range(10))
+    assert np.array_equal(a, data_order(10, 4, 5, 2.0, None, seed=3))
+    assert not np.array_equal(a, data_order(10, 4, 5, 2.0, None, seed=4))
+    assert total_steps(10, 4, 1.0, None) == 3 and total_steps(10, 4, 0.5, None) == 2
+    assert total_steps(10, 4, 1.0, 7) == 7 and len(data_order(10, 4, 7, 1.0, 7, seed=0)) == 28  # max_steps overrides epochs
+
+
+def test_micro_batches_respect_the_token_budget_and_align_ranks():
+    lengths = np.array([50, 10, 30, 30, 5, 45, 20, 12])
+    rows = np.arange(8)
+    for mb in pack_rows(rows, lengths, 64):
+        assert len(mb) * lengths[mb].max() <= 64 or len(mb) == 1
+    assert sorted(np.concatenate(pack_rows(rows, lengths, 64))) == list(range(8))
+    parts = split_rows(rows, lengths, 2)
+    assert sorted(np.concatenate(parts)) == list(range(8))
+    assert abs(lengths[parts[0]].sum() - lengths[parts[1]].sum()) <= lengths.max()
+    plan = plan_micro_batches(rows, lengths, 3, 64)
+    assert len({len(p) for p in plan}) == 1  # every rank runs the same number of forwards
+    assert sorted(np.concatenate([mb for p in plan for mb in p])) == list(range(8))
+
+
+def test_collate_layout(token_data):
+    rows = np.array([3, 0, 7])
+    mb = collate(token_data, rows)
+    for i, r in enumerate(rows):
+        p = token_data.prompt_ids[token_data.prompt_off[r] : token_data.prompt_off[r + 1]]
+        c = token_data.completion_ids[token_data.completion_off[r] : token_data.completion_off[r + 1]]
+        assert mb.input_ids[i, : len(p)].tolist() == p.tolist()
+        assert mb.input_ids[i, len(p) : len(p) + len(c)].tolist() == c.tolist()
+        assert mb.mask[i].sum() == len(c)
+        assert mb.behavior[i, : len(c)].tolist() == pytest.approx(token_data.behavior[token_data.completion_off[r] : token_data.completion_off[r + 1]].tolist())
+    empty = collate(token_data, np.zeros(0, dtype=np.int64))
+    assert empty.mask.sum() == 0 and empty.weights.sum() == 0
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_micro_batch_shares_add_up_to_the_full_batch_loss(token_data, aggregation):
+    """Σ_mb loss_mb · D_mb / D_step == the loss of the whole batch at once (any split)."""
+    rows = np.arange(20)
+    rng = np.random.default_rng(0)
+    lp_flat = torch.tensor(token_data.behavior + rng.normal(0, 0.3, len(token_data.behavior)).astype(np.float32))
+
+    def loss_of(sub):
+        mb = collate(token_data, sub)
+        lp = collate(token_data, sub, behavior=lp_flat.numpy()).behavior
+        return policy_loss("topr", lp, mb.behavior, mb.advantages, mb.mask, weights=mb.weights, aggregation=aggregation, norm_length=30)[0]
+
+    full = loss_of(rows)
+    denom = loss_denominator(token_data, rows, aggregation)
+    parts = sum(loss_of(mb) * loss_denominator(token_data, mb, aggregation) / denom for mb in pack_rows(rows, token_data.seq_lens, 60))
+    assert float(parts) == pytest.approx(float(full), rel=1e-5, abs=1e-6)
+
+
+# -- log-probs ------------------------------------------------------------------------
+
+
+def test_completion_logprobs_match_a_per_row_reference(tiny_model_dir, token_data):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    rows = np.array([0, 5, 9, 11])
+    mb = collate(token_data, rows)
+    with torch.no_grad():
+        lp, ent = completion_logprobs(model, mb.input_ids, mb.prompt_lens, mb.completion_lens, temperature=0.7, with_entropy=True)
+        for i, r in enumerate(rows):
+            p = token_data.prompt_ids[token_data.prompt_off[r] : token_data.prompt_off[r + 1]]
+            c = token_data.completion_ids[token_data.completion_off[r] : token_data.completion_off[r + 1]]
+            ids = torch.tensor(np.concatenate([p, c]))[None]
+            logp = torch.log_softmax(model(ids).logits[0].float() / 0.7, -1)  # (T, V)
+            ref = logp[len(p) - 1 : len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None])[:, 0]
+            torch.testing.assert_close(lp[i, : len(c)], ref, rtol=1e-4, atol=1e-5)
+            ref_ent = -(logp.exp() * logp).sum(-1)[len(p) - 1 : len(p) + len(c) - 1]
+            torch.testing.assert_close(ent[i, : len(c)], ref_ent, rtol=1e-4, atol=1e-5)
+
+
+# -- end to end -----------------------------------------------------------------------
+
+
+def test_train_writes_a_loadable_policy_and_metrics(tiny_model_dir, data_path, tmp_path):
+    out = tmp_path / "policy"
+    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=3), progress=False)
+    assert summary["steps"] == 3 and summary["rows"] == 48 and summary["tokens"] > 0
+    assert not (tmp_path / "policy.partial").exists()
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl", "train_summary.json", "_manifest.json"} <= names
+    assert "checkpoints" not in names
+    assert _max_diff(_weights(out), _weights(tiny_model_dir)) > 1e-4  # the weights moved
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for key in ("loss", "n_pos", "n_neg", "neg_alpha_mean", "neg_alpha_lt1_frac", "log_ratio_mean", "log_ratio_max",
+                "grad_norm", "lr", "tokens_per_s"):
+        assert all(math.isfinite(r[key]) for r in records), key
+    assert records[0]["n_pos"] + records[0]["n_neg"] == 16
+    # μ gap measured with the starting policy on the first step's batch
+    assert records[0]["behavior_gap_mean"] > 0 and summary["behavior_gap_source"] == "first step batch"
+    assert json.loads((out / "train_summary.json").read_text())["final_loss"] == pytest.approx(records[-1]["loss"])
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert model.config.vocab_size == len(tok) and next(model.parameters()).dtype == torch.float32
+    ids = tok("Question: 1+1\nAnswer:", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3
+
+
+def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir, data_path, tmp_path):
+    """Token-budget micro-batching changes nothing but float summation order."""
+    kw = dict(max_steps=2, optimizer="adafactor", lr=1e-2, aggregation="token-mean", whiten_advantages=True)
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "one", micro_batch_tokens=100_000, **kw), progress=False)
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "many", micro_batch_tokens=64, **kw), progress=False)
+    assert _max_diff(_weights(tmp_path / "one"), _weights(tmp_path / "many")) < 1e-5
+
+
+def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tiny_model_dir, data_path, tmp_path):
+    kw = dict(max_steps=7, save_every=2, optimizer="adafactor", lr=1e-2, schedule="cosine", warmup_steps=2, micro_batch_tokens=200)
+    full = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "a", **kw), progress=False)
+    with pytest.raises(SimulatedKill):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", **kw), progress=False, _stop_after_step=5)
+    assert not (tmp_path / "b").exists() and (tmp_path / "b.partial" / "checkpoints" / "step-00000004").is_dir()
+    resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw), progress=False)
+    assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 7
+    # fp32 on CPU: the same operations in the same order, so the weights are identical (tolerance 0)
+    assert _max_diff(_weights(tmp_path / "a"), _weights(tmp_path / "b")) == 0.0
+    la = [json.loads(x)["loss"] for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x)["loss"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert la == lb and len(la) == 7
+    assert resumed["final_loss"] == full["final_loss"]
+    # resuming a finished run is a no-op that returns its summary
+    again = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw), progress=False)
+    assert again["final_loss"] == resumed["final_loss"]
+
+
+def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path, tmp_path):
+    kw = dict(max_steps=4, save_every=2)
+    with pytest.raises(SimulatedKill):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw), progress=False, _stop_after_step=3)
+    with pytest.raises(UserError, match="different config"):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", resume=True, lr=5e-3, **kw), progress=False)
+
+
+def test_sft_warm_start_path_is_fast_and_learns(tiny_model_dir, tmp_path):
+    """The pipeline's warm start: gold solutions, advantage 1, weight 1, μ = 0, loss sft."""
+    rows = curated_rows(128, seed=1, positive_share=1.0, completion_len=(20, 40))
+    rows["behavior_logprobs"] = [[0.0] * len(c) for c in rows["completion_token_ids"]]
+    rows["advantage"] = [1.0] * 128
+    rows["weight"] = [1.0] * 128
+    rows["policy"] = ["gold"] * 128
+    # a learnable pattern: every completion is the same sequence
+    rows["completion_token_ids"] = [list(range(10, 40))] * 128
+    rows["behavior_logprobs"] = [[0.0] * 30] * 128
+    path = write_curated(tmp_path / "gold.parquet", rows)
+    cfg = _cfg(tiny_model_dir, path, tmp_path / "warm", loss="sft", lr=3e-3, batch_size=64, epochs=4, max_steps=None)
+    summary = train_policy(cfg, progress=False)
+    assert summary["steps"] == 8
+    assert summary["final_loss"] < 0.5 * summary["first_loss"]  # NLL per token drops
+    print(f"\nsft tiny model, batch 64: {summary['steps_per_s']:.2f} steps/s, {summary['tokens_per_s']:.0f} tokens/s")
+
+
+def test_recompute_behavior_uses_the_starting_policy(tiny_model_dir, data_path, tmp_path):
+    out = tmp_path / "re"
+    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1, recompute_behavior=True), progress=False)
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert summary["behavior_gap_source"] == "full pass" and summary["behavior_gap_tokens"] > 0
+    # μ is now π_0 itself: before the first update every sequence ratio is exactly 1
+    assert abs(first["log_ratio_mean"]) < 1e-4 and first["neg_alpha_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_recompute_behavior_refuses_data_from_another_policy(tiny_model_dir, tmp_path):
+    path = write_curated(tmp_path / "other.parquet", n=8, policy="some/other-model")
+    out = tmp_path / "x"
+    with pytest.raises(UserError, match="some/other-model"):
+        train_policy(_cfg(tiny_model_dir, path, out, recompute_behavior=True), progress=False)
+    assert not out.exists() and not (tmp_path / "x.partial").exists()
+
+
+def test_kl_to_the_starting_policy_and_entropy_bonus(tiny_model_dir, data_path, tmp_path):
+    out = tmp_path / "kl"
+    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, kl_coef=0.1, entropy_coef=0.01), progress=False)
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # π = ref before the first update
+    assert recs[1]["kl"] > 0 and recs[0]["entropy"] > 0
+
+
+def test_lora_is_saved_merged(tiny_model_dir, data_path, tmp_path):
+    out = tmp_path / "lora"
+    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, lr=1e-2, lora_rank=4, lora_target_modules=["q_proj", "v_proj"]), progress=False)
+    assert summary["trainable_parameters"] < summary["parameters"] / 10
+    w, base = _weights(out), _weights(tiny_model_dir)
+    assert w.keys() == base.keys()  # plain HF weights: no adapter keys
+    moved = {k for k in w if (w[k] - base[k]).abs().max() > 0}
+    assert moved and all(("q_proj" in k or "v_proj" in k) for k in moved)
+
+
+def test_existing_output_needs_overwrite(tiny_model_dir, data_path, tmp_path):
+    out = tmp_path / "o"
+    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1), progress=False)
+    before = _weights(out)
+    with pytest.raises(UserError, match="--overwrite"):
+        train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1), progress=False)
+    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, overwrite=True), progress=False)
+    assert _max_diff(before, _weights(out)) > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["o"]
+
+
+# -- bad input: one line, exit code 2, no output ----------------------------------------
+
+
+def _bad_rows(kind: str, vocab: int = 101) -> dict:
+    rows = curated_rows(8, vocab=vocab)
+    if kind == "vocab":
+        rows["completion_token_ids"][3] = rows["completion_token_ids"][3][:-1] + [vocab + 5]
+    elif kind == "long":
+        rows["completion_token_ids"][2] = [5] * 600
+        rows["behavior_logprobs"][2] = [-1.0] * 600
+    elif kind == "length":
+        rows["behavior_logprobs"][1] = rows["behavior_logprobs"][1] + [-1.0]
+    return rows
+
+
+@pytest.mark.parametrize(
+    "case, extra, message",
+    [
+        ("missing", [], "missing column 'advantage'"),
+        ("vocab", [], "outside the model's vocabulary"),
+        ("long", [], "longer than the model's context"),
+        ("length", [], "different length"),
+        ("ok", ["--loss", "nope"], "unknown loss 'nope'"),
+        ("ok", ["--loss", "topr", "--loss-option", "clip_ratio=0.2"], "'clip_ratio' does not apply to loss 'topr'"),
+        ("ok", ["--loss", "tis", "--loss-option", "lower=2", "--loss-option", "upper=1"], "lower"),
+        ("nofile", [], "no such file"),
+    ],
+)
+def test_bad_input_one_line_exit_2_no_output(tiny_model_dir, tmp_path, case, extra, message):
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "d.parquet"
+    if case != "nofile":
+        write_curated(data, _bad_rows(case))
+    if case == "missing":
+        pq.write_table(pq.read_table(data).drop_columns(["advantage"]), data)
+    out = tmp_path / "policy"
+    res = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--no-progress", *extra])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert lines[0].startswith("error:") and message in " ".join(lines), res.output
+    assert not out.exists() and not (tmp_path / "policy.partial").exists()
+
+
+def test_cli_trains_and_prints_a_summary(tiny_model_dir, data_path, tmp_path):
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(
+        app,
+        ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(out), "--loss", "topr", "--optimizer", "adamw",
+         "--lr", "1e-3", "--max-steps", "2", "--batch-size", "8", "--loss-option", "ratio_level=token", "--json", "--no-progress"],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    assert summary["steps"] == 2 and (out / "config.json").is_file()
+    assert json.loads((out / "_manifest.json").read_text())["config"]["loss_options"] == {"ratio_level": "token"}
+
+
+def test_config_file_and_generic_loss_options(tiny_model_dir, data_path, tmp_path):
+    cfg_file = tmp_path / "train.yaml"
+    cfg_file.write_text("train:\n  loss: tis\n  loss_options: {upper: 2.0, adv_clip: 0.5}\n  max_steps: 1\n  optimizer: adamw\n")
+    out = tmp_path / "c"
+    res = CliRunner().invoke(app, ["train", "-c", str(cfg_file), "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert abs(rec["adv_mean"]) <= 0.5 + 1e-6 and "clip_frac" in rec
+
+
+def test_prepare_checks_everything_before_output(tiny_model_dir, data_path, tmp_path):
+    cfg = _cfg(tiny_model_dir, data_path, tmp_path / "p")
+    with pytest.raises(UserError, match="ref_model is set but kl_coef is 0"):
+        train_policy(replace(cfg, ref_model=str(tiny_model_dir)), progress=False)
+    with pytest.raises(UserError, match="cannot load model config"):
+        train_policy(replace(cfg, model=str(tmp_path / "missing-model")), progress=False)
+    with pytest.raises(UserError, match="LoRA target modules not found"):
+        train_policy(replace(cfg, lora_rank=2, lora_target_modules=["nope_proj"]), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tensorboard_is_optional(tiny_model_dir, data_path, tmp_path):
+    import importlib.util
+
+    out = tmp_path / "tb"
+    cfg = _cfg(tiny_model_dir, data_path, out, max_steps=1, tensorboard=True)
+    if importlib.util.find_spec("tensorboard") is None:
+        with pytest.raises(UserError, match="pip install tensorboard"):
+            train_policy(cfg, progress=False)
+        assert not out.exists()
+    else:
+        train_policy(cfg, progress=False)
+        assert any((out / "tb").iterdir())
+
+
+@pytest.mark.parametrize("loss, options", [
+    ("sft", {}), ("reinforce", {}), ("is", {}), ("tis", {"upper": 2.0}), ("ppo", {"dual_clip": 3.0}),
+    ("cispo", {}), ("kimi15", {"tau": 0.1}), ("topr", {"ratio_level": "token"}),
+])
+def test_every_registered_loss_trains(tiny_model_dir, data_path, tmp_path, loss, options):
+    out = tmp_path / loss
+    summary = train_policy(_cfg(tiny_model_dir, data_path, out, loss=loss, loss_options=options, max_steps=2, batch_size=8), progress=False)
+    assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])
+    assert _max_diff(_weights(out), _weights(tiny_model_dir)) > 0
+
+
+def test_gradient_checkpointing_changes_nothing(tiny_model_dir, data_path, tmp_path):
+    kw = dict(max_steps=2, optimizer="adafactor", lr=1e-2)
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "plain", **kw), progress=False)
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "gc", gradient_checkpointing=True, **kw), progress=False)
+    assert _max_diff(_weights(tmp_path / "plain"), _weights(tmp_path / "gc")) < 1e-6

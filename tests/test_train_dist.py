@@ -1,0 +1,118 @@
+"""Training in other processes: torchrun + FSDP2 on CPU (gloo), and a real SIGKILL + --resume.
+
+Tolerances: a 2-rank FSDP run sums the same per-sequence gradients as one
+process, in a different order (sharded reduce-scatter, other micro-batches),
+so weights agree to float32 rounding: max |Δw| < 1e-5 after the run (weights
+move by ~1e-2). A resumed single-process run repeats the same operations in
+the same order: identical weights (tolerance 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from test_train_data import write_curated
+
+from toprcli.config import TrainConfig
+from toprcli.training import train_policy
+
+pytestmark = pytest.mark.slow
+
+FSDP_TOLERANCE = 1e-5
+
+
+def _max_diff(a: Path, b: Path) -> float:
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    return max((wa[k] - wb[k]).abs().max().item() for k in wa)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    env.update(extra)
+    return env
+
+
+def _train_args(model: Path, data: Path, out: Path, opts: dict) -> list[str]:
+    args = ["train", "-m", str(model), "-d", str(data), "-o", str(out), "--no-progress"]
+    for k, v in opts.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            args.append(flag)
+        elif isinstance(v, list):
+            for item in v:
+                args += [flag, str(item)]
+        else:
+            args += [flag, str(v)]
+    return args
+
+
+def _torchrun(args: list[str], env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "toprcli", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _cfg(model: Path, data: Path, out: Path, opts: dict) -> TrainConfig:
+    opts = dict(opts)
+    if "lora_target" in opts:
+        opts["lora_target_modules"] = opts.pop("lora_target")
+    return TrainConfig(model=str(model), data=str(data), out=str(out), **opts)
+
+
+def test_fsdp_two_ranks_match_one_process_and_resume_after_sigkill(tiny_model_dir, tmp_path):
+    """2 ranks (FSDP2, gloo), killed after a checkpoint and resumed == one uninterrupted process."""
+    data = write_curated(tmp_path / "train.parquet", n=45, policy=str(tiny_model_dir))
+    # odd batch and a small token budget: ranks get different numbers of real micro-batches
+    opts = dict(optimizer="adafactor", lr=1e-2, batch_size=15, max_steps=5, micro_batch_tokens=120, save_every=2,
+                schedule="cosine", warmup_steps=1)
+    train_policy(_cfg(tiny_model_dir, data, tmp_path / "single", opts), progress=False)
+
+    out = tmp_path / "fsdp"
+    killed = _torchrun(_train_args(tiny_model_dir, data, out, opts), _env(TOPRCLI_TEST_KILL_AFTER_STEP="2"))
+    assert killed.returncode != 0, killed.stdout + killed.stderr
+    assert not out.exists() and (tmp_path / "fsdp.partial" / "checkpoints" / "step-00000002").is_dir()
+    done = _torchrun(_train_args(tiny_model_dir, data, out, {**opts, "resume": True}), _env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["resumed_from_step"] == 2 and summary["steps"] == 5
+    assert _max_diff(tmp_path / "single", out) < FSDP_TOLERANCE
+    assert _max_diff(tiny_model_dir, out) > 1e-3
+    single = [json.loads(x) for x in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()]
+    dist = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in dist] == [1, 2, 3, 4, 5]
+    for a, b in zip(single, dist):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-5)
+        assert (b["n_pos"], b["n_neg"], b["tokens"]) == (a["n_pos"], a["n_neg"], a["tokens"])
+
+
+def test_fsdp_lora_is_saved_merged_and_matches_one_process(tiny_model_dir, tmp_path):
+    data = write_curated(tmp_path / "train.parquet", n=32, policy=str(tiny_model_dir))
+    opts = dict(optimizer="adamw", lr=1e-2, batch_size=16, max_steps=2, lora_rank=4, lora_target=["q_proj", "v_proj"])
+    train_policy(_cfg(tiny_model_dir, data, tmp_path / "single", opts), progress=False)
+    res = _torchrun(_train_args(tiny_model_dir, data, tmp_path / "fsdp", opts), _env())
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert _max_diff(tmp_path / "single", tmp_path / "fsdp") < FSDP_TOLERANCE
+
+
+def test_cli_resume_after_sigkill(tiny_model_dir, tmp_path):
+    """A real `topr train` process killed (SIGKILL) after its step-4 checkpoint, then --resume."""
+    data = write_curated(tmp_path / "train.parquet", n=40, policy=str(tiny_model_dir))
+    opts = dict(optimizer="adamw", lr=1e-3, batch_size=8, max_steps=7, save_every=2)
+    train_policy(_cfg(tiny_model_dir, data, tmp_path / "ref", opts), progress=False)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "toprcli", *_train_args(tiny_model_dir, data, out, opts)]
+    killed = subprocess.run(cmd, env=_env(TOPRCLI_TEST_KILL_AFTER_STEP="4"), capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not out.exists()
+    lines = (tmp_path / "run.partial" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
+    done = subprocess.run(cmd + ["--resume"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _max_diff(tmp_path / "ref", out) == 0.0
+    assert not (tmp_path / "run.partial").exists()

@@ -1,0 +1,267 @@
+"""Token data, the seeded data order, token-budget micro-batches and padding.
+
+Reads a curated training set (see ``toprcli.shards.CURATED_SCHEMA``) into flat
+NumPy arrays (one flat array per list column plus row offsets), so a dataset
+of millions of tokens costs a few arrays, not millions of Python ints.
+
+Batching, from the optimizer step down:
+
+* **Step batch**: ``batch_size`` rows per optimizer step, taken in order from a
+  stream of seeded per-epoch permutations (:func:`data_order`). Step ``k``
+  always gets the same rows, so a resumed run needs only the step number.
+* **Ranks**: a step's rows are sorted by length and dealt round-robin over the
+  ranks (:func:`split_rows`), which balances tokens.
+* **Micro-batches**: each rank packs its rows, longest first, into
+  micro-batches whose padded size ``rows × longest`` fits ``micro_batch_tokens``
+  (:func:`pack_rows`); gradients accumulate over them. Every rank runs the same
+  number of forward passes (FSDP all-gathers in each one), padding with empty
+  micro-batches that contribute exactly zero.
+
+Layout of one micro-batch (:func:`collate`): row i is ``prompt_i + completion_i``
+right-padded; causal attention means real tokens never see the padding, so no
+attention mask is needed. Per-token tensors (``behavior``, ``mask``, ...) are
+completion-aligned: column j is completion token j.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+# Columns the trainer reads (everything else in a curated file is ignored).
+TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "behavior_logprobs", "advantage", "weight")
+
+
+def _flat_list(column: pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as (flat values, offsets (n+1,)); nulls count as empty lists."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(arr, pa.ChunkedArray):  # zero chunks
+        arr = pa.array([], type=column.type)
+    if arr.null_count:
+        arr = pa.compute.fill_null(arr, pa.scalar([], type=arr.type))
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = np.asarray(arr.values.to_numpy(zero_copy_only=False), dtype=dtype)
+    # A sliced array's values start at offsets[0].
+    values = values[offsets[0] : offsets[-1]]
+    return values, offsets - offsets[0]
+
+
+@dataclass
+class TokenData:
+    """A training set as flat arrays. ``*_off`` are row offsets (n+1,) into the flat arrays."""
+
+    prompt_ids: np.ndarray  # (total prompt tokens,) int64
+    prompt_off: np.ndarray  # (n+1,)
+    completion_ids: np.ndarray  # (total completion tokens,) int64
+    completion_off: np.ndarray  # (n+1,)
+    behavior: np.ndarray  # (total completion tokens,) float32, log μ
+    behavior_off: np.ndarray  # (n+1,) — must equal completion_off (checked by the trainer)
+    advantages: np.ndarray  # (n,) float32
+    weights: np.ndarray  # (n,) float32
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> "TokenData":
+        p, p_off = _flat_list(table.column("prompt_token_ids"), np.int64)
+        c, c_off = _flat_list(table.column("completion_token_ids"), np.int64)
+        b, b_off = _flat_list(table.column("behavior_logprobs"), np.float32)
+        adv = np.asarray(table.column("advantage").to_numpy(zero_copy_only=False), dtype=np.float32)
+        w = np.asarray(table.column("weight").to_numpy(zero_copy_only=False), dtype=np.float32)
+        return cls(p, p_off, c, c_off, b, b_off, adv, w)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.advantages)
+
+    @property
+    def prompt_lens(self) -> np.ndarray:
+        return np.diff(self.prompt_off)
+
+    @property
+    def completion_lens(self) -> np.ndarray:
+        return np.diff(self.completion_off)
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return self.prompt_lens + self.completion_lens
+
+
+# -- data order ----------------------------------------------------------------
+
+
+def total_steps(n_rows: int, batch_size: int, epochs: float, max_steps: Optional[int]) -> int:
+    """Optimizer steps of a run: ``max_steps`` if given (it overrides ``epochs``, as in HF),
+    else ceil(epochs · n_rows / batch_size)."""
+    if max_steps is not None:
+        return int(max_steps)
+    return max(1, math.ceil(round(epochs * n_rows) / batch_size))
+
+
+def data_order(n_rows: int, batch_size: int, steps: int, epochs: float, max_steps: Optional[int], seed: int) -> np.ndarray:
+    """The row stream: permutation(epoch 0) ++ permutation(epoch 1) ++ ..., each seeded by
+    (seed, epoch), cut to the rows the run consumes. Step k trains on
+    ``order[k·batch_size : (k+1)·batch_size]``."""
+    needed = steps * batch_size if max_steps is not None else round(epochs * n_rows)
+    chunks, have, epoch = [], 0, 0
+    while have < needed:
+        chunks.append(np.random.default_rng([seed, epoch]).permutation(n_rows))
+        have += n_rows
+        epoch += 1
+    return np.concatenate(chunks)[:needed] if chunks else np.zeros(0, dtype=np.int64)
+
+
+def step_rows(order: np.ndarray, step: int, batch_size: int) -> np.ndarray:
+    return order[step * batch_size : (step + 1) * batch_size]
+
+
+# -- ranks and micro-batches ----------------------------------------------------
+
+
+def split_rows(rows: np.ndarray, lengths: np.ndarray, world_size: int) -> list[np.ndarray]:
+    """Deal ``rows`` over ranks, longest first, round-robin (balances tokens per rank)."""
+    if world_size == 1:
+        return [rows]
+    ordered = rows[np.argsort(-lengths[rows], kind="stable")]
+    return [ordered[r::world_size] for r in range(world_size)]
+
+
+def pack_rows(rows: np.ndarray, lengths: np.ndarray, token_budget: int) -> list[np.ndarray]:
+    """Greedy packing, longest first: a micro-batch grows while rows × longest ≤ budget.
+
+    A row longer than the budget gets a micro-batch of its own.
+    """
+    if len(rows) == 0:
+        return []
+    ordered = rows[np.argsort(-lengths[rows], kind="stable")]
+    batches, start = [], 0
+    while start < len(ordered):
+        longest = max(int(lengths[ordered[start]]), 1)
+        n = max(1, token_budget // longest)
+        batches.append(ordered[start : start + n])
+        start += n
+    return batches
+
+
+def plan_micro_batches(
+    rows: np.ndarray, lengths: np.ndarray, world_size: int, token_budget: int
+) -> list[list[np.ndarray]]:
+    """Micro-batches of every rank, padded with empty ones to the same count.
+
+    Every rank computes the whole plan (it holds the whole dataset), so the
+    count is agreed on without communication.
+    """
+    per_rank = [pack_rows(r, lengths, token_budget) for r in split_rows(rows, lengths, world_size)]
+    count = max(1, max(len(p) for p in per_rank))
+    empty = np.zeros(0, dtype=np.int64)
+    return [p + [empty] * (count - len(p)) for p in per_rank]
+
+
+# -- denominators (how micro-batch losses add up to the step's loss) -------------
+
+
+def loss_denominator(data: TokenData, rows: np.ndarray, aggregation: str) -> float:
+    """The normaliser ``aggregate`` divides by, for the rows ``rows``.
+
+    token-mean: Σ w_i L_i;  seq-mean-*: Σ_{L_i>0} w_i.  A micro-batch's loss
+    times its denominator, divided by the step's, is its exact share of the
+    step's loss: Σ_mb loss_mb · D_mb / D_step = loss over the whole step batch.
+    """
+    if len(rows) == 0:
+        return 0.0
+    w = data.weights[rows].astype(np.float64)
+    lens = data.completion_lens[rows]
+    if aggregation == "token-mean":
+        return float((w * lens).sum())
+    return float((w * (lens > 0)).sum())
+
+
+def whiten(adv: np.ndarray, has_tokens: np.ndarray) -> np.ndarray:
+    """(A − mean)/(std + 1e-8) over the rows with tokens (population std), as in ``policy_loss``."""
+    a = adv.astype(np.float64)
+    sel = a[has_tokens]
+    if len(sel) == 0:
+        return adv
+    mean, std = sel.mean(), sel.std()
+    return ((a - mean) / (std + 1e-8)).astype(np.float32)
+
+
+# -- one micro-batch --------------------------------------------------------------
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # (B, T) int64, prompt + completion, right-padded
+    prompt_lens: torch.Tensor  # (B,) int64
+    completion_lens: torch.Tensor  # (B,) int64
+    mask: torch.Tensor  # (B, C) float32, 1 on completion tokens
+    behavior: torch.Tensor  # (B, C) float32 log μ (0 on padding)
+    advantages: torch.Tensor  # (B,) float32
+    weights: torch.Tensor  # (B,) float32
+    ref: Optional[torch.Tensor]  # (B, C) float32 log ref, or None
+    rows: np.ndarray  # (B,) dataset row indices (empty for a padding micro-batch)
+    n_tokens: int  # real tokens (prompt + completion)
+    n_completion_tokens: int
+
+    def to(self, device: torch.device) -> "MicroBatch":
+        if device.type == "cpu":
+            return self
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return MicroBatch(
+            move(self.input_ids), move(self.prompt_lens), move(self.completion_lens), move(self.mask),
+            move(self.behavior), move(self.advantages), move(self.weights), move(self.ref),
+            self.rows, self.n_tokens, self.n_completion_tokens,
+        )
+
+
+def collate(
+    data: TokenData,
+    rows: np.ndarray,
+    *,
+    pad_id: int = 0,
+    behavior: Optional[np.ndarray] = None,
+    ref: Optional[np.ndarray] = None,
+    advantages: Optional[np.ndarray] = None,
+) -> MicroBatch:
+    """Pad ``rows`` into one micro-batch (layout in the module docstring).
+
+    ``behavior``/``ref`` are flat per-completion-token arrays aligned with
+    ``data.completion_off`` (default: the stored μ; no ref). ``advantages``
+    (n_rows,) overrides the stored ones (step-level whitening). An empty
+    ``rows`` gives a 1-row batch with no completion tokens and weight 0.
+    """
+    if len(rows) == 0:
+        z = torch.zeros(1, 1)
+        return MicroBatch(
+            torch.full((1, 2), pad_id, dtype=torch.long), torch.ones(1, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long), z, z.clone(), torch.zeros(1), torch.zeros(1),
+            None if ref is None else z.clone(), rows, 0, 0,
+        )
+    beh = data.behavior if behavior is None else behavior
+    adv = data.advantages if advantages is None else advantages
+    p_off, c_off = data.prompt_off, data.completion_off
+    p_len = (p_off[rows + 1] - p_off[rows]).astype(np.int64)
+    c_len = (c_off[rows + 1] - c_off[rows]).astype(np.int64)
+    # One column past the longest prompt, so at least one logit is kept even if no row has a completion.
+    B, T, C = len(rows), int(max((p_len + c_len).max(), p_len.max() + 1)), max(int(c_len.max()), 1)
+    ids = np.full((B, T), pad_id, dtype=np.int64)
+    mu = np.zeros((B, C), dtype=np.float32)
+    mask = np.zeros((B, C), dtype=np.float32)
+    rf = None if ref is None else np.zeros((B, C), dtype=np.float32)
+    for i, r in enumerate(rows):
+        pl, cl = p_len[i], c_len[i]
+        ids[i, :pl] = data.prompt_ids[p_off[r] : p_off[r + 1]]
+        ids[i, pl : pl + cl] = data.completion_ids[c_off[r] : c_off[r + 1]]
+        mu[i, :cl] = beh[c_off[r] : c_off[r + 1]]
+        mask[i, :cl] = 1.0
+        if rf is not None:
+            rf[i, :cl] = ref[c_off[r] : c_off[r + 1]]
+    return MicroBatch(
+        torch.from_numpy(ids), torch.from_numpy(p_len), torch.from_numpy(c_len), torch.from_numpy(mask),
+        torch.from_numpy(mu), torch.from_numpy(np.ascontiguousarray(adv[rows], dtype=np.float32)),
+        torch.from_numpy(np.ascontiguousarray(data.weights[rows], dtype=np.float32)),
+        None if rf is None else torch.from_numpy(rf), rows, int((p_len + c_len).sum()), int(c_len.sum()),
+    )

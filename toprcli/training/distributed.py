@@ -1,0 +1,138 @@
+"""torchrun / FSDP2 helpers: process group, device, sharding, reductions.
+
+``torchrun --nproc-per-node N -m toprcli train ...`` sets RANK, WORLD_SIZE,
+LOCAL_RANK; :func:`init_distributed` joins the process group (NCCL on GPUs,
+gloo on CPUs). :func:`shard_model` applies FSDP2 ``fully_shard`` to every
+decoder layer and then to the root, with bf16 parameters and float32 gradient
+reduction on GPUs. A single process (no torchrun) gets a context with
+``world_size == 1`` and every helper here becomes a no-op, so the trainer has
+one code path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    mesh: Optional[object] = None  # DeviceMesh when distributed
+    owns_group: bool = False  # this module created the process group (and destroys it)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def init_distributed() -> DistContext:
+    """Join the torchrun process group if there is one; pick this rank's device."""
+    ws = env_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if ws <= 1:
+        return DistContext(device=device)
+    owns = False
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
+        owns = True
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    return DistContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(ws))),
+        device=device,
+        mesh=mesh,
+        owns_group=owns,
+    )
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks: modules whose class is in the HF model's ``_no_split_modules``."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:  # not an HF model: fall back to the largest ModuleList
+        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+        layers = list(max(lists, key=len)) if lists else []
+    return layers
+
+
+def shard_model(model: torch.nn.Module, ctx: DistContext, *, bf16: bool) -> torch.nn.Module:
+    """FSDP2: ``fully_shard`` each decoder layer, then the root (embeddings, norm, head).
+
+    With ``bf16`` (GPU), parameters are all-gathered and computed in bfloat16
+    while gradients are reduced and kept in float32 (the master weights stay
+    float32). Gradients are summed over ranks, not averaged: the trainer
+    already divides by the global normaliser (see ``batching.loss_denominator``).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=ctx.mesh, mp_policy=mp)
+    fully_shard(model, mesh=ctx.mesh, mp_policy=mp)
+    for m in model.modules():
+        if hasattr(m, "set_gradient_divide_factor"):
+            m.set_gradient_divide_factor(1.0)
+            # plain SUM collectives (gloo has no PREMUL_SUM; NCCL gets zero-copy transfers)
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def all_reduce(t: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce (sum or max) of a tensor; identity for one process."""
+    if ctx.distributed:
+        backend_device = ctx.device
+        moved = t.to(backend_device)
+        dist.all_reduce(moved, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        if moved is not t:
+            t.copy_(moved.to(t.device))
+    return t
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def broadcast_object(obj, ctx: DistContext):
+    """Rank 0's ``obj`` on every rank."""
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
