@@ -96,6 +96,7 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     run_dir = Path(run_dir)
     rows = collect(run_dir)
@@ -109,6 +110,7 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
         if pts:
             ax.plot(*zip(*pts), marker="o", label=label)
     ax.set(xlabel="round", ylabel="rate", title="Evaluation per round", ylim=(0, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -121,6 +123,7 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
         if pts:
             ax.plot(*zip(*pts), marker="o", label=label)
     ax.set(xlabel="round", ylabel="share", title="Training mix per round", ylim=(0, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -136,6 +139,7 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
             ax.bar([r["round"] for r in scored], shares, bottom=bottom, color=color, label=verdict)
             bottom = [b + s for b, s in zip(bottom, shares)]
     ax.set(xlabel="round", ylabel="share of training samples", title="Rewards of the generated samples")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if scored:
         ax.legend()
     fig.tight_layout()

@@ -85,6 +85,8 @@ def grid_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
     if isinstance(value, float):
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
             return f"{value:.3g}"
