@@ -32,13 +32,14 @@ VARIANTS: dict[str, list[str]] = {
     "ppo": ["train.loss=ppo"],
     "topr p̃=0.1": ["curate.positive_fraction=0.1", "curate.baseline=null"],
     "topr p̃=0.2": ["curate.positive_fraction=0.2", "curate.baseline=null"],
-    "topr p̃=0.5": ["curate.positive_fraction=0.5", "curate.baseline=null"],
+    "topr raw (c=0)": ["curate.positive_fraction=null", "curate.baseline=0.0"],
 }
+# The demo itself runs TOPR at p̃ = 0.5, so "topr" is the p̃ = 0.5 point of the sweep.
 SHARED = ("base", "warmstart", "round-000")
 
 
 def slug(name: str) -> str:
-    return name.replace(" ", "_").replace("p̃=", "pfrac")
+    return name.replace(" ", "_").replace("p̃=", "pfrac").replace("(", "").replace(")", "").replace("=", "")
 
 
 def run_variant(name: str, overrides: list[str], root: Path, config: Path, template: Path | None) -> list[dict]:

@@ -90,6 +90,26 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str, series: tuple[tuple[str, str], ...]) -> None:
+    """One line per metric over rounds, on a 0..1 scale."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in series:
+        pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label)
+    ax.set(xlabel="round", ylabel=ylabel, title=title, ylim=(0, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     """Collect the metrics, draw the plots and write ``report/summary.md``."""
     import matplotlib
@@ -103,32 +123,10 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
 
-    evals = [r for r in rows if r.get("pass@1") is not None]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate")):
-        pts = [(r["round"], r[key]) for r in evals if r.get(key) is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=label)
-    ax.set(xlabel="round", ylabel="rate", title="Evaluation per round", ylim=(0, 1))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "accuracy.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("p", "raw positive share p"), ("p_tilde", "effective positive share p̃")):
-        pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=label)
-    ax.set(xlabel="round", ylabel="share", title="Training mix per round", ylim=(0, 1))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "mix.png", dpi=120)
-    plt.close(fig)
+    _round_plot(rows, out / "accuracy.png", "Evaluation per round", "rate",
+                (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate")))
+    _round_plot(rows, out / "mix.png", "Training mix per round", "share",
+                (("p", "raw positive share p"), ("p_tilde", "effective positive share p̃")))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     scored = [r for r in rows if r.get("verdicts")]
