@@ -48,8 +48,6 @@ def eval_command(
             "max_new_tokens": max_new_tokens, "backend": backend, "greedy": greedy, "seed": seed,
         },
     )
-    if dataset and "openai/gsm8k" in dataset and cfg.dataset.config_name is None:
-        cfg.dataset.config_name = "main"
     from toprcli.errors import UserError
 
     if not cfg.model:

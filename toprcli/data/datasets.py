@@ -22,6 +22,8 @@ from toprcli.config import DatasetSpec
 from toprcli.errors import UserError
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+# Hub datasets that need a config name, and the one users almost always mean.
+HUB_DEFAULT_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,10 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
             if not path.exists() and (src.startswith((".", "/", "~")) or Path(src).suffix.lower() in LOCAL_FORMATS):
                 raise UserError(f"dataset file not found: {src} — check the path")
             # A hub id, or a local directory laid out like a hub dataset repo.
-            ds = datasets.load_dataset(str(path) if path.is_dir() else src, spec.config_name, split=spec.split)
+            config_name = spec.config_name
+            if config_name is None and src.rstrip("/") in HUB_DEFAULT_CONFIGS:
+                config_name = HUB_DEFAULT_CONFIGS[src.rstrip("/")]
+            ds = datasets.load_dataset(str(path) if path.is_dir() else src, config_name, split=spec.split)
         else:
             raise UserError(f"unknown dataset {src!r} — pass a hub id, a local file, or builtin:arith")
     except UserError:
