@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from toprcli.config import EvalConfig, GenerateConfig, ScoreConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.evaluation import accuracy, eval_metrics
-from toprcli.shards import read_table, write_json_atomic
+from toprcli.shards import read_manifest, read_table, write_json_atomic
 
 EVAL_FILE = "eval.json"
 
@@ -74,10 +74,20 @@ def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = No
     if cfg.greedy:
         runs.append(("greedy", out / "greedy", True))
     tables = {}
-    for name, where, greedy in runs:
-        generate_samples(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)
-        score_dir(where / "samples", where / "scored", score_config(cfg, where / "samples", where / "scored"), progress=progress)
-        tables[name] = read_table(where / "scored", columns=["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"])
+    # One engine serves the sampled and the greedy pass (opening one costs tens of seconds).
+    own_backend = None
+    if backend is None and any(read_manifest(where / "samples") is None for _, where, _ in runs):
+        from toprcli.generation import open_backend
+
+        backend = own_backend = open_backend(generate_config(cfg, out / "samples", greedy=False))
+    try:
+        for name, where, greedy in runs:
+            generate_samples(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)
+            score_dir(where / "samples", where / "scored", score_config(cfg, where / "samples", where / "scored"), progress=progress)
+            tables[name] = read_table(where / "scored", columns=["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"])
+    finally:
+        if own_backend is not None:
+            own_backend.close()
 
     t = tables["sampled"]
     t = t.take(pc.sort_indices(t, sort_keys=[("prompt_id", "ascending"), ("sample_index", "ascending")]))
