@@ -292,9 +292,7 @@ class Pipeline:
                 )
         else:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            from toprcli.shards import write_json_atomic  # noqa: F401  (same atomic rename for YAML below)
-
-            tmp = path.with_name(f".{path.name}.tmp")
+            tmp = path.with_name(f".{path.name}.tmp")  # written whole, then renamed
             tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
             tmp.replace(path)
 

@@ -1,10 +1,15 @@
-"""The `topr` app: one thin module per command, registered here."""
+"""The `topr` app: one thin module per command, registered here.
+
+Command modules import torch, vLLM and friends inside their functions, so
+`topr --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import typer
 
-from toprcli.cli import config_cmd, info, init_model
+from toprcli.cli import config_cmd, curate, generate, info, init_model, iterate, report, score, train
+from toprcli.cli import eval as eval_cli
 
 app = typer.Typer(
     name="topr",
@@ -21,13 +26,13 @@ app = typer.Typer(
 
 app.command("info")(info.info)
 app.command("init-model")(init_model.init_model)
-app.command("generate")(__import__("toprcli.cli.generate", fromlist=["generate"]).generate)
-app.command("score")(__import__("toprcli.cli.score", fromlist=["score"]).score)
-app.command("eval")(__import__("toprcli.cli.eval", fromlist=["eval_command"]).eval_command)
-app.command("iterate")(__import__("toprcli.cli.iterate", fromlist=["iterate"]).iterate)
-app.command("report")(__import__("toprcli.cli.report", fromlist=["report"]).report)
-app.command("curate")(__import__("toprcli.cli.curate", fromlist=["curate"]).curate)
-app.command("train")(__import__("toprcli.cli.train", fromlist=["train"]).train)
+app.command("generate")(generate.generate)
+app.command("score")(score.score)
+app.command("curate")(curate.curate)
+app.command("train")(train.train)
+app.command("eval")(eval_cli.eval_command)
+app.command("iterate")(iterate.iterate)
+app.command("report")(report.report)
 app.add_typer(config_cmd.app, name="config")
 
 
