@@ -37,7 +37,7 @@ def generate_config(cfg: EvalConfig, out: Path, *, greedy: bool) -> GenerateConf
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
         backend=cfg.backend,
-        shard_size=max(1, cfg.shard_size),
+        shard_size=cfg.shard_size,
         iteration=cfg.iteration,
     )
 
