@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from toprcli.config import DatasetSpec, GenerateConfig
+from conftest import gen_config
+from toprcli.config import DatasetSpec
 from toprcli.errors import UserError
 from toprcli.generation import PromptRequest, SamplingParams, derive_seed
 from toprcli.shards import complete_shards, read_file_metadata, read_manifest, read_table, validate_columns
@@ -139,7 +140,7 @@ def _cfg(model, out, **kw) -> GenerateConfig:
         dataset=DatasetSpec(source="builtin:arith", size=10),
     )
     base.update(kw)
-    return GenerateConfig(**base)
+    return gen_config(**base)
 
 
 def test_stage_writes_contract_shards_and_resumes(tiny_model_dir, tmp_path):
@@ -147,7 +148,7 @@ def test_stage_writes_contract_shards_and_resumes(tiny_model_dir, tmp_path):
 
     out = tmp_path / "samples"
     cfg = _cfg(tiny_model_dir, out)
-    s = generate_samples(cfg, progress=False)
+    s = generate_samples(cfg)
     assert s["prompts"] == 10 and s["completions"] == 30 and s["shards_written"] == 3
     assert sum(s["finish_reasons"].values()) == 30
     shards = complete_shards(out)
@@ -167,34 +168,35 @@ def test_stage_writes_contract_shards_and_resumes(tiny_model_dir, tmp_path):
     assert all(sorted(v) == [0, 1, 2] for v in by_prompt.values()) and len(by_prompt) == 10
     meta = read_file_metadata(shards[0])
     gen = meta["generation"]
-    assert gen["backend"] == "hf" and gen["temperature"] == 1.0 and gen["max_new_tokens"] == 24 and gen["seed"] == 0
+    assert gen["backend"] == "hf" and gen["sampling"]["temperature"] == 1.0 and gen["sampling"]["max_new_tokens"] == 24
+    assert meta["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_new_tokens": 24, "seed": 0}
     assert gen["engine_version"] and gen["logprob_mode"]
     manifest = read_manifest(out)
     assert manifest["stage"] == "generate"
     assert manifest["counts"]["completions"] == 30 and manifest["counts"]["shards"] == 3
-    assert manifest["config"]["n"] == 3 and manifest["engine"]["backend"] == "hf"
+    assert manifest["config"]["n"] == 3 and manifest["engine"]["backend"] == "hf" and manifest["sampling"]["max_new_tokens"] == 24
     assert manifest["wall_time_s"] > 0 and "transformers" in manifest["versions"]
 
     # A rerun skips every complete shard and rewrites nothing.
     mtimes = {p.name: p.stat().st_mtime_ns for p in shards.values()}
-    s2 = generate_samples(cfg, progress=False)
+    s2 = generate_samples(cfg)
     assert s2["shards_skipped"] == 3 and s2["shards_written"] == 0
     assert {p.name: p.stat().st_mtime_ns for p in complete_shards(out).values()} == mtimes
 
     # Other settings into the same directory: refused, nothing mixed.
     with pytest.raises(UserError, match="other settings"):
-        generate_samples(_cfg(tiny_model_dir, out, temperature=0.7), progress=False)
+        generate_samples(_cfg(tiny_model_dir, out, temperature=0.7))
 
 
 def test_stage_is_reproducible_and_data_parallel_split_matches(tiny_model_dir, tmp_path):
     from toprcli.generate_stage import generate_samples
 
-    generate_samples(_cfg(tiny_model_dir, tmp_path / "one"), progress=False)
+    generate_samples(_cfg(tiny_model_dir, tmp_path / "one"))
     # Two "processes" (shard ranges 0 of 2 and 1 of 2) into one directory.
     both = tmp_path / "two"
-    s0 = generate_samples(_cfg(tiny_model_dir, both, shard_index=0, num_shards=2), progress=False)
+    s0 = generate_samples(_cfg(tiny_model_dir, both, shard_index=0, num_shards=2))
     assert s0["shards_written"] == 2 and read_manifest(both) is None  # shard 1 still missing
-    s1 = generate_samples(_cfg(tiny_model_dir, both, shard_index=1, num_shards=2), progress=False)
+    s1 = generate_samples(_cfg(tiny_model_dir, both, shard_index=1, num_shards=2))
     assert s1["shards_written"] == 1
     assert read_manifest(both)["counts"]["completions"] == 30
     assert sorted(p.name for p in both.glob("_manifest.part-*")) == [
@@ -209,7 +211,7 @@ def test_stage_accepts_examples_and_an_open_backend(hf_backend, tiny_model_dir, 
 
     examples = [Example(prompt_id=f"p{i}", question=f"What is {i} + 1?", answer=str(i + 1)) for i in range(3)]
     cfg = _cfg(tiny_model_dir, tmp_path / "s", n=2, limit=None)
-    s = generate_samples(cfg, backend=hf_backend, examples=examples, progress=False)
+    s = generate_samples(cfg, backend=hf_backend, examples=examples)
     assert s["prompts"] == 3 and s["completions"] == 6
     assert hf_backend.net is not None  # not closed: the caller owns it
     assert sorted(set(read_table(tmp_path / "s", ["prompt_id"]).column(0).to_pylist())) == ["p0", "p1", "p2"]

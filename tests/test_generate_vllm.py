@@ -37,14 +37,14 @@ def test_vllm_stage_with_an_open_backend(vllm_backend, tiny_model_dir, tmp_path)
     from toprcli.generate_stage import generate_samples
 
     cfg = _cfg(tiny_model_dir, tmp_path / "s", backend="vllm")
-    s = generate_samples(cfg, backend=vllm_backend, progress=False)
+    s = generate_samples(cfg, backend=vllm_backend)
     assert s["backend"] == "vllm" and s["completions"] == 30 and s["shards_written"] == 3
     table = read_table(tmp_path / "s")
     validate_columns(table, "samples", tmp_path / "s")
     meta = read_file_metadata(complete_shards(tmp_path / "s")[0])["generation"]
     assert meta["backend"] == "vllm" and meta["logprob_mode"] == "processed_logprobs"
     # Per-request seeds: another shard size puts prompts in other shards, same samples.
-    s2 = generate_samples(_cfg(tiny_model_dir, tmp_path / "s2", backend="vllm", shard_size=3), backend=vllm_backend, progress=False)
+    s2 = generate_samples(_cfg(tiny_model_dir, tmp_path / "s2", backend="vllm", shard_size=3), backend=vllm_backend)
     assert s2["shards_written"] == 4
     cols = ["prompt_id", "sample_index", "completion_token_ids", "behavior_logprobs"]
     key = lambda r: (r["prompt_id"], r["sample_index"])  # noqa: E731
@@ -77,7 +77,7 @@ def test_vllm_stage_swaps_weights_to_the_configured_policy(vllm_backend, tiny_mo
 
     other = build_tiny_model(tmp_path / "policy-1", seed=2)
     cfg = _cfg(other, tmp_path / "round1", backend="vllm", limit=4, n=2, iteration=1)
-    s = generate_samples(cfg, backend=vllm_backend, progress=False)
+    s = generate_samples(cfg, backend=vllm_backend)
     assert s["completions"] == 8 and vllm_backend.model == str(other)
     assert set(read_table(tmp_path / "round1", ["policy"]).column(0).to_pylist()) == {str(other)}
 

@@ -1,7 +1,7 @@
 """Generation backends behind one protocol: vLLM (the engine) and transformers (``hf``).
 
-``open_backend(cfg)`` opens the backend a :class:`~toprcli.config.GenerateConfig`
-(or anything with the same attributes) asks for; ``backend="auto"`` picks vLLM
+``open_backend(engine, model)`` opens the backend an
+:class:`~toprcli.config.EngineConfig` asks for; ``backend="auto"`` picks vLLM
 when it imports, else hf. Reads the model; writes no files.
 """
 
@@ -48,34 +48,31 @@ def resolve_backend_name(name: str) -> str:
     return name
 
 
-def backend_options(cfg: Any, model: str | None = None) -> BackendOptions:
-    """Engine settings from a GenerateConfig-like object (missing attributes take defaults)."""
-    g = lambda key, default=None: getattr(cfg, key, default)  # noqa: E731
+def backend_options(engine: Any, model: str, seed: int = 0) -> BackendOptions:
+    """Backend settings from an :class:`~toprcli.config.EngineConfig` (or an object with its fields)."""
     return BackendOptions(
-        model=str(model or g("model")),
-        dtype=g("dtype", "auto") or "auto",
-        max_model_len=g("max_model_len"),
-        seed=int(g("seed", 0) or 0),
-        tensor_parallel_size=int(g("tensor_parallel_size", 1) or 1),
-        gpu_memory_utilization=g("gpu_memory_utilization"),
-        enforce_eager=g("enforce_eager"),
-        batch_size=int(g("batch_size", 64) or 64),
-        extra=dict(g("engine_kwargs", None) or {}),
+        model=str(model),
+        dtype=engine.dtype or "auto",
+        max_model_len=engine.max_model_len,
+        seed=int(seed),
+        tensor_parallel_size=int(engine.tensor_parallel_size),
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        enforce_eager=engine.enforce_eager,
+        batch_size=int(engine.batch_size),
+        extra=dict(engine.engine_kwargs or {}),
     )
 
 
-def open_backend(cfg: Any, *, model: str | None = None) -> GenerationBackend:
-    """Open the backend ``cfg.backend`` names on ``model`` (default ``cfg.model``).
+def open_backend(engine: Any, model: str, *, seed: int = 0) -> GenerationBackend:
+    """Open the backend ``engine.backend`` names on ``model``; the caller closes it.
 
-    ``cfg`` is a GenerateConfig, an EvalConfig, or any object with ``backend``,
-    ``model`` and optionally ``dtype``, ``max_model_len``, ``seed``,
-    ``tensor_parallel_size``, ``gpu_memory_utilization``, ``enforce_eager``,
-    ``batch_size``. The caller closes it (``backend.close()`` or ``with``).
+    ``engine`` is an :class:`~toprcli.config.EngineConfig`. ``seed`` seeds the
+    engine's global sampler (requests normally carry their own seeds).
     """
-    from toprcli.generate_stage import check_model
+    from toprcli.generation.model_info import check_model
 
-    name = resolve_backend_name(getattr(cfg, "backend", "auto") or "auto")
-    opts = backend_options(cfg, model)
+    name = resolve_backend_name(engine.backend or "auto")
+    opts = backend_options(engine, model, seed)
     check_model(opts.model)
     if name == "vllm":
         from toprcli.generation.vllm_backend import VLLMBackend

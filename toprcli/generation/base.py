@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from toprcli.sampling import Processing
+
 # Seeds handed to engines stay below 2**31 (some samplers draw int32 seeds), with
 # room for the +i vLLM adds for the i-th of n samples of one request.
 _SEED_SPACE = 2**31 - 2**16
@@ -40,29 +42,30 @@ def derive_seed(*parts: object) -> int:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What to sample. ``temperature == 0`` means greedy; ``top_k == -1`` means off."""
+    """What to sample: ``n`` completions per prompt from the processed distribution
+    (:mod:`toprcli.sampling`). ``temperature == 0`` means greedy; ``top_k == -1`` and
+    ``min_p == 0`` mean off."""
 
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     max_new_tokens: int = 512
 
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k != -1 and self.top_k < 1:
-            raise ValueError(f"top_k must be -1 or >= 1, got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.processing()  # validates temperature, top_p, top_k, min_p
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def processing(self) -> Processing:
+        return Processing(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,25 @@
-"""The transformers backend: ``model.generate`` with the same columns as vLLM.
+"""The transformers backend: a KV-cached sampling loop with the same columns as vLLM.
 
 Reads a model directory (or hub id); writes no files. For machines without
 vLLM, and as a cross-check of the engine's log-probs.
 
-Behaviour log-probs come from the *processed* scores, the distribution that
-``generate`` actually samples from: the temperature / top-k / top-p warpers
-are passed as our own logits processors (in vLLM's order: temperature, top-k,
-top-p) followed by :class:`_SampledLogprobRecorder`, which keeps
-``log_softmax`` of the processed scores for one step and, on the next step,
-gathers the value at the token that was sampled. Memory stays O(batch × vocab),
-unlike ``output_scores`` (O(steps × batch × vocab)).
+Sampling is our own loop over the model's forward (with a ``DynamicCache``),
+not ``model.generate``: ``generate`` fills every sampling field a call leaves
+unset from the checkpoint's ``generation_config.json`` — instruct checkpoints
+ship temperature, top-p, top-k and repetition penalties there — so the
+distribution sampled would not be the one asked for, and the stored μ would
+be wrong. Here the only processing is :func:`toprcli.sampling.processed_logits`
+(temperature, min-p, top-k, top-p in vLLM's order), the same function the
+trainer computes log π with; the behaviour log-prob of each sampled token is
+read from the same processed distribution it was drawn from.
 
 Prompts are batched with left padding (attention mask and position ids from
 the mask, so padding does not change the result beyond float rounding) and
-sorted by length so each batch wastes little padding. Completions are cut after
-the first EOS (kept, with its log-prob, like vLLM) and at the model's context.
+sorted by length so each batch wastes little padding. Completions end after
+the first EOS (kept, with its log-prob, like vLLM), at ``max_new_tokens``, or
+where the model's context is full.
 
-Seeds: transformers samples from the global torch RNG for the whole batch, so
+Seeds: tokens are drawn from the global torch RNG for the whole batch, so
 results are reproducible per (shard, batch); :meth:`HFBackend.generate` reseeds
 from the requests' seeds before each batch.
 """
@@ -28,6 +31,7 @@ import time
 from typing import Any
 
 from toprcli.errors import UserError
+from toprcli.generation.model_info import config_context_length, first_line
 from toprcli.generation.base import (
     BackendOptions,
     Completion,
@@ -39,44 +43,6 @@ from toprcli.generation.base import (
     derive_seed,
     resolve_dtype,
 )
-
-
-def _context_length(config: Any) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length"):
-        v = getattr(config, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
-class _SampledLogprobRecorder:
-    """A logits processor, last in the list: records log μ of each sampled token.
-
-    At step t it receives the processed scores s_t (B, V) and stores
-    ``log_softmax(s_t)``; at step t+1 the token sampled at t is ``input_ids[:, -1]``
-    and its log-prob is gathered. The last step's token is gathered by
-    :meth:`finish` from the final sequences.
-    """
-
-    def __init__(self) -> None:
-        self.prev = None  # (B, V) log-probs of the previous step
-        self.values: list[Any] = []  # one (B,) tensor per generated token
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        if self.prev is not None:
-            self.values.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, last_tokens: Any) -> Any:
-        import torch
-
-        if self.prev is not None:
-            self.values.append(self.prev.gather(1, last_tokens[:, None]).squeeze(1))
-            self.prev = None
-        return torch.stack(self.values, dim=1) if self.values else None  # (B, T)
 
 
 class HFBackend:
@@ -103,11 +69,12 @@ class HFBackend:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(options.model)
         except Exception as e:
-            raise UserError(f"cannot load the tokenizer of {options.model}: {_first_line(e)} — check the model dir") from None
+            raise UserError(f"cannot load the tokenizer of {options.model}: {first_line(e)} — check the model dir") from None
         self.net = self._load(options.model)
         self.start_seconds = time.perf_counter() - t0
-        ctx = _context_length(self.net.config)
-        self.max_model_len = int(options.max_model_len or ctx or 2048)
+        ctx = options.max_model_len or config_context_length(self.net.config)
+        # Unknown context (no length key in the config): only max_new_tokens bounds a completion.
+        self.max_model_len = int(ctx) if ctx else 2**31 - 1
         eos = self.net.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
@@ -134,7 +101,7 @@ class HFBackend:
         try:
             net = self._auto_model.from_pretrained(model, dtype=dtype)
         except Exception as e:
-            raise UserError(f"cannot load model {model}: {_first_line(e)} — check the model dir") from None
+            raise UserError(f"cannot load model {model}: {first_line(e)} — check the model dir") from None
         return net.to(self.device).eval()
 
     def close(self) -> None:
@@ -208,22 +175,24 @@ class HFBackend:
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, batch: list[PromptRequest], params: SamplingParams) -> list[list[Completion]]:
+        """``params.n`` samples of each prompt: one KV-cached decoding loop over the whole batch.
+
+        Our own loop, not ``model.generate``: transformers fills every sampling field a call
+        leaves unset from the checkpoint's ``generation_config.json`` (instruct models ship
+        temperature, top-p, top-k and repetition penalties there), which would silently change
+        the distribution and make the stored μ wrong. Here the only processing is
+        :func:`toprcli.sampling.processed_logits`, the same code the trainer uses.
+        """
         import torch
-        from transformers import (
-            GenerationConfig,
-            LogitsProcessorList,
-            TemperatureLogitsWarper,
-            TopKLogitsWarper,
-            TopPLogitsWarper,
-        )
+        from transformers import DynamicCache
+
+        from toprcli.sampling import processed_logits
 
         n = params.n
         lengths = [len(r.prompt_token_ids) for r in batch]
         width = max(lengths)
-        room = self.max_model_len - min(lengths)
-        if room < 1:
-            raise UserError(f"a prompt of {min(lengths)} tokens leaves no room in the model's context of {self.max_model_len} — pass --skip-long")
-        max_new = min(params.max_new_tokens, room)
+        if self.max_model_len - max(lengths) < 1:
+            raise UserError(f"a prompt of {max(lengths)} tokens leaves no room in the model's context of {self.max_model_len} — pass --skip-long")
         ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, r in enumerate(batch):
@@ -233,55 +202,53 @@ class HFBackend:
         # n samples per prompt: repeat each row n times (row k*n + j is sample j of prompt k).
         ids = ids.repeat_interleave(n, dim=0).to(self.device)
         mask = mask.repeat_interleave(n, dim=0).to(self.device)
+        rows = ids.shape[0]
+        processing = params.processing()
+        eos = torch.tensor(sorted(self.eos_token_ids) or [-1], device=self.device)
+        # Each row stops at max_new_tokens or where its prompt fills the context.
+        caps = torch.tensor([min(params.max_new_tokens, self.max_model_len - L) for L in lengths], device=self.device)
+        caps = caps.repeat_interleave(n)  # (R,)
+        max_new = int(caps.max())
 
-        processors = LogitsProcessorList()
-        if not params.greedy:
-            if params.temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k > 0:
-                processors.append(TopKLogitsWarper(top_k=params.top_k, min_tokens_to_keep=1))
-            if params.top_p < 1.0:
-                processors.append(TopPLogitsWarper(top_p=params.top_p, min_tokens_to_keep=1))
-        recorder = _SampledLogprobRecorder()
-        processors.append(recorder)
-        # A fresh config: the model's own generation_config may carry sampling defaults
-        # (temperature, top_p, repetition penalty) that would change μ.
-        # Greedy decoding takes no sampling flags (transformers warns about them).
-        sampling = {} if params.greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
-        gen_cfg = GenerationConfig(
-            do_sample=not params.greedy,
-            **sampling,
-            max_new_tokens=max_new,
-            min_new_tokens=0,
-            eos_token_id=sorted(self.eos_token_ids) or None,
-            pad_token_id=self.pad_token_id,
-            bos_token_id=self.net.generation_config.bos_token_id,
-            num_beams=1,
-            use_cache=True,
-            return_dict_in_generate=True,
-        )
+        cache = DynamicCache()
+        step_ids, positions = ids, (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions from the mask
+        done = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        n_real = torch.zeros(rows, dtype=torch.long, device=self.device)  # sampled tokens per row
+        tokens, logprobs = [], []
         with torch.inference_mode():
-            out = self.net.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg, logits_processor=processors)
-        seqs = out.sequences[:, width:].cpu()  # (B*n, T)
-        lps = recorder.finish(out.sequences[:, -1])
-        lps = lps.cpu() if lps is not None else torch.zeros(seqs.shape)
-        eos = self.eos_token_ids
+            for step in range(max_new):
+                logits = self.net(
+                    input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1,
+                ).logits[:, -1]  # (R, V)
+                if processing.greedy:  # vLLM reports the T = 1 log-softmax for greedy requests
+                    logq = torch.log_softmax(logits.float(), dim=-1)
+                    tok = logq.argmax(dim=-1)
+                else:
+                    logq = torch.log_softmax(processed_logits(logits, processing), dim=-1)  # (R, V)
+                    tok = torch.multinomial(logq.exp(), 1).squeeze(1)
+                lp = logq.gather(1, tok[:, None]).squeeze(1)
+                tok = torch.where(done, torch.full_like(tok, self.pad_token_id), tok)
+                tokens.append(tok)
+                logprobs.append(lp)
+                n_real += (~done).long()
+                done |= torch.isin(tok, eos) | (caps <= step + 1)
+                if bool(done.all()):
+                    break
+                step_ids = tok[:, None]
+                positions = positions[:, -1:] + 1
+                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=self.device)], dim=1)
+        seqs = torch.stack(tokens, dim=1).cpu()  # (R, steps)
+        lps = torch.stack(logprobs, dim=1).float().cpu()
+        n_real = n_real.cpu().tolist()
         results: list[list[Completion]] = []
-        for k, L in enumerate(lengths):
-            cap = min(max_new, self.max_model_len - L)
+        for k in range(len(batch)):
             comps = []
             for j in range(n):
                 row = k * n + j
-                toks = seqs[row].tolist()
-                vals = lps[row].tolist()
-                end, reason = len(toks), "length"
-                for t, tok in enumerate(toks):
-                    if tok in eos:
-                        end, reason = t + 1, "stop"
-                        break
-                if end > cap:
-                    end, reason = cap, "length"
-                comps.append(Completion(token_ids=toks[:end], logprobs=vals[:end], finish_reason=reason))
+                toks = seqs[row, : n_real[row]].tolist()
+                reason = "stop" if toks and toks[-1] in self.eos_token_ids else "length"
+                comps.append(Completion(token_ids=toks, logprobs=lps[row, : n_real[row]].tolist(), finish_reason=reason))
             results.append(comps)
         return results
 
@@ -294,15 +261,20 @@ def processed_logprobs(
 ) -> list[list[float]]:
     """log μ of given completions under ``net`` with the sampler's processing, one forward each.
 
-    The same distribution the backends sample from: logits / temperature, then
-    top-k, then top-p (transformers' warpers), then log-softmax; returns the
-    value at each completion token. A cross-check of stored behaviour
-    log-probs (fp32 recomputation on exactly the stored tokens).
+    The distribution the backends sample from (:mod:`toprcli.sampling`), at
+    every completion token: a cross-check of stored behaviour log-probs (fp32
+    recomputation on exactly the stored tokens).
     """
     import torch
-    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    from toprcli.sampling import token_logprobs
 
     device = next(net.parameters()).device
+    processing = params.processing()
+    if processing.greedy:
+        from toprcli.sampling import Processing
+
+        processing = Processing()
     out = []
     with torch.inference_mode():
         for prompt, comp in zip(prompt_token_ids, completion_token_ids):
@@ -311,18 +283,6 @@ def processed_logprobs(
                 continue
             ids = torch.tensor([list(prompt) + list(comp)], device=device)
             logits = net(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # (T, V)
-            if not params.greedy and params.temperature != 1.0:
-                logits = logits / params.temperature
-            if not params.greedy and params.top_k > 0:
-                logits = TopKLogitsWarper(params.top_k)(None, logits)
-            if not params.greedy and params.top_p < 1.0:
-                logits = TopPLogitsWarper(params.top_p)(None, logits)
-            lp = torch.log_softmax(logits, dim=-1)
-            tgt = torch.tensor(comp, device=device)[:, None]
-            out.append(lp.gather(1, tgt).squeeze(1).tolist())
+            lp, _ = token_logprobs(logits, torch.tensor(comp, device=device), processing)
+            out.append(lp.tolist())
     return out
-
-
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0] if s else type(e).__name__

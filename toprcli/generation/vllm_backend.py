@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from toprcli.errors import UserError
+from toprcli.generation.model_info import config_context_length
 from toprcli.generation.base import (
     BackendOptions,
     Completion,
@@ -206,6 +207,9 @@ class VLLMBackend:
             enforce_eager=eager,
             worker_extension_cls=EXTENSION_CLS,
             disable_log_stats=True,
+            # vLLM's neutral defaults, never the checkpoint's generation_config.json: its
+            # sampling fields (temperature, top-p, repetition penalty) must not reach μ.
+            generation_config="vllm",
         )
         if o.max_model_len is not None:
             kwargs["max_model_len"] = o.max_model_len
@@ -214,7 +218,7 @@ class VLLMBackend:
             # prefill) kills the engine ("CPU Generator does not use offset": the runner
             # rewinds the request's generator with a CUDA-only call). Without chunked
             # prefill no prompt is split; the step budget must then hold a whole prompt.
-            ctx = o.max_model_len or _model_config(model).get("max_position_embeddings") or 4096
+            ctx = o.max_model_len or config_context_length(_model_config(model)) or 4096
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(4096, int(ctx))
         kwargs.update(o.extra)
@@ -293,7 +297,12 @@ class VLLMBackend:
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1,
+            min_p=params.min_p,
             max_tokens=params.max_new_tokens,
+            # Neutral, stated: nothing but the processing of toprcli.sampling shapes μ.
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
             seed=seed,
             logprobs=0,
             flat_logprobs=True,

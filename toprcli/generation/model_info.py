@@ -1,0 +1,75 @@
+"""What a model directory (or hub id) says about itself: existence, tokenizer, context length.
+
+One home for the context-length rule every stage uses (generation, eval,
+training): an explicit override, else the first of the config's length keys,
+else unknown (``None``: no check is made against it). Reads config files; writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from toprcli.errors import UserError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# Keys under which model configs give their context length, most specific first.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+
+
+def first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+def check_model(model: str) -> None:
+    """A local model dir with a config.json, or something that looks like a hub id."""
+    if not model:
+        raise UserError("no model given — pass --model DIR (build the tiny one with `topr init-model DIR`)")
+    p = Path(model).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise UserError(f"model path {model} is a file, not a model directory — pass the directory holding config.json")
+        if not (p / "config.json").is_file():
+            raise UserError(f"model dir {model} has no config.json — pass a Hugging Face model directory (`topr init-model DIR` builds one)")
+        return
+    if model.startswith((".", "/", "~")) or not _HUB_ID.match(model):
+        raise UserError(f"model dir not found: {model} — check the path (`topr init-model DIR` builds the tiny model)")
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except Exception as e:
+        raise UserError(f"cannot load the tokenizer of {model}: {first_line(e)} — check the model dir or hub id") from None
+
+
+def load_config(model: str) -> Any:
+    """The model's transformers config (its text part for multimodal configs)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except Exception as e:
+        raise UserError(f"cannot read the config of {model}: {first_line(e)} — check the model dir or hub id") from None
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def config_context_length(config: Any) -> int | None:
+    """The context length a config declares (prompt + completion tokens), or None."""
+    for key in CONTEXT_KEYS:
+        v = getattr(config, key, None) if not isinstance(config, dict) else config.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def context_length(model: str, override: int | None = None) -> int | None:
+    """Prompt + completion tokens the model takes: ``override``, else its config's; None if unknown."""
+    if override is not None:
+        return int(override)
+    return config_context_length(load_config(model))
