@@ -32,6 +32,47 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return Path(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0))
 
 
+# -- configs from flat keywords ---------------------------------------------------
+
+
+def gen_config(**kw):
+    """A GenerateConfig from flat keywords: sampling keys (temperature, top_k, ...) and engine keys
+    (backend, dtype, ...) go to their sections."""
+    from dataclasses import fields
+
+    from toprcli.config import EngineConfig, GenerateConfig, SamplingConfig
+
+    sampling = {k: kw.pop(k) for k in [f.name for f in fields(SamplingConfig)] if k in kw}
+    engine = {k: kw.pop(k) for k in [f.name for f in fields(EngineConfig)] if k in kw}
+    return GenerateConfig(sampling=SamplingConfig(**sampling), engine=EngineConfig(**engine), **kw)
+
+
+# -- killing a run at a chosen point (tests only; the product has no hooks) ------
+
+
+class Killed(BaseException):
+    """Stands in for a kill: a BaseException, so no ``except Exception`` in the product swallows it."""
+
+
+@pytest.fixture
+def kill_after_checkpoint(monkeypatch):
+    """``kill_after_checkpoint(n)``: the trainer dies (raises :class:`Killed`) right after its step-n checkpoint."""
+    import toprcli.training.checkpoint as ckpt
+
+    def arm(step: int) -> None:
+        real = ckpt.save_checkpoint
+
+        def save_then_die(root, s, *args, **kwargs):
+            out = real(root, s, *args, **kwargs)
+            if s >= step:
+                raise Killed(f"killed after the step-{s} checkpoint")
+            return out
+
+        monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
+
+    return arm
+
+
 # -- the shared vLLM engine (tests marked @pytest.mark.vllm) -------------------
 
 

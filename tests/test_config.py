@@ -22,15 +22,16 @@ runner = CliRunner()
 
 def test_defaults_follow_the_paper():
     g, t = GenerateConfig(), TrainConfig()
-    assert (g.n, g.temperature, g.max_new_tokens) == (16, 1.0, 512)
+    assert (g.n, g.sampling.temperature, g.sampling.top_p, g.sampling.top_k, g.sampling.max_new_tokens) == (16, 1.0, 1.0, -1, 512)
+    assert (t.temperature, t.top_p, t.top_k, t.min_p) == (None, None, None, None)  # read from the data
     assert (t.optimizer, t.lr, t.schedule, t.grad_clip, t.epochs, t.loss) == ("adafactor", 5e-7, "constant", 1.0, 1.0, "topr")
 
 
 def test_yaml_and_overrides(tmp_path):
     f = tmp_path / "g.yaml"
-    f.write_text("model: m\nn: 4\ntemperature: 0.7\ndataset:\n  source: builtin:arith\n  split: test\n")
-    cfg = load_config(GenerateConfig, f, {"n": 8, "top_k": None, "dataset.level": 3})
-    assert cfg.n == 8 and cfg.temperature == 0.7 and cfg.top_k == -1
+    f.write_text("model: m\nn: 4\nsampling: {temperature: 0.7}\ndataset:\n  source: builtin:arith\n  split: test\n")
+    cfg = load_config(GenerateConfig, f, {"n": 8, "sampling.top_k": None, "dataset.level": 3})
+    assert cfg.n == 8 and cfg.sampling.temperature == 0.7 and cfg.sampling.top_k == -1
     assert cfg.dataset.split == "test" and cfg.dataset.level == 3
 
 
@@ -50,9 +51,11 @@ def test_pipeline_file_gives_each_stage_its_section(tmp_path):
         ("nn: 3\n", ["unknown config key 'nn'", "allowed keys"]),
         ("n: 0\n", ["'n'", "0", "integer >= 1"]),
         ("n: three\n", ["'n'", "'three'", "an integer"]),
-        ("backend: tpu\n", ["'backend'", "'tpu'", "'vllm'"]),
+        ("engine: {backend: tpu}\n", ["'engine.backend'", "'tpu'", "'vllm'"]),
+        ("temperature: 0.7\n", ["unknown config key 'temperature'", "'sampling.temperature'"]),
         ("dataset:\n  splt: test\n", ["unknown config key 'dataset.splt'"]),
-        ("top_p: 1.5\n", ["'top_p'", "1.5", "(0, 1]"]),
+        ("sampling: {top_p: 1.5}\n", ["'sampling.top_p'", "1.5", "(0, 1]"]),
+        ("sampling: {min_p: 1.0}\n", ["'sampling.min_p'", "[0, 1)"]),
         ("- a\n- b\n", ["must be a mapping"]),
         ("n: [\n", ["not valid YAML"]),
     ],
@@ -66,6 +69,30 @@ def test_bad_configs_name_key_value_and_allowed(tmp_path, yaml_text, words):
     assert "\n" not in msg
     for w in words:
         assert w in msg
+
+
+def test_iterate_refuses_train_sampling_that_contradicts_generate(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("generate:\n  sampling: {temperature: 0.7}\ntrain:\n  temperature: 0.5\n")
+    with pytest.raises(ConfigError, match="train.temperature is 0.5 but generate.sampling.temperature is 0.7"):
+        load_config(IterateConfig, f)
+    f.write_text("generate:\n  sampling: {temperature: 0.7}\ntrain:\n  temperature: 0.7\n")
+    assert load_config(IterateConfig, f).train.temperature == 0.7
+
+
+def test_warm_start_trains_with_overrides_of_the_train_config(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("train:\n  micro_batch_tokens: 1000\n  lr: 1e-6\nwarm_start:\n  enabled: true\n  train: {lr: 0.01, epochs: 3}\n")
+    ws = load_config(IterateConfig, f).warm_start_train()
+    assert (ws.loss, ws.optimizer, ws.lr, ws.epochs, ws.micro_batch_tokens) == ("sft", "adamw", 0.01, 3.0, 1000)
+    f.write_text("warm_start:\n  train: {optimiser: adamw}\n")
+    with pytest.raises(ConfigError, match="warm_start.train.optimiser"):
+        load_config(IterateConfig, f)
+
+
+def test_eval_sampling_needs_a_temperature():
+    with pytest.raises(ConfigError, match="sampling.temperature"):
+        load_config(IterateConfig, None, {"eval.sampling.temperature": 0})
 
 
 def test_curate_fraction_bounds():

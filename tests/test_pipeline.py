@@ -25,14 +25,12 @@ warm_start:
   enabled: true
   init_model: true
   examples: 64
-  epochs: 1
-  lr: 2.0e-3
-  batch_size: 32
+  train: {{epochs: 1, lr: 2.0e-3, batch_size: 32}}
 generate:
   dataset: {{source: builtin:arith, split: train, level: 1, size: 16}}
   n: 4
-  max_new_tokens: 24
-  backend: hf
+  sampling: {{max_new_tokens: 24}}
+  engine: {{backend: hf}}
   shard_size: 4
 score: {{verifier: gsm8k, workers: 1}}
 curate: {{positive_fraction: 0.5, unreachable_baseline: 0.0}}
@@ -40,8 +38,8 @@ train: {{loss: topr, optimizer: adamw, lr: 1.0e-3, batch_size: 16, save_every: 1
 eval:
   dataset: {{source: builtin:arith, split: test, level: 1, size: 8}}
   k: 2
-  max_new_tokens: 24
-  backend: hf
+  sampling: {{max_new_tokens: 24}}
+  engine: {{backend: hf}}
 """
 
 # Runs the pipeline in a child process and SIGKILLs it from inside at a chosen point:
@@ -81,7 +79,7 @@ KILLER = textwrap.dedent(
         shards.write_shard = write
 
     if __name__ == "__main__":
-        Pipeline(load_config(IterateConfig, config), progress=False).run()
+        Pipeline(load_config(IterateConfig, config)).run()
     """
 )
 

@@ -71,6 +71,43 @@ class DatasetSpec:
     seed: int = 0
 
 
+# -- shared parts ---------------------------------------------------------------
+
+
+@dataclass
+class SamplingConfig:
+    """What to sample: the distribution μ is drawn from (ARCHITECTURE.md §4).
+
+    Declared once and shared by ``generate`` and ``eval``. Every samples shard
+    records it; ``score`` and ``curate`` carry it on; ``train`` reads it from the
+    data and computes log π under the same processing (logits / temperature,
+    then min-p, top-k, top-p, renormalised). ``temperature: 0`` is greedy.
+    """
+
+    temperature: float = field(default=1.0, metadata=_check(lambda v: v >= 0, "a number >= 0 (0 = greedy)"))
+    top_p: float = field(default=1.0, metadata=UNIT_HALF_OPEN)
+    top_k: int = field(default=-1, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
+    min_p: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 1, "a number in [0, 1) (0 = off)"))
+    max_new_tokens: int = field(default=512, metadata=AT_LEAST_ONE)
+    # Base seed: every prompt samples from its own stream seeded by (seed, iteration, prompt id).
+    seed: int = 0
+
+
+@dataclass
+class EngineConfig:
+    """The generation engine: which backend, and how it holds the model. Shared by generate and eval."""
+
+    backend: Literal["auto", "vllm", "hf"] = "auto"  # auto: vLLM when it imports, else hf
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    tensor_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)
+    # vLLM: share of device memory (of RAM on CPU) for weights + KV cache; None = 0.9 on GPU, 0.2 on CPU.
+    gpu_memory_utilization: float | None = field(default=None, metadata=UNIT_HALF_OPEN)
+    max_model_len: int | None = field(default=None, metadata=AT_LEAST_ONE)  # None = the model's context
+    enforce_eager: bool | None = None  # vLLM: None = eager on CPU (fast start), compiled on GPU
+    batch_size: int = field(default=64, metadata=AT_LEAST_ONE)  # prompts per engine call (hf backend)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
+
+
 # -- stages -------------------------------------------------------------------
 
 
@@ -80,28 +117,20 @@ class GenerateConfig:
     dataset: DatasetSpec = field(default_factory=DatasetSpec)
     out: str = ""
     n: int = field(default=16, metadata=AT_LEAST_ONE)
-    temperature: float = field(default=1.0, metadata=_check(lambda v: v >= 0, "a number >= 0 (0 = greedy)"))
-    top_p: float = field(default=1.0, metadata=UNIT_HALF_OPEN)
-    top_k: int = field(default=-1, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
-    max_new_tokens: int = field(default=512, metadata=AT_LEAST_ONE)
-    seed: int = 0
-    backend: Literal["auto", "vllm", "hf"] = "auto"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     limit: int | None = field(default=None, metadata=AT_LEAST_ONE)
     shard_size: int = field(default=64, metadata=AT_LEAST_ONE)
     shard_index: int = field(default=0, metadata=NON_NEGATIVE)
     num_shards: int = field(default=1, metadata=AT_LEAST_ONE)
-    tensor_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    gpu_memory_utilization: float | None = field(default=None, metadata=UNIT_HALF_OPEN)
-    max_model_len: int | None = field(default=None, metadata=AT_LEAST_ONE)
     skip_long: bool = False
+    # max_new_tokens beyond what the context leaves for a prompt: refused, unless clipped on request
+    # (then recorded in the manifest and the summary).
+    clip_to_context: bool = False
     iteration: int = field(default=0, metadata=NON_NEGATIVE)
-    batch_size: int = field(default=64, metadata=AT_LEAST_ONE)  # prompts per engine call (hf)
     # One seed per (seed, iteration, prompt_id) for every request (vLLM; results then do not
     # depend on batching or sharding). Off: the sampler RNG is reseeded per shard only.
     per_request_seed: bool = True
-    enforce_eager: bool | None = None  # vLLM: None = eager on CPU (fast start), compiled on GPU
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
 
 
 @dataclass
@@ -161,10 +190,24 @@ class TrainConfig:
     max_steps: int | None = field(default=None, metadata=AT_LEAST_ONE)
     batch_size: int = field(default=64, metadata=AT_LEAST_ONE)  # sequences per optimizer step
     micro_batch_tokens: int = field(default=8192, metadata=AT_LEAST_ONE)  # token budget per forward
-    temperature: float = field(default=1.0, metadata=POSITIVE)  # must equal the sampling temperature
+    # The sampling distribution comes from the data (its `sampling` metadata): log π is computed
+    # under the same processing as μ. These are optional checks; a value that contradicts the
+    # data is refused. Only for data without sampling metadata do they set the processing.
+    temperature: float | None = field(default=None, metadata=POSITIVE)
+    top_p: float | None = field(default=None, metadata=UNIT_HALF_OPEN)
+    top_k: int | None = field(default=None, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
+    min_p: float | None = field(default=None, metadata=_check(lambda v: 0 <= v < 1, "a number in [0, 1) (0 = off)"))
     seed: int = 0
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    gradient_checkpointing: bool = False
+    # auto: float32 on CPU, bf16 compute with float32 master weights on GPU. bfloat16: bf16 compute
+    # (autocast) with float32 master weights, gradients and optimizer arithmetic. bfloat16-pure:
+    # bf16 weights and updates (half the memory; small updates are rounded away — a warning says so).
+    dtype: Literal["auto", "float32", "bfloat16", "bfloat16-pure"] = "auto"
+    save_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # dtype of the saved policy's weights
+    # auto: on when one micro-batch's activations would take more than 1/8 of the device's memory.
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    # Completion positions per chunk of the LM-head projection; None = as many as keep one chunk's
+    # float32 logits near 128 MiB (log-probs never hold a tokens × vocabulary tensor).
+    logprob_chunk_size: int | None = field(default=None, metadata=AT_LEAST_ONE)
     save_every: int | None = field(default=None, metadata=AT_LEAST_ONE)
     resume: bool = False
     recompute_behavior: bool = False
@@ -192,36 +235,45 @@ class EvalConfig:
     dataset: DatasetSpec = field(default_factory=lambda: DatasetSpec(split="test"))
     out: str = ""
     k: int = field(default=16, metadata=AT_LEAST_ONE)
-    greedy: bool = True
-    temperature: float = field(default=1.0, metadata=POSITIVE)
-    top_p: float = field(default=1.0, metadata=UNIT_HALF_OPEN)
-    top_k: int = field(default=-1, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
-    max_new_tokens: int = field(default=512, metadata=AT_LEAST_ONE)
-    seed: int = 1234
-    backend: Literal["auto", "vllm", "hf"] = "auto"
+    greedy: bool = True  # also decode one greedy completion per prompt
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(seed=1234))
+    engine: EngineConfig = field(default_factory=EngineConfig)
     verifier: str = "auto"  # "auto": the dataset preset's verifier (gsm8k for GSM8K/arith, math for MATH)
     workers: int | None = field(default=None, metadata=AT_LEAST_ONE)
     timeout: float = field(default=5.0, metadata=POSITIVE)
     shard_size: int = field(default=64, metadata=AT_LEAST_ONE)
     iteration: int = field(default=0, metadata=NON_NEGATIVE)
 
+    def check(self) -> None:
+        if self.sampling.temperature == 0:
+            raise ConfigError(
+                "bad value for 'sampling.temperature': 0 — eval samples k completions per prompt; "
+                "use a temperature > 0 (the greedy pass is separate: greedy: true)"
+            )
+
+
+# The warm start is supervised training on gold solutions: these keys of the train
+# config differ from the rounds' training unless the config says otherwise.
+WARM_START_TRAIN = {
+    "loss": "sft", "loss_options": {}, "optimizer": "adamw", "lr": 2e-3, "batch_size": 64,
+    "schedule": "cosine", "warmup_steps": 10, "epochs": 1.0, "max_steps": None, "kl_coef": 0.0, "ref_model": None,
+}
+
 
 @dataclass
 class WarmStartConfig:
-    """Supervised training on gold solutions before round 0 (``topr train --loss sft``)."""
+    """Supervised training on gold solutions before round 0.
+
+    Trains with the pipeline's ``train`` config, overridden first by
+    :data:`WARM_START_TRAIN` and then by ``train`` here (any train key).
+    """
 
     enabled: bool = False
     init_model: bool = False  # build the built-in tiny model first (then `model` is ignored)
     model_seed: int = 0
     model_preset: Literal["tiny", "small"] = "tiny"
     examples: int = field(default=2000, metadata=AT_LEAST_ONE)
-    epochs: float = field(default=1.0, metadata=POSITIVE)
-    lr: float = field(default=2e-3, metadata=POSITIVE)
-    optimizer: Literal["adafactor", "adamw"] = "adamw"
-    batch_size: int = field(default=64, metadata=AT_LEAST_ONE)
-    max_steps: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    schedule: Literal["constant", "cosine"] = "cosine"
-    warmup_steps: int = field(default=10, metadata=NON_NEGATIVE)
+    train: dict[str, Any] = field(default_factory=dict)  # overrides of the train config
 
 
 @dataclass
@@ -239,6 +291,25 @@ class IterateConfig:
     curate: CurateConfig = field(default_factory=lambda: CurateConfig(unreachable_baseline=0.0))
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def check(self) -> None:
+        # The trainer reads the sampling distribution from the data generate writes; a train
+        # setting that contradicts it would be refused at the first round's training.
+        for key in ("temperature", "top_p", "top_k", "min_p"):
+            want, have = getattr(self.train, key), getattr(self.generate.sampling, key)
+            if want is not None and want != have:
+                raise ConfigError(
+                    f"train.{key} is {want!r} but generate.sampling.{key} is {have!r} — training reads the "
+                    f"sampling settings from the data; drop train.{key} (or make it equal)"
+                )
+        self.warm_start_train()
+
+    def warm_start_train(self) -> TrainConfig:
+        """The train config of the warm start: ``train`` ← WARM_START_TRAIN ← ``warm_start.train``."""
+        data = config_to_dict(self.train)
+        data.update(WARM_START_TRAIN)
+        data.update({k: v for k, v in self.warm_start.train.items()})
+        return _from_dict(TrainConfig, data, prefix="warm_start.train.")
 
 
 STAGES: dict[str, type] = {
@@ -328,6 +399,9 @@ def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
         if key not in fields:
+            nested = [n for n, tp in hints.items() if dataclasses.is_dataclass(tp) and key in {f.name for f in dataclasses.fields(tp)}]
+            if nested:
+                raise ConfigError(f"unknown config key '{prefix}{key}' — it lives in a section here: '{prefix}{nested[0]}.{key}'")
             allowed = ", ".join(sorted(fields))
             raise ConfigError(f"unknown config key '{prefix}{key}' — allowed keys here: {allowed}")
     kwargs = {}
@@ -342,7 +416,10 @@ def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
                 f"bad value for '{prefix}{name}': {value!r} — expected {fields[name].metadata['allowed']}"
             )
         kwargs[name] = out
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    if hasattr(obj, "check"):  # cross-field rules, one line each
+        obj.check()
+    return obj
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

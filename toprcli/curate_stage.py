@@ -49,12 +49,12 @@ from toprcli import curation as cu
 from toprcli import shards
 from toprcli.config import CurateConfig, config_to_dict
 from toprcli.errors import UserError
+from toprcli.progress import ProgressFn
 
 GROUP_BASELINES = {"group-mean": "group-mean", "mean": "group-mean", "leave-one-out": "leave-one-out", "loo": "leave-one-out"}
 OUT_COLUMNS = ("advantage", "weight")
 ROW_GROUP = 65_536
 READ_BUFFER = 1 << 22
-Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def manifest_path(out: str | os.PathLike[str]) -> Path:
@@ -202,7 +202,40 @@ def _resolve_inputs(paths: list[str]) -> _Inputs:
     return _Inputs(files, np.asarray(rows, dtype=np.int64), np.asarray(src, dtype=np.int64), schemas)
 
 
-def _read_light(inputs: _Inputs, cfg: CurateConfig, progress: Progress | None) -> dict[str, Any]:
+def _input_sampling(inputs: _Inputs, paths: list[str]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The sampling distribution every input was drawn from, and each source's generation record.
+
+    The trainer computes log π under the distribution μ was sampled from, and one
+    training set holds one such distribution: inputs that disagree on it (or where
+    only some files record it) are refused, naming both settings.
+    """
+    from toprcli.sampling import Processing
+
+    first: tuple[Path, dict[str, Any] | None] | None = None
+    per_source: dict[str, Any] = {}
+    for f, s in zip(inputs.files, inputs.file_source):
+        meta = shards.read_file_metadata(f)
+        sampling = shards.sampling_of(meta)
+        per_source.setdefault(paths[s], {"sampling": sampling, "generation": meta.get("generation")})
+        if first is None:
+            first = (f, sampling)
+            continue
+        f0, s0 = first
+        same = (s0 is None and sampling is None) or (
+            s0 is not None and sampling is not None and Processing.from_mapping(s0) == Processing.from_mapping(sampling)
+        )
+        if not same:
+            def show(x: dict[str, Any] | None) -> str:
+                return "no sampling record" if x is None else ", ".join(f"{k} {v}" for k, v in Processing.from_mapping(x).as_dict().items())
+
+            raise UserError(
+                f"the inputs were sampled from different distributions ({f0}: {show(s0)}; {f}: {show(sampling)}) — "
+                "a training set holds one sampling distribution; curate them separately (or regenerate with the same settings)"
+            )
+    return (first[1] if first else None), per_source
+
+
+def _read_light(inputs: _Inputs, cfg: CurateConfig, progress: ProgressFn | None) -> dict[str, Any]:
     cols = ["prompt_id", "policy", "iteration", "sample_index", "reward", "correct"]
     if cfg.drop_truncated:
         cols.append("finish_reason")
@@ -216,7 +249,7 @@ def _read_light(inputs: _Inputs, cfg: CurateConfig, progress: Progress | None) -
             fps.append(cu.string_fingerprint(t.column("completion")))
         del t
         if progress:
-            progress("scan", i + 1, len(inputs.files))
+            progress("curate: reading ids and rewards", i + 1, len(inputs.files))
     light: dict[str, Any] = {}
     for c in cols:
         t = _type_of(inputs, c)
@@ -251,7 +284,7 @@ def _candidate_strings(inputs: _Inputs, rows: np.ndarray) -> pa.ChunkedArray:
 # -- the run -------------------------------------------------------------------
 
 
-def curate(cfg: CurateConfig, *, progress: Progress | None = None) -> CurateResult:
+def curate(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> CurateResult:
     """Run the curate stage for ``cfg``; raises :class:`UserError` (and writes nothing) on bad input."""
     t0 = time.perf_counter()
     kind, c_const, weights = _check_options(cfg)
@@ -269,6 +302,7 @@ def curate(cfg: CurateConfig, *, progress: Progress | None = None) -> CurateResu
         if not cfg.overwrite:
             raise UserError(f"{out} already exists (from other inputs or settings) — pass --overwrite or choose another --out")
 
+    sampling, generation = _input_sampling(inputs, list(cfg.scored))
     n_total = int(inputs.file_rows.sum())
     if n_total == 0:
         raise UserError(f"the scored inputs hold no rows ({', '.join(cfg.scored)}) — check that `topr score` finished")
@@ -359,7 +393,7 @@ def curate(cfg: CurateConfig, *, progress: Progress | None = None) -> CurateResu
     advantage_full[kept] = adv
     weight_full[kept] = w32
     del light, reward, correct, sample_index, groups, row_source, row_weight, group_c
-    meta = {"stage": "curate", **result.metadata(), "config": config}
+    meta = {"stage": "curate", **result.metadata(), "config": config, "sampling": sampling, "generation": generation}
     # An old manifest must never vouch for a new file (a kill between the two writes).
     manifest_path(out).unlink(missing_ok=True)
     _write(out, inputs, keep, advantage_full, weight_full, meta, progress)
@@ -448,7 +482,7 @@ def _conform(batch: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=schema)
 
 
-def _kept_tables(inputs: _Inputs, keep, advantage, weight, schema: pa.Schema, progress: Progress | None):
+def _kept_tables(inputs: _Inputs, keep, advantage, weight, schema: pa.Schema, progress: ProgressFn | None):
     """Yield the output in tables of exactly ROW_GROUP rows (the last one shorter), input order."""
     starts = np.concatenate([[0], np.cumsum(inputs.file_rows)])
     pending: list[pa.Table] = []
@@ -482,7 +516,7 @@ def _kept_tables(inputs: _Inputs, keep, advantage, weight, schema: pa.Schema, pr
                         pending, n_pending = [whole.slice(n_full)], n_pending - n_full
                 lo = hi
         if progress:
-            progress("write", i + 1, len(inputs.files))
+            progress("curate: writing", i + 1, len(inputs.files))
     if n_pending:
         yield pa.concat_tables(pending)
 
@@ -498,7 +532,7 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if not pa.types.is_nested(f.type) and f.name != "completion"]
 
 
-def _write(out: Path, inputs: _Inputs, keep, advantage, weight, meta, progress: Progress | None) -> None:
+def _write(out: Path, inputs: _Inputs, keep, advantage, weight, meta, progress: ProgressFn | None) -> None:
     """Stream the kept rows into a temporary file, fsync, rename onto ``out``.
 
     Reading/filtering runs in a helper thread while this thread encodes

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from toprcli.config import EvalConfig, GenerateConfig, ScoreConfig, config_to_dict
+from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, config_to_dict
 from toprcli.errors import UserError
+from toprcli.progress import ProgressFn
 from toprcli.evaluation import accuracy, eval_metrics
 from toprcli.shards import read_manifest, read_table, write_json_atomic
 
@@ -26,17 +27,17 @@ EVAL_FILE = "eval.json"
 
 
 def generate_config(cfg: EvalConfig, out: Path, *, greedy: bool) -> GenerateConfig:
+    """The generate config of one eval pass: k samples per prompt, or one greedy completion."""
+    sampling = cfg.sampling
+    if greedy:  # truncation means nothing to argmax; only length and seed carry over
+        sampling = SamplingConfig(temperature=0.0, max_new_tokens=sampling.max_new_tokens, seed=sampling.seed)
     return GenerateConfig(
         model=cfg.model,
         dataset=cfg.dataset,
         out=str(out),
         n=1 if greedy else cfg.k,
-        temperature=0.0 if greedy else cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-        backend=cfg.backend,
+        sampling=sampling,
+        engine=cfg.engine,
         shard_size=cfg.shard_size,
         iteration=cfg.iteration,
     )
@@ -53,7 +54,7 @@ def read_eval(out: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, progress: bool = True) -> dict[str, Any]:
+def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run (or resume) an evaluation and return the metrics written to ``eval.json``."""
     from toprcli.data.datasets import default_verifier, load_examples
     from toprcli.generate_stage import generate_samples
@@ -79,7 +80,7 @@ def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = No
     if backend is None and any(read_manifest(where / "samples") is None for _, where, _ in runs):
         from toprcli.generation import open_backend
 
-        backend = own_backend = open_backend(generate_config(cfg, out / "samples", greedy=False))
+        backend = own_backend = open_backend(cfg.engine, cfg.model, seed=cfg.sampling.seed)
     try:
         for name, where, greedy in runs:
             generate_samples(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)

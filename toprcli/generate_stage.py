@@ -11,6 +11,13 @@ engine as is) → blocks of ``shard_size`` prompts → the backend samples ``n``
 completions per prompt with their behaviour log-probs → one shard per block,
 written atomically through the shard store.
 
+The sampling distribution travels with the data: every shard's metadata has
+``sampling`` (temperature, top_p, top_k, min_p, max_new_tokens, seed — the
+effective settings, never the checkpoint's generation config), which
+``topr score`` keeps and ``topr curate`` passes to the trainer.
+``max_new_tokens`` that does not fit after a prompt in the model's context
+is refused unless ``clip_to_context`` (then the manifest says how much).
+
 Resume: a shard that exists is complete; a rerun skips it. Each shard's
 metadata carries the run key (model, dataset, sampling params, seed, ...), and
 a rerun into a directory whose shards came from other settings stops with an
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -43,9 +49,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from toprcli.config import GenerateConfig, config_to_dict
+from toprcli.config import GenerateConfig, SamplingConfig, config_to_dict
+from toprcli.data.datasets import encode_prompt, load_examples, render_prompt
 from toprcli.errors import UserError
+from toprcli.generation import open_backend, resolve_backend_name
 from toprcli.generation.base import GenerationBackend, ProgressEvent, PromptRequest, SamplingParams, derive_seed
+from toprcli.generation.model_info import check_model, context_length, load_tokenizer
+from toprcli.progress import ProgressFn, report
 from toprcli.shards import (
     SAMPLES_SCHEMA,
     complete_shards,
@@ -58,7 +68,6 @@ from toprcli.shards import (
 )
 
 STAGE = "generate"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 @dataclass(frozen=True)
@@ -69,60 +78,11 @@ class Prompt:
     token_ids: list[int]
 
 
-# -- checks -------------------------------------------------------------------
-
-
-def check_model(model: str) -> None:
-    """A local model dir with a config.json, or something that looks like a hub id."""
-    if not model:
-        raise UserError("no model given — pass --model DIR (build the tiny one with `topr init-model DIR`)")
-    p = Path(model).expanduser()
-    if p.exists():
-        if not p.is_dir():
-            raise UserError(f"model path {model} is a file, not a model directory — pass the directory holding config.json")
-        if not (p / "config.json").is_file():
-            raise UserError(f"model dir {model} has no config.json — pass a Hugging Face model directory (`topr init-model DIR` builds one)")
-        return
-    if model.startswith((".", "/", "~")) or not _HUB_ID.match(model):
-        raise UserError(f"model dir not found: {model} — check the path (`topr init-model DIR` builds the tiny model)")
-
-
-def _load_tokenizer(model: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model)
-    except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot load the tokenizer of {model}: {msg} — check the model dir or hub id") from None
-
-
-def model_context_length(model: str, override: int | None = None) -> int:
-    """Prompt + completion tokens the model takes: ``override``, else its config's context."""
-    if override is not None:
-        return int(override)
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model)
-    except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read the config of {model}: {msg} — check the model dir or hub id") from None
-    config = getattr(config, "text_config", None) or config
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length"):
-        v = getattr(config, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return 2048
-
-
 # -- planning -----------------------------------------------------------------
 
 
 def build_prompts(cfg: GenerateConfig, examples: list | None, tokenizer: Any) -> list[Prompt]:
     """Examples (given or loaded from ``cfg.dataset``, first ``cfg.limit``) rendered and tokenised."""
-    from toprcli.data.datasets import encode_prompt, load_examples, render_prompt
-
     spec = cfg.dataset
     if examples is None:
         if cfg.limit is not None and spec.limit is None:
@@ -139,8 +99,10 @@ def build_prompts(cfg: GenerateConfig, examples: list | None, tokenizer: Any) ->
     return prompts
 
 
-def drop_long(prompts: list[Prompt], context: int, skip_long: bool) -> tuple[list[Prompt], list[Prompt]]:
+def drop_long(prompts: list[Prompt], context: int | None, skip_long: bool) -> tuple[list[Prompt], list[Prompt]]:
     """Split off prompts that leave no room for a completion; an error unless ``skip_long``."""
+    if context is None:
+        return prompts, []
     long = [p for p in prompts if len(p.token_ids) >= context]
     if long and not skip_long:
         named = ", ".join(f"{p.prompt_id} ({len(p.token_ids)} tokens)" for p in long[:5])
@@ -155,10 +117,43 @@ def drop_long(prompts: list[Prompt], context: int, skip_long: bool) -> tuple[lis
     return keep, long
 
 
-def sampling_params(cfg: GenerateConfig) -> SamplingParams:
+def check_room(prompts: list[Prompt], context: int | None, max_new_tokens: int, clip: bool) -> dict[str, Any] | None:
+    """max_new_tokens must fit after every prompt, or be clipped on request (then say how much).
+
+    Returns None when every request is honoured, else what was clipped (for the
+    manifest and the summary).
+    """
+    if context is None or not prompts:
+        return None
+    longest = max(prompts, key=lambda p: len(p.token_ids))
+    short = [p for p in prompts if len(p.token_ids) + max_new_tokens > context]
+    if not short:
+        return None
+    if not clip:
+        raise UserError(
+            f"max_new_tokens {max_new_tokens} does not fit the model's context of {context} tokens after "
+            f"{len(short)} of {len(prompts)} prompts (longest: {longest.prompt_id}, {len(longest.token_ids)} tokens, "
+            f"leaves {context - len(longest.token_ids)}) — lower --max-new-tokens, or pass --clip-to-context to cut "
+            "those completions at the context"
+        )
+    return {
+        "prompts_clipped": len(short),
+        "context": context,
+        "max_new_tokens_requested": max_new_tokens,
+        "max_new_tokens_min_effective": context - len(longest.token_ids),
+    }
+
+
+def sampling_params(sampling: SamplingConfig, n: int) -> SamplingParams:
     return SamplingParams(
-        n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens
+        n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        min_p=sampling.min_p, max_new_tokens=sampling.max_new_tokens,
     )
+
+
+def sampling_record(sampling: SamplingConfig) -> dict[str, Any]:
+    """The sampling settings as written with the data (``sampling`` in file metadata and manifests)."""
+    return dataclasses.asdict(sampling)
 
 
 def _run_key(cfg: GenerateConfig, backend_name: str) -> dict[str, Any]:
@@ -168,13 +163,10 @@ def _run_key(cfg: GenerateConfig, backend_name: str) -> dict[str, Any]:
         "dataset": dataclasses.asdict(cfg.dataset),
         "limit": cfg.limit,
         "skip_long": cfg.skip_long,
-        "max_model_len": cfg.max_model_len,
+        "clip_to_context": cfg.clip_to_context,
+        "max_model_len": cfg.engine.max_model_len,
         "n": cfg.n,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k,
-        "max_new_tokens": cfg.max_new_tokens,
-        "seed": cfg.seed,
+        **sampling_record(cfg.sampling),
         "iteration": cfg.iteration,
         "shard_size": cfg.shard_size,
         "per_request_seed": cfg.per_request_seed,
@@ -210,13 +202,13 @@ def generate_samples(
     *,
     backend: GenerationBackend | None = None,
     examples: list | None = None,
-    progress: bool = True,
+    progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Generate ``cfg.n`` completions per prompt into ``cfg.out``; returns a summary dict.
 
     ``backend``: an open backend to use (it is not closed; if it serves another
     model than ``cfg.model`` its weights are swapped with ``load_weights``);
-    None opens ``cfg.backend`` and closes it at the end. ``examples``: a
+    None opens ``cfg.engine`` and closes it at the end. ``examples``: a
     pre-loaded list of :class:`~toprcli.data.datasets.Example` (else
     ``cfg.dataset`` is loaded). Every bad input raises :class:`UserError` before
     the engine starts and before anything is written. The summary has prompts,
@@ -232,19 +224,18 @@ def generate_samples(
     if out.exists() and not out.is_dir():
         raise UserError(f"output path {out} is a file — pass a directory to --out")
     check_model(str(cfg.model))
-    params = sampling_params(cfg)
+    params = sampling_params(cfg.sampling, cfg.n)
 
     # Everything a user can get wrong is checked here, before the engine starts.
     # An open backend brings its tokenizer (a policy swap keeps the architecture and vocabulary).
     tokenizer = getattr(backend, "tokenizer", None) if backend is not None else None
     if tokenizer is None:
-        tokenizer = _load_tokenizer(str(cfg.model))
+        tokenizer = load_tokenizer(str(cfg.model))
     prompts = build_prompts(cfg, examples, tokenizer)
-    context = backend.max_model_len if backend is not None else model_context_length(str(cfg.model), cfg.max_model_len)
+    context = backend.max_model_len if backend is not None else context_length(str(cfg.model), cfg.engine.max_model_len)
     prompts, long = drop_long(prompts, context, cfg.skip_long)
-    from toprcli.generation import resolve_backend_name
-
-    backend_name = backend.name if backend is not None else resolve_backend_name(cfg.backend)
+    clipped = check_room(prompts, context, cfg.sampling.max_new_tokens, cfg.clip_to_context)
+    backend_name = backend.name if backend is not None else resolve_backend_name(cfg.engine.backend)
 
     blocks = [prompts[i : i + cfg.shard_size] for i in range(0, len(prompts), cfg.shard_size)]
     mine = [j for j in range(len(blocks)) if j % cfg.num_shards == cfg.shard_index]
@@ -258,6 +249,7 @@ def generate_samples(
         "backend": backend_name,
         "prompts_total": len(prompts),
         "skipped_long": len(long),
+        "clipped_to_context": clipped,
         "shards_total": len(blocks),
         "shards_mine": len(mine),
         "shards_skipped": len(mine) - len(todo),
@@ -270,9 +262,7 @@ def generate_samples(
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(out)
         if backend is None:
-            from toprcli.generation import open_backend
-
-            backend = open_backend(cfg)
+            backend = open_backend(cfg.engine, str(cfg.model), seed=cfg.sampling.seed)
             own_backend = True
         elif str(backend.model) != str(cfg.model):
             backend.load_weights(str(cfg.model))
@@ -329,74 +319,53 @@ def _run_shards(
     key: dict[str, Any],
     out: Path,
     stats: _Stats,
-    show_progress: bool,
+    progress: ProgressFn | None,
 ) -> None:
-    from toprcli.cli.common import make_progress
-    from rich.progress import TextColumn
-
     gen_meta = {
         "backend": backend.name,
         "engine_version": backend.engine_version,
         "model": str(cfg.model),
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k,
-        "max_new_tokens": cfg.max_new_tokens,
+        "sampling": sampling_record(cfg.sampling),
         "n": cfg.n,
-        "seed": cfg.seed,
         "iteration": cfg.iteration,
         "per_request_seed": cfg.per_request_seed,
-        "logprob_mode": "processed_logprobs" if backend.name == "vllm" else "processed_scores",
+        "logprob_mode": "processed_logprobs" if backend.name == "vllm" else "processed (toprcli.sampling)",
         "dtype": getattr(backend, "info", {}).get("dtype"),
     }
     total = sum(len(blocks[j]) for j in todo)
-    bar = make_progress(
-        TextColumn("{task.fields[completions]} completions"),
-        TextColumn("{task.fields[tps]} tok/s"),
-    ) if show_progress else None
-    task = None
-    if bar is not None:
-        bar.start()
-        task = bar.add_task("generate", total=total, completions=0, tps="-")
     base_prompts = base_comps = base_tokens = 0
     t_run = time.perf_counter()
-    try:
-        for j in todo:
-            block = blocks[j]
-            requests = [
-                PromptRequest(
-                    prompt_token_ids=p.token_ids,
-                    seed=derive_seed(cfg.seed, cfg.iteration, p.prompt_id) if cfg.per_request_seed else None,
-                    key=p.prompt_id,
-                )
-                for p in block
-            ]
-            backend.reseed(derive_seed(cfg.seed, cfg.iteration, "shard", j))
+    report(progress, "generate", 0, total)
+    for j in todo:
+        block = blocks[j]
+        requests = [
+            PromptRequest(
+                prompt_token_ids=p.token_ids,
+                seed=derive_seed(cfg.sampling.seed, cfg.iteration, p.prompt_id) if cfg.per_request_seed else None,
+                key=p.prompt_id,
+            )
+            for p in block
+        ]
+        backend.reseed(derive_seed(cfg.sampling.seed, cfg.iteration, "shard", j))
 
-            def on_progress(ev: ProgressEvent, _bp=base_prompts, _bc=base_comps, _bt=base_tokens) -> None:
-                if bar is None:
-                    return
-                elapsed = max(time.perf_counter() - t_run, 1e-9)
-                toks = _bt + (ev.tokens_done or 0)
-                bar.update(task, completed=_bp + ev.prompts_done, completions=_bc + ev.completions_done,
-                           tps=f"{toks / elapsed:,.0f}" if ev.tokens_done is not None or _bt else "-")
+        def on_progress(ev: ProgressEvent, _bp=base_prompts, _bc=base_comps, _bt=base_tokens) -> None:
+            elapsed = max(time.perf_counter() - t_run, 1e-9)
+            toks = _bt + (ev.tokens_done or 0)
+            tps = f"{toks / elapsed:,.0f}" if ev.tokens_done is not None or _bt else "-"
+            report(progress, "generate", _bp + ev.prompts_done, total, completions=_bc + ev.completions_done, **{"tok/s": tps})
 
-            t0 = time.perf_counter()
-            results = backend.generate(requests, params, progress=on_progress)
-            gen_s = time.perf_counter() - t0
-            table, shard_stats = _shard_table(block, results, tokenizer, cfg, str(cfg.model))
-            shard_stats.update(index=j, generate_s=round(gen_s, 4), prompt_ids_sha=_ids_digest(block))
-            write_shard(out, j, table, metadata={"stage": STAGE, "generation": gen_meta, "run_key": key, "shard": shard_stats})
-            stats.add(shard_stats)
-            base_prompts += len(block)
-            base_comps += shard_stats["completions"]
-            base_tokens += shard_stats["completion_tokens"]
-            if bar is not None:
-                elapsed = max(time.perf_counter() - t_run, 1e-9)
-                bar.update(task, completed=base_prompts, completions=base_comps, tps=f"{base_tokens / elapsed:,.0f}")
-    finally:
-        if bar is not None:
-            bar.stop()
+        t0 = time.perf_counter()
+        results = backend.generate(requests, params, progress=on_progress if progress is not None else None)
+        gen_s = time.perf_counter() - t0
+        table, shard_stats = _shard_table(block, results, tokenizer, cfg, str(cfg.model))
+        shard_stats.update(index=j, generate_s=round(gen_s, 4), prompt_ids_sha=_ids_digest(block))
+        write_shard(out, j, table, metadata={"stage": STAGE, "generation": gen_meta, "sampling": gen_meta["sampling"], "run_key": key, "shard": shard_stats})
+        stats.add(shard_stats)
+        base_prompts += len(block)
+        base_comps += shard_stats["completions"]
+        base_tokens += shard_stats["completion_tokens"]
+        elapsed = max(time.perf_counter() - t_run, 1e-9)
+        report(progress, "generate", base_prompts, total, completions=base_comps, **{"tok/s": f"{base_tokens / elapsed:,.0f}"})
 
 
 def _shard_table(block: list[Prompt], results: list, tokenizer: Any, cfg: GenerateConfig, policy: str) -> tuple[pa.Table, dict[str, Any]]:
@@ -445,12 +414,13 @@ def _write_manifests(
     if not out.is_dir():
         return
     config = config_to_dict(cfg)
-    config["backend_resolved"] = key["backend"]
+    config["engine"]["backend_resolved"] = key["backend"]
     inputs = {"model": str(cfg.model), "dataset": cfg.dataset.source}
     if Path(str(cfg.model)).is_dir():
         inputs["model_fingerprint"] = fingerprint(cfg.model)
     extra = {
         "engine": engine_info,
+        "clipped_to_context": summary.get("clipped_to_context"),
         "skipped_long": len(long),
         "skipped_long_ids": [p.prompt_id for p in long[:100]],
     }
@@ -474,6 +444,7 @@ def _write_manifests(
         inputs=inputs,
         counts=counts,
         wall_time_s=round(wall, 3),
-        generation={k: key[k] for k in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed", "iteration", "per_request_seed")},
+        sampling=sampling_record(cfg.sampling),
+        generation={"n": cfg.n, "iteration": cfg.iteration, "per_request_seed": cfg.per_request_seed},
         **extra,
     )

@@ -26,16 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from toprcli.config import (
-    CurateConfig,
-    EvalConfig,
-    GenerateConfig,
-    IterateConfig,
-    ScoreConfig,
-    TrainConfig,
-    config_to_dict,
-)
+from toprcli.config import EngineConfig, IterateConfig, config_to_dict
 from toprcli.errors import UserError
+from toprcli.progress import ProgressFn
 from toprcli.shards import read_manifest, write_json_atomic
 
 STATE_FILE = "state.json"
@@ -64,8 +57,9 @@ class EngineHolder:
     The engine is opened lazily: a resumed run past generation never starts one.
     """
 
-    def __init__(self, gen: GenerateConfig):
-        self.gen = gen
+    def __init__(self, engine: EngineConfig, seed: int):
+        self.engine = engine
+        self.seed = seed
         self.backend: Any = None
         self.model: str | None = None
 
@@ -73,7 +67,7 @@ class EngineHolder:
         from toprcli.generation import open_backend
 
         if self.backend is None:
-            self.backend = open_backend(replace(self.gen, model=model))
+            self.backend = open_backend(self.engine, model, seed=self.seed)
         elif self.model != model:
             self.backend.load_weights(model)
         self.model = model
@@ -131,19 +125,21 @@ def gold_training_set(cfg: IterateConfig, tokenizer_dir: str, out: Path) -> Path
         }
         for k, v in row.items():
             rows[k].append(v)
-    return write_table_atomic(out, pa.Table.from_pydict(rows, schema=CURATED_SCHEMA), {"source": "gold solutions"})
+    # Gold solutions were not sampled: no μ (temperature 0 marks "no distribution"; only sft trains on it).
+    meta = {"source": "gold solutions", "sampling": {"temperature": 0.0}}
+    return write_table_atomic(out, pa.Table.from_pydict(rows, schema=CURATED_SCHEMA), meta)
 
 
 # -- the loop -----------------------------------------------------------------
 
 
 class Pipeline:
-    def __init__(self, cfg: IterateConfig, *, progress: bool = True, on_round: Callable[[int, dict], None] | None = None):
+    def __init__(self, cfg: IterateConfig, *, progress: ProgressFn | None = None, on_round: Callable[[int, dict], None] | None = None):
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.progress = progress
         self.on_round = on_round
-        self.engine = EngineHolder(cfg.generate)
+        self.engine = EngineHolder(cfg.generate.engine, cfg.generate.sampling.seed)
         self.state: State | None = None
 
     # paths and policies ---------------------------------------------------
@@ -211,24 +207,10 @@ class Pipeline:
     def _warm_start_train(self) -> None:
         from toprcli.training import train_policy
 
-        ws = self.cfg.warm_start
+        ws = self.run_dir / "warmstart"
         tcfg = replace(
-            self.cfg.train,
-            model=self.initial_model(),
-            data=str(self.run_dir / "warmstart" / "gold.parquet"),
-            out=str(self.run_dir / "warmstart" / "policy"),
-            loss="sft",
-            loss_options={},
-            optimizer=ws.optimizer,
-            lr=ws.lr,
-            epochs=ws.epochs,
-            max_steps=ws.max_steps,
-            batch_size=ws.batch_size,
-            schedule=ws.schedule,
-            warmup_steps=ws.warmup_steps,
-            kl_coef=0.0,
-            ref_model=None,
-            resume=True,
+            self.cfg.warm_start_train(),
+            model=self.initial_model(), data=str(ws / "gold.parquet"), out=str(ws / "policy"), resume=True,
         )
         train_policy(tcfg, progress=self.progress)
 
@@ -270,7 +252,7 @@ class Pipeline:
         ecfg = replace(self.cfg.eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
         if ecfg.verifier == "auto":
             ecfg = replace(ecfg, verifier=self.verifier())
-        backend = self.engine.get(policy) if ecfg.backend == self.cfg.generate.backend else None
+        backend = self.engine.get(policy) if ecfg.engine == self.cfg.generate.engine else None
         evaluate(ecfg, backend=backend, progress=self.progress)
 
     # driving --------------------------------------------------------------

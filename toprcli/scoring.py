@@ -36,11 +36,11 @@ import pyarrow.parquet as pq
 from toprcli import shards
 from toprcli.config import ScoreConfig, config_to_dict
 from toprcli.errors import UserError
+from toprcli.progress import ProgressFn
 
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
 VERIFY_SLICE = 8192  # rows turned into Python strings at a time (bounds memory on huge shards)
 MAX_ERROR_EXAMPLES = 5
-Progress = Callable[[int, int], None]  # (rows done, rows total)
 
 # Settings that change the scored columns; a complete shard is reused only if they match.
 _SCORE_KEYS = ("verifier", "strict", "reward_correct", "reward_incorrect", "reward_no_answer")
@@ -231,7 +231,7 @@ def score_dir(
     samples_dir: str | Path,
     out_dir: str | Path,
     cfg: ScoreConfig | None = None,
-    progress: Progress | bool | None = None,
+    progress: ProgressFn | None = None,
 ) -> ScoreResult:
     """Score ``samples_dir`` into ``out_dir`` with ``cfg`` (its samples/out fields are ignored)."""
     import dataclasses
@@ -240,11 +240,10 @@ def score_dir(
     return score(cfg, progress=progress)
 
 
-def score(cfg: ScoreConfig, progress: Progress | bool | None = None) -> ScoreResult:
+def score(cfg: ScoreConfig, progress: ProgressFn | None = None) -> ScoreResult:
     """Run the score stage described by ``cfg``; see the module docstring.
 
-    ``progress``: a callback ``(rows done, rows total)``, ``True`` for a rich
-    progress bar on stderr, or None.
+    ``progress``: a :data:`~toprcli.progress.ProgressFn` (task "score"), or None.
     """
     t0 = time.monotonic()
     if not cfg.samples:
@@ -331,33 +330,16 @@ def score(cfg: ScoreConfig, progress: Progress | bool | None = None) -> ScoreRes
 _SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "verdict")
 
 
-def _progress(progress: Progress | bool | None, total: int, done: int) -> tuple[Callable[[int], None], Callable[[], None]]:
-    """(report(rows done), close()) for a callback, a rich bar (True), or nothing."""
-    if callable(progress):
-        progress(done, total)
-        return (lambda d: progress(d, total)), (lambda: None)
-    if not progress:
+def _progress(progress: ProgressFn | None, total: int, done: int) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """(report(rows done), close()) over a :data:`~toprcli.progress.ProgressFn` (or nothing)."""
+    if progress is None:
         return (lambda d: None), (lambda: None)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    bar = Progress(
-        TextColumn("[bold]scoring"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-    task = bar.add_task("scoring", total=total, completed=done, rate="")
-    bar.start()
     t0, d0 = time.monotonic(), done
+    progress("score", done, total)
 
-    def report(d: int) -> None:
+    def tick(d: int) -> None:
         dt = time.monotonic() - t0
-        rate = f"{(d - d0) / dt:,.0f} rows/s" if dt > 0.2 else ""
-        bar.update(task, completed=d, rate=rate)
+        rate = f"{(d - d0) / dt:,.0f}" if dt > 0.2 else "-"
+        progress("score", d, total, **{"rows/s": rate})
 
-    return report, bar.stop
+    return tick, (lambda: None)

@@ -333,6 +333,16 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
+def sampling_of(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The sampling settings recorded in a file's toprcli metadata (None when absent).
+
+    Samples, scored and curated files carry ``sampling`` (temperature, top_p,
+    top_k, min_p, max_new_tokens, seed).
+    """
+    sampling = meta.get("sampling")
+    return dict(sampling) if isinstance(sampling, Mapping) else None
+
+
 def fingerprint(path: str | os.PathLike[str]) -> str:
     """A cheap, stable fingerprint of a file or directory: names, sizes, mtimes."""
     p = Path(path)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -20,6 +21,7 @@ from rich.progress import (
 from rich.table import Table
 
 from toprcli.errors import UserError
+from toprcli.progress import ProgressFn
 
 console = Console()
 err_console = Console(stderr=True)
@@ -63,6 +65,29 @@ def make_progress(*extra_columns: Any, transient: bool = False) -> Progress:
         console=err_console,
         transient=transient,
     )
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[ProgressFn | None]:
+    """A :data:`toprcli.progress.ProgressFn` that draws one rich bar per task (None when disabled).
+
+    Each new ``task`` name gets a bar; ``info`` values show after it (``key value``).
+    """
+    if not enabled:
+        yield None
+        return
+    bar = make_progress(TextColumn("{task.fields[info]}"), transient=transient)
+    tasks: dict[str, Any] = {}
+
+    def progress(task: str, done: int, total: int | None = None, **info: Any) -> None:
+        text = " · ".join(f"{k} {v}" for k, v in info.items())
+        if task not in tasks:
+            tasks[task] = bar.add_task(task, total=total, completed=done, info=text)
+        else:
+            bar.update(tasks[task], completed=done, total=total, info=text)
+
+    with bar:
+        yield progress
 
 
 def summary_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, grid_table, make_progress, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, console, grid_table, progress_bars, summary_table, user_errors
 
 
 def _parse_weights(text: str | None) -> list[float] | None:
@@ -96,14 +96,7 @@ def curate(
     }
     cfg = load_config(CurateConfig, config, overrides)
 
-    with make_progress(transient=True) as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task({"scan": "reading ids and rewards", "write": "writing"}.get(phase, phase), total=total)
-            bar.update(tasks[phase], completed=done)
-
+    with progress_bars(not json_out, transient=True) as progress:
         result = run_curate(cfg, progress=progress)
 
     if json_out:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, console, progress_bars, summary_table, user_errors
 
 
 @user_errors
@@ -19,6 +19,11 @@ def eval_command(
     k: Annotated[int | None, typer.Option(help="Samples per prompt for pass@k and maj@k (default 16).")] = None,
     verifier: Annotated[str | None, typer.Option(help="gsm8k, math, exact, regex:PATTERN, python:mod:fn, or auto (from the dataset).")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature (default 1.0).")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1] (default 1.0).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Keep the k most likely tokens; -1 is off (default).")] = None,
+    min_p: Annotated[float | None, typer.Option("--min-p", help="Min-p truncation; 0 is off (default).")] = None,
+    chat_template: Annotated[bool | None, typer.Option("--chat-template/--no-chat-template", help="Render prompts with the tokenizer's chat template (instruct models). Default: off.")] = None,
+    system_prompt: Annotated[str | None, typer.Option("--system-prompt", help="System message for --chat-template prompts.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Max new tokens (default 512).")] = None,
     limit: Annotated[int | None, typer.Option(help="Evaluate only the first K prompts.")] = None,
     backend: Annotated[str | None, typer.Option(help="auto, vllm or hf.")] = None,
@@ -34,7 +39,7 @@ def eval_command(
 
     Examples:
       [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/r3 --k 8[/]
-      [bold]topr eval --model meta-llama/Meta-Llama-3-8B-Instruct --dataset openai/gsm8k --out eval/base[/]
+      [bold]topr eval --model meta-llama/Meta-Llama-3-8B-Instruct --dataset openai/gsm8k --out eval/base --chat-template[/]
     """
     from toprcli.config import EvalConfig, load_config
     from toprcli.eval_stage import evaluate
@@ -44,15 +49,18 @@ def eval_command(
         config,
         {
             "model": model, "dataset.source": dataset, "dataset.split": split, "dataset.limit": limit,
-            "out": str(out) if out else None, "k": k, "verifier": verifier, "temperature": temperature,
-            "max_new_tokens": max_new_tokens, "backend": backend, "greedy": greedy, "seed": seed,
+            "dataset.chat_template": chat_template, "dataset.system_prompt": system_prompt,
+            "out": str(out) if out else None, "k": k, "verifier": verifier,
+            "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.top_k": top_k, "sampling.min_p": min_p,
+            "sampling.max_new_tokens": max_new_tokens, "sampling.seed": seed, "engine.backend": backend, "greedy": greedy,
         },
     )
     from toprcli.errors import UserError
 
     if not cfg.model:
         raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
-    result = evaluate(cfg)
+    with progress_bars(transient=True) as progress:
+        result = evaluate(cfg, progress=progress)
     m = result["metrics"]
     rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("pass@1", m["pass@1"]), (f"pass@{cfg.k}", m["pass@k"]),
             (f"maj@{cfg.k}", m["maj@k"]), ("invalid rate", m["invalid_rate"]), ("mean completion tokens", m["mean_completion_tokens"])]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import console, err_console, grid_table, user_errors
+from toprcli.cli.common import console, err_console, grid_table, progress_bars, user_errors
 
 ROUND_COLUMNS = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "train rows", "wall s")
 
@@ -47,7 +47,7 @@ def iterate(
     sets = dict(parse_override(s) for s in (set_ or []))
     overrides = {"run_dir": str(run_dir) if run_dir else None, "rounds": rounds}
     cfg = load_config(IterateConfig, config, overrides, sets=sets)
-    err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.backend}", highlight=False)
+    err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False)
 
     seen: list[dict] = []
     t0 = time.perf_counter()
@@ -57,7 +57,8 @@ def iterate(
         seen.append(summary)
         console.print(grid_table(f"after round {r}", ROUND_COLUMNS, round_rows(seen)))
 
-    rows = Pipeline(cfg, on_round=on_round).run()
+    with progress_bars(transient=True) as progress:
+        rows = Pipeline(cfg, progress=progress, on_round=on_round).run()
     console.print(grid_table(f"run {cfg.run_dir} ({time.perf_counter() - t0:.0f} s this invocation)", ROUND_COLUMNS[:-1], [r[:-1] for r in round_rows(rows)]))
     if report:
         from toprcli.report import write_report

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, grid_table, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, console, grid_table, progress_bars, summary_table, user_errors
 
 
 @user_errors
@@ -89,7 +89,8 @@ def score(
         "overwrite": overwrite,
     }
     cfg = load_config(ScoreConfig, config, overrides)
-    result = run_score(cfg, progress=True)
+    with progress_bars(not json_out, transient=True) as progress:
+        result = run_score(cfg, progress=progress)
 
     if json_out:
         typer.echo(json.dumps(result.summary()))

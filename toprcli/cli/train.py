@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, err_console, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, console, err_console, progress_bars, summary_table, user_errors
 
 
 @user_errors
@@ -30,14 +30,18 @@ def train(
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps; overrides --epochs.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Sequences per optimizer step (over all ranks).")] = None,
     micro_batch_tokens: Annotated[Optional[int], typer.Option(help="Token budget of one forward pass (rows × padded length); gradients accumulate over micro-batches.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature of the data: logits are divided by it.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Check: the data's sampling temperature (read from the data; a different value is refused).")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Check: the data's top-p (read from the data; a different value is refused).")] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Check: the data's top-k (read from the data; a different value is refused).")] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", help="Check: the data's min-p (read from the data; a different value is refused).")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed of the data order and initialisation.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="auto (fp32 on CPU; fp32 master + bf16 compute on GPU), float32, bfloat16.")] = None,
-    gradient_checkpointing: Annotated[Optional[bool], typer.Option("--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in backward (less memory).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="auto (fp32 on CPU, bfloat16 on GPU), float32, bfloat16 (fp32 master weights, bf16 compute), bfloat16-pure (bf16 weights: small updates are lost).")] = None,
+    save_dtype: Annotated[Optional[str], typer.Option("--save-dtype", help="dtype of the saved weights: float32 (default; keeps small updates), bfloat16, float16.")] = None,
+    gradient_checkpointing: Annotated[Optional[bool], typer.Option("--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in backward (less memory). Default: on when a micro-batch's activations would take > 1/8 of the device memory.")] = None,
     save_every: Annotated[Optional[int], typer.Option(help="Checkpoint every N steps (for --resume).")] = None,
     resume: Annotated[Optional[bool], typer.Option("--resume", help="Continue a killed run from its last checkpoint; a finished --out is kept as is.")] = None,
     overwrite: Annotated[Optional[bool], typer.Option("--overwrite", help="Replace an existing --out (at the end, once the new policy is complete).")] = None,
-    recompute_behavior: Annotated[Optional[bool], typer.Option("--recompute-behavior", help="Replace stored μ with this trainer's log-probs of the starting policy (data must come from --model).")] = None,
+    recompute_behavior: Annotated[Optional[bool], typer.Option("--recompute-behavior", help="Replace stored μ with this trainer's log-probs of the starting policy under the data's sampling processing (data must come from --model).")] = None,
     lora_rank: Annotated[Optional[int], typer.Option(help="Train LoRA adapters of this rank (0 = full fine-tuning); saved merged.")] = None,
     lora_alpha: Annotated[Optional[float], typer.Option(help="LoRA alpha.")] = None,
     lora_dropout: Annotated[Optional[float], typer.Option(help="LoRA dropout.")] = None,
@@ -74,6 +78,7 @@ def train(
         "optimizer": optimizer, "lr": lr, "weight_decay": weight_decay, "schedule": schedule,
         "warmup_steps": warmup_steps, "grad_clip": grad_clip, "epochs": epochs, "max_steps": max_steps,
         "batch_size": batch_size, "micro_batch_tokens": micro_batch_tokens, "temperature": temperature,
+        "top_p": top_p, "top_k": top_k, "min_p": min_p, "save_dtype": save_dtype,
         "seed": seed, "dtype": dtype, "gradient_checkpointing": gradient_checkpointing, "save_every": save_every,
         "resume": resume, "overwrite": overwrite, "recompute_behavior": recompute_behavior,
         "lora_rank": lora_rank, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
@@ -88,7 +93,8 @@ def train(
 
     from toprcli.training import train_policy
 
-    summary = train_policy(cfg, progress=progress)
+    with progress_bars(progress and env_rank() == 0) as bars:
+        summary = train_policy(cfg, progress=bars)
     if env_rank() != 0:
         return
     if json_out:
@@ -107,6 +113,9 @@ def train(
         ("final loss", summary["final_loss"]),
         ("final grad norm", summary["final_grad_norm"]),
     ]
+    sampling = summary.get("sampling") or {}
+    rows.append(("sampling (log π under)", ", ".join(f"{k} {v}" for k, v in sampling.items() if k != "source") + f" ({sampling.get('source')})"))
+    rows.append(("precision / saved as", f"{summary.get('precision')} / {summary.get('save_dtype')}"))
     if "behavior_gap_mean" in summary:
         rows.append((f"|log π − log μ| mean/max ({summary.get('behavior_gap_source')})", f"{summary['behavior_gap_mean']:.3g} / {summary['behavior_gap_max']:.3g}"))
     if summary.get("resumed_from_step"):
