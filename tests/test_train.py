@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from conftest import Killed
 from test_train_data import curated_rows, write_curated
 from typer.testing import CliRunner
 
@@ -24,7 +25,7 @@ from toprcli.cli.main import app
 from toprcli.config import TrainConfig
 from toprcli.errors import UserError
 from toprcli.losses import AGGREGATIONS, policy_loss
-from toprcli.training import SimulatedKill, train_policy
+from toprcli.training import train_policy
 from toprcli.training.batching import (
     TokenData,
     collate,
@@ -35,7 +36,7 @@ from toprcli.training.batching import (
     split_rows,
     total_steps,
 )
-from toprcli.training.logprobs import completion_logprobs
+from toprcli.sampling import Processing
 from toprcli.training.optim import Adafactor, lr_factor
 
 
@@ -158,23 +159,55 @@ def test_micro_batch_shares_add_up_to_the_full_batch_loss(token_data, aggregatio
 # -- log-probs ------------------------------------------------------------------------
 
 
-def test_completion_logprobs_match_a_per_row_reference(tiny_model_dir, token_data):
+@pytest.mark.parametrize("processing", [
+    Processing(), Processing(temperature=0.7), Processing(top_k=20), Processing(top_p=0.9), Processing(min_p=0.05),
+    Processing(temperature=0.7, top_k=30, top_p=0.9, min_p=0.02),
+], ids=["plain", "T0.7", "topk20", "topp0.9", "minp0.05", "combined"])
+@pytest.mark.parametrize("chunk_size", [3, 10_000])
+def test_completion_logprobs_match_a_per_row_reference(tiny_model_dir, token_data, processing, chunk_size):
+    """Chunked log π under the sampling processing == a per-row full-vocabulary reference."""
     from transformers import AutoModelForCausalLM
 
+    from toprcli.generation.hf_backend import processed_logprobs
+    from toprcli.generation.base import SamplingParams
+    from toprcli.training.model import PolicyLogprobs
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    policy = PolicyLogprobs(model, processing, chunk_size=chunk_size)
     rows = np.array([0, 5, 9, 11])
     mb = collate(token_data, rows)
+    params = SamplingParams(temperature=processing.temperature, top_k=processing.top_k, top_p=processing.top_p, min_p=processing.min_p)
     with torch.no_grad():
-        lp, ent = completion_logprobs(model, mb.input_ids, mb.prompt_lens, mb.completion_lens, temperature=0.7, with_entropy=True)
+        lp, ent = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, with_entropy=True)
         for i, r in enumerate(rows):
             p = token_data.prompt_ids[token_data.prompt_off[r] : token_data.prompt_off[r + 1]]
             c = token_data.completion_ids[token_data.completion_off[r] : token_data.completion_off[r + 1]]
-            ids = torch.tensor(np.concatenate([p, c]))[None]
-            logp = torch.log_softmax(model(ids).logits[0].float() / 0.7, -1)  # (T, V)
-            ref = logp[len(p) - 1 : len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None])[:, 0]
-            torch.testing.assert_close(lp[i, : len(c)], ref, rtol=1e-4, atol=1e-5)
-            ref_ent = -(logp.exp() * logp).sum(-1)[len(p) - 1 : len(p) + len(c) - 1]
-            torch.testing.assert_close(ent[i, : len(c)], ref_ent, rtol=1e-4, atol=1e-5)
+            ref = torch.tensor(processed_logprobs(model, [p.tolist()], [c.tolist()], params)[0])
+            torch.testing.assert_close(lp[i, : len(c)], ref, rtol=1e-5, atol=1e-6)
+            assert torch.isfinite(lp[i, : len(c)]).all()  # the data's tokens are always kept
+            if processing == Processing(temperature=0.7):  # untruncated entropy against a plain formula
+                ids = torch.tensor(np.concatenate([p, c]))[None]
+                logp = torch.log_softmax(model(ids).logits[0].float() / 0.7, -1)
+                ref_ent = -(logp.exp() * logp).sum(-1)[len(p) - 1 : len(p) + len(c) - 1]
+                torch.testing.assert_close(ent[i, : len(c)], ref_ent, rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_logprobs_gradient_matches_the_full_computation(tiny_model_dir, token_data):
+    """Checkpointed chunks give the gradient of the plain full-vocabulary loss."""
+    from transformers import AutoModelForCausalLM
+
+    from toprcli.training.model import PolicyLogprobs
+
+    rows = np.array([1, 2, 3, 4])
+    mb = collate(token_data, rows)
+    grads = []
+    for chunk in (4, 100_000):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        policy = PolicyLogprobs(model, Processing(temperature=0.8, top_k=25), chunk_size=chunk)
+        lp, _ = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens)
+        (lp * mb.mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
 # -- end to end -----------------------------------------------------------------------
@@ -182,7 +215,7 @@ def test_completion_logprobs_match_a_per_row_reference(tiny_model_dir, token_dat
 
 def test_train_writes_a_loadable_policy_and_metrics(tiny_model_dir, data_path, tmp_path):
     out = tmp_path / "policy"
-    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=3), progress=False)
+    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=3))
     assert summary["steps"] == 3 and summary["rows"] == 48 and summary["tokens"] > 0
     assert not (tmp_path / "policy.partial").exists()
     names = {p.name for p in out.iterdir()}
@@ -211,18 +244,20 @@ def test_train_writes_a_loadable_policy_and_metrics(tiny_model_dir, data_path, t
 def test_gradient_accumulation_matches_one_big_batch(tiny_model_dir, data_path, tmp_path):
     """Token-budget micro-batching changes nothing but float summation order."""
     kw = dict(max_steps=2, optimizer="adafactor", lr=1e-2, aggregation="token-mean", whiten_advantages=True)
-    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "one", micro_batch_tokens=100_000, **kw), progress=False)
-    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "many", micro_batch_tokens=64, **kw), progress=False)
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "one", micro_batch_tokens=100_000, **kw))
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "many", micro_batch_tokens=64, **kw))
     assert _max_diff(_weights(tmp_path / "one"), _weights(tmp_path / "many")) < 1e-5
 
 
-def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tiny_model_dir, data_path, tmp_path):
+def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
     kw = dict(max_steps=7, save_every=2, optimizer="adafactor", lr=1e-2, schedule="cosine", warmup_steps=2, micro_batch_tokens=200)
-    full = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "a", **kw), progress=False)
-    with pytest.raises(SimulatedKill):
-        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", **kw), progress=False, _stop_after_step=5)
+    full = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "a", **kw))
+    kill_after_checkpoint(4)
+    with pytest.raises(Killed):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", **kw))
+    monkeypatch.undo()
     assert not (tmp_path / "b").exists() and (tmp_path / "b.partial" / "checkpoints" / "step-00000004").is_dir()
-    resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw), progress=False)
+    resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw))
     assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 7
     # fp32 on CPU: the same operations in the same order, so the weights are identical (tolerance 0)
     assert _max_diff(_weights(tmp_path / "a"), _weights(tmp_path / "b")) == 0.0
@@ -231,16 +266,18 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tiny_model_dir, da
     assert la == lb and len(la) == 7
     assert resumed["final_loss"] == full["final_loss"]
     # resuming a finished run is a no-op that returns its summary
-    again = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw), progress=False)
+    again = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw))
     assert again["final_loss"] == resumed["final_loss"]
 
 
-def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path, tmp_path):
+def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
     kw = dict(max_steps=4, save_every=2)
-    with pytest.raises(SimulatedKill):
-        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw), progress=False, _stop_after_step=3)
+    kill_after_checkpoint(2)
+    with pytest.raises(Killed):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))
+    monkeypatch.undo()
     with pytest.raises(UserError, match="different config"):
-        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", resume=True, lr=5e-3, **kw), progress=False)
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", resume=True, lr=5e-3, **kw))
 
 
 def test_sft_warm_start_path_is_fast_and_learns(tiny_model_dir, tmp_path):
@@ -255,7 +292,7 @@ def test_sft_warm_start_path_is_fast_and_learns(tiny_model_dir, tmp_path):
     rows["behavior_logprobs"] = [[0.0] * 30] * 128
     path = write_curated(tmp_path / "gold.parquet", rows)
     cfg = _cfg(tiny_model_dir, path, tmp_path / "warm", loss="sft", lr=3e-3, batch_size=64, epochs=4, max_steps=None)
-    summary = train_policy(cfg, progress=False)
+    summary = train_policy(cfg)
     assert summary["steps"] == 8
     assert summary["final_loss"] < 0.5 * summary["first_loss"]  # NLL per token drops
     print(f"\nsft tiny model, batch 64: {summary['steps_per_s']:.2f} steps/s, {summary['tokens_per_s']:.0f} tokens/s")
@@ -263,7 +300,7 @@ def test_sft_warm_start_path_is_fast_and_learns(tiny_model_dir, tmp_path):
 
 def test_recompute_behavior_uses_the_starting_policy(tiny_model_dir, data_path, tmp_path):
     out = tmp_path / "re"
-    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1, recompute_behavior=True), progress=False)
+    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1, recompute_behavior=True))
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert summary["behavior_gap_source"] == "full pass" and summary["behavior_gap_tokens"] > 0
     # μ is now π_0 itself: before the first update every sequence ratio is exactly 1
@@ -274,13 +311,13 @@ def test_recompute_behavior_refuses_data_from_another_policy(tiny_model_dir, tmp
     path = write_curated(tmp_path / "other.parquet", n=8, policy="some/other-model")
     out = tmp_path / "x"
     with pytest.raises(UserError, match="some/other-model"):
-        train_policy(_cfg(tiny_model_dir, path, out, recompute_behavior=True), progress=False)
+        train_policy(_cfg(tiny_model_dir, path, out, recompute_behavior=True))
     assert not out.exists() and not (tmp_path / "x.partial").exists()
 
 
 def test_kl_to_the_starting_policy_and_entropy_bonus(tiny_model_dir, data_path, tmp_path):
     out = tmp_path / "kl"
-    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, kl_coef=0.1, entropy_coef=0.01), progress=False)
+    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, kl_coef=0.1, entropy_coef=0.01))
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert recs[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # π = ref before the first update
     assert recs[1]["kl"] > 0 and recs[0]["entropy"] > 0
@@ -288,7 +325,7 @@ def test_kl_to_the_starting_policy_and_entropy_bonus(tiny_model_dir, data_path, 
 
 def test_lora_is_saved_merged(tiny_model_dir, data_path, tmp_path):
     out = tmp_path / "lora"
-    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, lr=1e-2, lora_rank=4, lora_target_modules=["q_proj", "v_proj"]), progress=False)
+    summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, lr=1e-2, lora_rank=4, lora_target_modules=["q_proj", "v_proj"]))
     assert summary["trainable_parameters"] < summary["parameters"] / 10
     w, base = _weights(out), _weights(tiny_model_dir)
     assert w.keys() == base.keys()  # plain HF weights: no adapter keys
@@ -298,11 +335,11 @@ def test_lora_is_saved_merged(tiny_model_dir, data_path, tmp_path):
 
 def test_existing_output_needs_overwrite(tiny_model_dir, data_path, tmp_path):
     out = tmp_path / "o"
-    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1), progress=False)
+    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1))
     before = _weights(out)
     with pytest.raises(UserError, match="--overwrite"):
-        train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1), progress=False)
-    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, overwrite=True), progress=False)
+        train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1))
+    train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, overwrite=True))
     assert _max_diff(before, _weights(out)) > 0
     assert [p.name for p in tmp_path.iterdir()] == ["o"]
 
@@ -377,11 +414,11 @@ def test_config_file_and_generic_loss_options(tiny_model_dir, data_path, tmp_pat
 def test_prepare_checks_everything_before_output(tiny_model_dir, data_path, tmp_path):
     cfg = _cfg(tiny_model_dir, data_path, tmp_path / "p")
     with pytest.raises(UserError, match="ref_model is set but kl_coef is 0"):
-        train_policy(replace(cfg, ref_model=str(tiny_model_dir)), progress=False)
+        train_policy(replace(cfg, ref_model=str(tiny_model_dir)))
     with pytest.raises(UserError, match="cannot load model config"):
-        train_policy(replace(cfg, model=str(tmp_path / "missing-model")), progress=False)
+        train_policy(replace(cfg, model=str(tmp_path / "missing-model")))
     with pytest.raises(UserError, match="LoRA target modules not found"):
-        train_policy(replace(cfg, lora_rank=2, lora_target_modules=["nope_proj"]), progress=False)
+        train_policy(replace(cfg, lora_rank=2, lora_target_modules=["nope_proj"]))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -392,10 +429,10 @@ def test_tensorboard_is_optional(tiny_model_dir, data_path, tmp_path):
     cfg = _cfg(tiny_model_dir, data_path, out, max_steps=1, tensorboard=True)
     if importlib.util.find_spec("tensorboard") is None:
         with pytest.raises(UserError, match="pip install tensorboard"):
-            train_policy(cfg, progress=False)
+            train_policy(cfg)
         assert not out.exists()
     else:
-        train_policy(cfg, progress=False)
+        train_policy(cfg)
         assert any((out / "tb").iterdir())
 
 
@@ -405,13 +442,13 @@ def test_tensorboard_is_optional(tiny_model_dir, data_path, tmp_path):
 ])
 def test_every_registered_loss_trains(tiny_model_dir, data_path, tmp_path, loss, options):
     out = tmp_path / loss
-    summary = train_policy(_cfg(tiny_model_dir, data_path, out, loss=loss, loss_options=options, max_steps=2, batch_size=8), progress=False)
+    summary = train_policy(_cfg(tiny_model_dir, data_path, out, loss=loss, loss_options=options, max_steps=2, batch_size=8))
     assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])
     assert _max_diff(_weights(out), _weights(tiny_model_dir)) > 0
 
 
 def test_gradient_checkpointing_changes_nothing(tiny_model_dir, data_path, tmp_path):
     kw = dict(max_steps=2, optimizer="adafactor", lr=1e-2)
-    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "plain", **kw), progress=False)
-    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "gc", gradient_checkpointing=True, **kw), progress=False)
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "plain", **kw))
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "gc", gradient_checkpointing=True, **kw))
     assert _max_diff(_weights(tmp_path / "plain"), _weights(tmp_path / "gc")) < 1e-6

@@ -53,8 +53,13 @@ def _train_args(model: Path, data: Path, out: Path, opts: dict) -> list[str]:
     return args
 
 
+KILLER = str(Path(__file__).with_name("kill_after_checkpoint.py"))
+
+
 def _torchrun(args: list[str], env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "toprcli", *args]
+    """2 ranks of `topr ARGS`; with KILL_AFTER_CHECKPOINT in env, each rank SIGKILLs itself after that checkpoint."""
+    entry = [KILLER] if "KILL_AFTER_CHECKPOINT" in env else ["-m", "toprcli"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *entry, *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -71,10 +76,10 @@ def test_fsdp_two_ranks_match_one_process_and_resume_after_sigkill(tiny_model_di
     # odd batch and a small token budget: ranks get different numbers of real micro-batches
     opts = dict(optimizer="adafactor", lr=1e-2, batch_size=15, max_steps=5, micro_batch_tokens=120, save_every=2,
                 schedule="cosine", warmup_steps=1)
-    train_policy(_cfg(tiny_model_dir, data, tmp_path / "single", opts), progress=False)
+    train_policy(_cfg(tiny_model_dir, data, tmp_path / "single", opts))
 
     out = tmp_path / "fsdp"
-    killed = _torchrun(_train_args(tiny_model_dir, data, out, opts), _env(TOPRCLI_TEST_KILL_AFTER_STEP="2"))
+    killed = _torchrun(_train_args(tiny_model_dir, data, out, opts), _env(KILL_AFTER_CHECKPOINT="2"))
     assert killed.returncode != 0, killed.stdout + killed.stderr
     assert not out.exists() and (tmp_path / "fsdp.partial" / "checkpoints" / "step-00000002").is_dir()
     done = _torchrun(_train_args(tiny_model_dir, data, out, {**opts, "resume": True}), _env())
@@ -94,7 +99,7 @@ def test_fsdp_two_ranks_match_one_process_and_resume_after_sigkill(tiny_model_di
 def test_fsdp_lora_is_saved_merged_and_matches_one_process(tiny_model_dir, tmp_path):
     data = write_curated(tmp_path / "train.parquet", n=32, policy=str(tiny_model_dir))
     opts = dict(optimizer="adamw", lr=1e-2, batch_size=16, max_steps=2, lora_rank=4, lora_target=["q_proj", "v_proj"])
-    train_policy(_cfg(tiny_model_dir, data, tmp_path / "single", opts), progress=False)
+    train_policy(_cfg(tiny_model_dir, data, tmp_path / "single", opts))
     res = _torchrun(_train_args(tiny_model_dir, data, tmp_path / "fsdp", opts), _env())
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert _max_diff(tmp_path / "single", tmp_path / "fsdp") < FSDP_TOLERANCE
@@ -104,15 +109,15 @@ def test_cli_resume_after_sigkill(tiny_model_dir, tmp_path):
     """A real `topr train` process killed (SIGKILL) after its step-4 checkpoint, then --resume."""
     data = write_curated(tmp_path / "train.parquet", n=40, policy=str(tiny_model_dir))
     opts = dict(optimizer="adamw", lr=1e-3, batch_size=8, max_steps=7, save_every=2)
-    train_policy(_cfg(tiny_model_dir, data, tmp_path / "ref", opts), progress=False)
+    train_policy(_cfg(tiny_model_dir, data, tmp_path / "ref", opts))
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "toprcli", *_train_args(tiny_model_dir, data, out, opts)]
-    killed = subprocess.run(cmd, env=_env(TOPRCLI_TEST_KILL_AFTER_STEP="4"), capture_output=True, text=True, timeout=120)
+    args = _train_args(tiny_model_dir, data, out, opts)
+    killed = subprocess.run([sys.executable, KILLER, *args], env=_env(KILL_AFTER_CHECKPOINT="4"), capture_output=True, text=True, timeout=120)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not out.exists()
     lines = (tmp_path / "run.partial" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
-    done = subprocess.run(cmd + ["--resume"], env=_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "toprcli", *args, "--resume"], env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _max_diff(tmp_path / "ref", out) == 0.0
     assert not (tmp_path / "run.partial").exists()

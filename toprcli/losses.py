@@ -84,13 +84,16 @@ class LossSpec:
     fn: LossFn
     options: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    # Whether the loss reads μ (behavior_logprobs). Greedy data has no μ; only losses
+    # that ignore it can train on it.
+    uses_behavior: bool = True
 
 
 LOSSES: Dict[str, LossSpec] = {}
 
 
 def register_loss(
-    name: str, *, options: Optional[Mapping[str, Any]] = None, description: str = ""
+    name: str, *, options: Optional[Mapping[str, Any]] = None, description: str = "", uses_behavior: bool = True
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn`` under ``name`` with its option defaults.
 
@@ -104,7 +107,7 @@ def register_loss(
     def deco(fn: LossFn) -> LossFn:
         if name in LOSSES:
             raise ValueError(f"loss {name!r} is already registered")
-        LOSSES[name] = LossSpec(name, fn, dict(options or {}), description)
+        LOSSES[name] = LossSpec(name, fn, dict(options or {}), description, uses_behavior)
         return fn
 
     return deco
@@ -284,14 +287,14 @@ def topr_loss(logprobs, behavior_logprobs, advantages, mask, *, ratio_level="seq
     return _reinforce(alpha, logprobs, advantages), metrics
 
 
-@register_loss("sft", description="positives only (coef 1 for A > 0), negatives dropped")
+@register_loss("sft", description="positives only (coef 1 for A > 0), negatives dropped", uses_behavior=False)
 def sft_loss(logprobs, behavior_logprobs, advantages, mask):
     """l_{i,t} = −1[A_i > 0] A_i log π_{i,t}."""
     coef = (advantages > 0).to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
     return _reinforce(coef, logprobs, advantages), {}
 
 
-@register_loss("reinforce", description="naive off-policy REINFORCE: coef 1 for every sample")
+@register_loss("reinforce", description="naive off-policy REINFORCE: coef 1 for every sample", uses_behavior=False)
 def reinforce_loss(logprobs, behavior_logprobs, advantages, mask):
     """l_{i,t} = −A_i log π_{i,t} (ignores μ: biased when π ≠ μ)."""
     return _reinforce(torch.ones_like(advantages).unsqueeze(-1), logprobs, advantages), {}

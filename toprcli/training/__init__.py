@@ -3,6 +3,7 @@
 Entry point: :func:`train_policy` (``topr train`` and the pipeline call it).
 """
 
-from toprcli.training.trainer import SimulatedKill, prepare, train_policy
+from toprcli.training.prepare import prepare
+from toprcli.training.trainer import train_policy
 
-__all__ = ["SimulatedKill", "prepare", "train_policy"]
+__all__ = ["prepare", "train_policy"]

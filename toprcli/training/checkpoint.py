@@ -140,7 +140,7 @@ def load_checkpoint(
 
 def save_policy(
     out_dir: Path,
-    model: torch.nn.Module,
+    policy: torch.nn.Module,
     ctx: DistContext,
     *,
     source: str,
@@ -150,25 +150,31 @@ def save_policy(
 ) -> None:
     """Write the trained policy to ``out_dir`` in HF format (all ranks call this).
 
-    Under FSDP the full state dict is gathered to rank 0 (on CPU), loaded into
-    a fresh copy of the starting model there, and saved. LoRA adapters are
-    merged into the base weights (``merge_and_unload``) so vLLM needs no
-    adapter support. Floating-point tensors are saved as ``save_dtype`` (the
-    starting model's dtype).
+    ``policy`` is the trainer's :class:`~toprcli.training.model.PolicyLogprobs`
+    (its ``lm`` is the causal LM). Under FSDP the full state dict is gathered to
+    rank 0 (on CPU), loaded into a fresh copy of the starting model there, and
+    saved. LoRA adapters are merged into the base weights (``merge_and_unload``)
+    so vLLM needs no adapter support. Floating-point tensors are saved as
+    ``save_dtype`` (float32 by default, so small updates survive between rounds).
     """
     with quiet_hf():
-        _save_policy(out_dir, model, ctx, source=source, save_dtype=save_dtype, lora=lora, lora_config=lora_config)
+        _save_policy(out_dir, policy, ctx, source=source, save_dtype=save_dtype, lora=lora, lora_config=lora_config)
     barrier(ctx)
 
 
-def _save_policy(out_dir: Path, model, ctx: DistContext, *, source: str, save_dtype, lora: bool, lora_config) -> None:
+LM_PREFIX = "lm."  # PolicyLogprobs holds the causal LM as .lm
+
+
+def _save_policy(out_dir: Path, policy, ctx: DistContext, *, source: str, save_dtype, lora: bool, lora_config) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    model = policy.lm
     if ctx.distributed:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if ctx.is_main:
+            full = {k[len(LM_PREFIX):] if k.startswith(LM_PREFIX) else k: v for k, v in full.items()}
             fresh = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
             if lora:
                 from peft import get_peft_model
@@ -192,6 +198,4 @@ def _save_policy(out_dir: Path, model, ctx: DistContext, *, source: str, save_dt
         try:
             AutoTokenizer.from_pretrained(source).save_pretrained(out_dir)
         except (OSError, ValueError) as e:  # pragma: no cover - a model dir without a tokenizer
-            import warnings
-
             warnings.warn(f"could not copy the tokenizer of {source} into {out_dir}: {e}")

@@ -1,63 +1,96 @@
-"""log π of given completion tokens under a causal LM, at the sampling temperature.
+"""log π of completion tokens, computed in chunks of positions over the LM head.
 
-Pure tensor code (no files). The trainer's log-probs must describe the same
-distribution the sampler drew from, so the logits are divided by the sampling
-temperature before the softmax (ARCHITECTURE.md §4), and computed in float32
-whatever the model's compute dtype.
+Pure tensor code (no files, no config). The trainer's log-probs must describe
+the distribution the sampler drew from, so every logit row goes through
+:func:`toprcli.sampling.token_logprobs` with the data's processing (temperature,
+min-p, top-k, top-p; the sampled token always kept), in float32 whatever the
+model's compute dtype.
+
+Memory: a (tokens × vocabulary) logits tensor is never formed. The hidden
+states of the positions that predict completion tokens are gathered, (P, H),
+and projected ``chunk_size`` positions at a time; with gradients on, each
+chunk is checkpointed, so backward recomputes its (chunk, V) logits instead of
+keeping them. Peak memory for the head is a few (chunk × V) float32 buffers,
+independent of the micro-batch's length.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from toprcli.sampling import Processing, token_logprobs
+
+# Default chunk: about 2**25 logits (128 MiB of float32) per projection.
+CHUNK_ELEMENTS = 2**25
 
 
-def completion_logprobs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    prompt_lens: torch.Tensor,
-    completion_lens: torch.Tensor,
+def default_chunk_size(vocab_size: int) -> int:
+    return max(16, CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def completion_index(prompt_lens: torch.Tensor, completion_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the completion tokens of a right-padded batch are.
+
+    Row i of the batch is prompt_i (p_i ≥ 1 tokens) then completion_i (c_i
+    tokens). Returns ``(rows, cols, positions)``, each (P,) with P = Σ c_i:
+    completion token ``cols`` of row ``rows`` sits at ``positions + 1`` and is
+    predicted by the hidden state at ``positions`` = p_i − 1 + j.
+    """
+    device = prompt_lens.device
+    rows = torch.repeat_interleave(torch.arange(len(completion_lens), device=device), completion_lens)  # (P,)
+    starts = torch.cumsum(completion_lens, 0) - completion_lens  # (B,)
+    cols = torch.arange(int(completion_lens.sum()), device=device) - starts[rows]  # (P,)
+    positions = prompt_lens[rows] - 1 + cols
+    return rows, cols, positions
+
+
+def _chunk(head: Callable[[torch.Tensor], torch.Tensor], processing: Processing, with_entropy: bool):
+    def run(hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lp, ent = token_logprobs(head(hidden), targets, processing, with_entropy=with_entropy)
+        return lp, (ent if ent is not None else torch.zeros_like(lp))
+
+    return run
+
+
+def chunked_logprobs(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    processing: Processing,
     *,
-    temperature: float = 1.0,
+    chunk_size: int,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """log π(y_j | x, y_<j) for every completion token, completion-aligned.
+    """Processed log-probs of ``targets`` (P,) from ``hidden`` (P, H), ``chunk_size`` rows at a time.
 
-    Row i of ``input_ids`` (B, T) is prompt_i (p_i tokens, p_i ≥ 1) followed by
-    completion_i (c_i tokens), right-padded. Completion token j sits at position
-    p_i + j and is predicted by the logits at p_i + j − 1. Only the logits from
-    position k0 = min_i p_i − 1 onwards are computed (``logits_to_keep``), so
-    prompts cost no vocabulary projection.
-
-        log π_{i,j} = z[y] / τ − logsumexp(z / τ),   z = logits at p_i + j − 1
-
-    Returns ``(logprobs (B, C), entropy (B, C) or None)`` with C = max(max_i c_i, 1);
-    entries past c_i are garbage-but-finite and must be masked by the caller.
-    Entropy H = −Σ_v π_v log π_v (with gradient) only when ``with_entropy``.
+    ``head`` maps hidden states (n, H) to logits (n, V) (the LM head, with any
+    logit scaling the model applies). Returns ``(logprobs (P,), entropy (P,) or
+    None)``; with gradients enabled each chunk is recomputed in backward.
     """
-    B, T = input_ids.shape
-    k0 = int(prompt_lens.min()) - 1
-    keep = T - k0  # positions k0 .. T-1 (the last one predicts nothing)
-    try:
-        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits
-    except TypeError:  # a model class without ``logits_to_keep``: compute all, keep the tail
-        logits = model(input_ids=input_ids, use_cache=False).logits[:, -keep:]
-    logits = logits[:, :-1].float()  # (B, K, V), K = T-1-k0, position k0+q predicts token k0+q+1
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = input_ids[:, k0 + 1 :]  # (B, K)
-    K, V = logits.shape[1], logits.shape[2]
-    token_lp = -F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), reduction="none").view(B, K)
-    C = max(int(completion_lens.max()), 1)
-    # Completion token j of row i ↔ kept position p_i − 1 − k0 + j.
-    idx = (prompt_lens - 1 - k0).unsqueeze(1) + torch.arange(C, device=input_ids.device).unsqueeze(0)
-    idx = idx.clamp(max=K - 1)
-    logprobs = token_lp.gather(1, idx)  # (B, C)
-    entropy = None
-    if with_entropy:
-        logp = torch.log_softmax(logits, dim=-1)
-        ent = -(logp.exp() * logp).sum(-1)  # (B, K)
-        entropy = ent.gather(1, idx)
-    return logprobs, entropy
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    run = _chunk(head, processing, with_entropy)
+    lps, ents = [], []
+    grad = torch.is_grad_enabled()  # the head's weight may need a gradient even if hidden does not
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if grad:
+            lp, ent = checkpoint(run, h, t, use_reentrant=False)
+        else:
+            lp, ent = run(h, t)
+        lps.append(lp)
+        ents.append(ent)
+    if not lps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+
+
+def scatter_completion(values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, batch: int, width: int) -> torch.Tensor:
+    """Per-token values (P,) into a completion-aligned (B, C) tensor (0 on padding)."""
+    out = values.new_zeros(batch, width)
+    return out.index_put((rows, cols), values)

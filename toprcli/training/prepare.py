@@ -1,0 +1,324 @@
+"""Everything `topr train` checks before it writes anything.
+
+Reads the training set (its columns and its ``sampling`` metadata) and the
+starting model's config; writes nothing. :func:`prepare` returns a
+:class:`Prepared` run or raises :class:`UserError` with one line: an unknown
+loss or option, a missing column, token ids outside the vocabulary, rows past
+the context, NaN advantages, a sampling setting that contradicts the data,
+greedy data for a loss that needs μ, an existing ``--out``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow.compute as pc
+import torch
+
+from toprcli.config import TrainConfig, config_to_dict
+from toprcli.errors import UserError
+from toprcli.generation.model_info import config_context_length, first_line
+from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, get_loss, policy_loss, resolve_options
+from toprcli.sampling import Processing
+from toprcli.shards import fingerprint, parquet_files, read_file_metadata, read_schema, read_table, sampling_of, validate_columns
+from toprcli.training.batching import TOKEN_COLUMNS, TokenData, total_steps
+
+# Options of ``policy_loss`` that apply to every loss; they may also be given in
+# ``loss_options`` (which then overrides the TrainConfig field of the same name).
+GENERIC_LOSS_OPTIONS = ("adv_clip", "whiten_advantages", "kl_coef", "kl_estimator", "entropy_coef", "norm_length")
+# Config keys that do not change the trained weights (a checkpoint may be resumed under other values).
+NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "log_every", "tensorboard", "threads", "save_dtype")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+PARTIAL_SUFFIX = ".partial"
+SUMMARY_NAME = "train_summary.json"
+
+
+@dataclass
+class LossSetup:
+    name: str
+    aggregation: str
+    options: dict[str, Any]  # loss-specific, validated against the registry
+    adv_clip: Optional[float]
+    whiten_advantages: bool
+    kl_coef: float
+    kl_estimator: str
+    entropy_coef: float
+    norm_length: Optional[int]
+    ref_model: Optional[str]  # None: the starting policy (when kl_coef > 0)
+
+
+@dataclass
+class Prepared:
+    """Everything validated before any output exists."""
+
+    cfg: TrainConfig
+    loss: LossSetup
+    data: TokenData
+    out: Path
+    partial: Path
+    steps: int
+    vocab_size: int
+    context: Optional[int]
+    samples: int  # rows the run consumes (with repeats over epochs)
+    data_fingerprint: str
+    config_fingerprint: str
+    processing: Processing  # the sampling distribution of the data; log π is computed under it
+    sampling_source: str  # "data", "config" or "assumed"
+    gradient_checkpointing: bool
+    policies: list[str] = field(default_factory=list)
+
+
+# -- the loss -------------------------------------------------------------------------
+
+
+def resolve_loss(cfg: TrainConfig) -> LossSetup:
+    """Split ``loss_options`` into generic and loss-specific options and validate both
+    (unknown loss, option that does not apply, bad value) by running the loss once
+    on a one-token batch."""
+    opts = dict(cfg.loss_options or {})
+    generic = {k: opts.pop(k) for k in GENERIC_LOSS_OPTIONS if k in opts}
+    resolve_options(cfg.loss, opts)
+    if cfg.aggregation not in AGGREGATIONS:
+        raise UserError(f"unknown aggregation {cfg.aggregation!r} — choose one of: {', '.join(AGGREGATIONS)}")
+    setup = LossSetup(
+        name=cfg.loss,
+        aggregation=cfg.aggregation,
+        options=opts,
+        adv_clip=generic.get("adv_clip", cfg.adv_clip),
+        whiten_advantages=bool(generic.get("whiten_advantages", cfg.whiten_advantages)),
+        kl_coef=float(generic.get("kl_coef", cfg.kl_coef) or 0.0),
+        kl_estimator=str(generic.get("kl_estimator", cfg.kl_estimator)),
+        entropy_coef=float(generic.get("entropy_coef", cfg.entropy_coef) or 0.0),
+        norm_length=generic.get("norm_length", cfg.norm_length),
+        ref_model=cfg.ref_model,
+    )
+    if setup.kl_estimator not in KL_ESTIMATORS:
+        raise UserError(f"unknown kl_estimator {setup.kl_estimator!r} — choose one of: {', '.join(KL_ESTIMATORS)}")
+    if setup.ref_model and not setup.kl_coef:
+        raise UserError("ref_model is set but kl_coef is 0 — set --kl-coef > 0 or drop --ref-model")
+    one = torch.zeros(1, 1)
+    policy_loss(  # raises UserError for option values the loss rejects
+        setup.name, one.clone().requires_grad_(), one, torch.ones(1), torch.ones(1, 1),
+        aggregation=setup.aggregation, norm_length=setup.norm_length, adv_clip=setup.adv_clip,
+        ref_logprobs=one if setup.kl_coef else None, kl_coef=setup.kl_coef, kl_estimator=setup.kl_estimator,
+        entropy=one if setup.entropy_coef else None, entropy_coef=setup.entropy_coef, **setup.options,
+    )
+    return setup
+
+
+# -- the data -------------------------------------------------------------------------
+
+
+def load_training_data(path: str, *, need_policy: bool) -> tuple[TokenData, list[str], Optional[dict[str, Any]]]:
+    """The columns training needs, the policies that generated the rows (if asked) and the data's
+    sampling record; UserError naming the file for a missing column or mixed sampling records."""
+    files = parquet_files(path)
+    columns = list(TOKEN_COLUMNS) + (["policy"] if need_policy else [])
+    records = []
+    for f in files:
+        validate_columns(read_schema(f), "curated", f, required=columns)
+        records.append((f, sampling_of(read_file_metadata(f))))
+    first_file, sampling = records[0]
+    for f, other in records[1:]:
+        if (other is None) != (sampling is None) or (
+            other is not None and Processing.from_mapping(other) != Processing.from_mapping(sampling)
+        ):
+            raise UserError(
+                f"{f} and {first_file} record different sampling settings — one training set holds one sampling "
+                "distribution; curate them into one file with `topr curate`"
+            )
+    table = read_table(files, columns=columns)
+    if table.num_rows == 0:
+        raise UserError(f"{path}: the training set has no rows — check the curation step (its filters may drop everything)")
+    policies = [str(p) for p in pc.unique(table.column("policy")).to_pylist()] if need_policy else []
+    return TokenData.from_table(table), policies, sampling
+
+
+def resolve_processing(cfg: TrainConfig, sampling: Optional[dict[str, Any]], path: str) -> tuple[Processing, str]:
+    """The distribution log π is computed under: the data's, checked against the config's settings.
+
+    A setting given in the config (``--temperature`` ...) that differs from the
+    data's is refused. Data without a sampling record (hand-made files) takes
+    the config's settings, else temperature 1 without truncation.
+    """
+    given = {k: getattr(cfg, k) for k in SAMPLING_KEYS if getattr(cfg, k) is not None}
+    if sampling is None:
+        return Processing.from_mapping(given), ("config" if given else "assumed")
+    data = Processing.from_mapping(sampling)
+    wanted = Processing.from_mapping({**data.as_dict(), **given})
+    for key in SAMPLING_KEYS:
+        if getattr(wanted, key) != getattr(data, key):
+            flag = "--" + key.replace("_", "-")
+            raise UserError(
+                f"{flag} {given[key]} contradicts the data: {path} was sampled with {key} {getattr(data, key)} — "
+                f"drop {flag} (training computes log π under the data's sampling settings)"
+            )
+    return data, "data"
+
+
+def check_data(data: TokenData, *, path: str, vocab_size: int, context: Optional[int], check_behavior: bool) -> None:
+    """Per-row checks of the token data against the model (one line per problem)."""
+
+    def rows_msg(bad: np.ndarray) -> str:
+        idx = np.flatnonzero(bad)
+        return f"{len(idx)} row(s) (first: row {idx[0]})"
+
+    p_len, c_len = data.prompt_lens, data.completion_lens
+    if (p_len == 0).any():
+        raise UserError(f"{path}: {rows_msg(p_len == 0)} have empty prompt_token_ids — every prompt needs at least one token (e.g. bos)")
+    if not np.array_equal(np.diff(data.behavior_off), c_len):
+        bad = np.diff(data.behavior_off) != c_len
+        raise UserError(f"{path}: {rows_msg(bad)} have behavior_logprobs of a different length than completion_token_ids — regenerate the samples")
+    for name, ids, off in (("prompt_token_ids", data.prompt_ids, data.prompt_off), ("completion_token_ids", data.completion_ids, data.completion_off)):
+        if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
+            bad_tok = (ids < 0) | (ids >= vocab_size)
+            first = int(np.flatnonzero(bad_tok)[0])
+            row = int(np.searchsorted(off, first, side="right") - 1)
+            raise UserError(
+                f"{path}: {name} holds token id {int(ids[first])} (row {row}) outside the model's vocabulary "
+                f"[0, {vocab_size}) — the data was tokenized for another model; regenerate it with this model"
+            )
+    if context is not None:
+        too_long = data.seq_lens > context
+        if too_long.any():
+            raise UserError(
+                f"{path}: {rows_msg(too_long)} are longer than the model's context ({int(data.seq_lens.max())} > {context} tokens) "
+                f"— regenerate with a smaller max_new_tokens or drop those rows"
+            )
+    if not np.isfinite(data.advantages).all():
+        raise UserError(f"{path}: {rows_msg(~np.isfinite(data.advantages))} have a NaN/inf advantage — re-run `topr curate`")
+    if not np.isfinite(data.weights).all() or (data.weights < 0).any():
+        raise UserError(f"{path}: {rows_msg(~(np.isfinite(data.weights) & (data.weights >= 0)))} have a weight that is not a finite number >= 0 — re-run `topr curate`")
+    if check_behavior and not np.isfinite(data.behavior).all():
+        bad_tok = ~np.isfinite(data.behavior)
+        row = int(np.searchsorted(data.completion_off, int(np.flatnonzero(bad_tok)[0]), side="right") - 1)
+        raise UserError(f"{path}: behavior_logprobs hold NaN/inf (first in row {row}) — regenerate the samples or pass --recompute-behavior")
+    if not ((data.weights > 0) & (c_len > 0)).any():
+        raise UserError(f"{path}: no row has both a completion token and a weight > 0 — nothing to train on; check the curation")
+
+
+# -- memory -----------------------------------------------------------------------------
+
+
+def activation_bytes(model_cfg: Any, tokens: int, bytes_per_value: int) -> int:
+    """A generous estimate of one micro-batch's saved activations without checkpointing.
+
+    Per token and decoder layer a transformer block keeps roughly 16 hidden-size
+    and 4 intermediate-size values for backward (norms, q/k/v, attention output,
+    the MLP's gate/up/activation/product); measured on SmolLM2 it is ~0.8 of this.
+    """
+    hidden = int(getattr(model_cfg, "hidden_size", 0) or 0)
+    inter = int(getattr(model_cfg, "intermediate_size", 0) or 4 * hidden)
+    layers = int(getattr(model_cfg, "num_hidden_layers", 0) or 0)
+    return layers * tokens * (16 * hidden + 4 * inter) * bytes_per_value
+
+
+def device_memory_bytes() -> int:
+    """Memory one rank may use: the GPU's, or this machine's RAM shared by its local ranks."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def choose_gradient_checkpointing(cfg: TrainConfig, model_cfg: Any) -> bool:
+    """``auto``: on when one micro-batch's activations would need more than 1/8 of the device memory."""
+    if isinstance(cfg.gradient_checkpointing, bool):
+        return cfg.gradient_checkpointing
+    bytes_per_value = 2 if cfg.dtype in ("bfloat16", "bfloat16-pure") or (cfg.dtype == "auto" and torch.cuda.is_available()) else 4
+    return activation_bytes(model_cfg, cfg.micro_batch_tokens, bytes_per_value) > device_memory_bytes() // 8
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+def _fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def same_model(a: str, b: str) -> bool:
+    pa_, pb = Path(a), Path(b)
+    if pa_.exists() and pb.exists():
+        return pa_.resolve() == pb.resolve()
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def model_config(model: str):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load model config from {model!r} ({first_line(e)}) — pass an HF model dir or hub id") from None
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def prepare(cfg: TrainConfig) -> Prepared:
+    """Validate config, data and model config; decide what the output dirs mean. Creates nothing."""
+    for key in ("model", "data", "out"):
+        if not getattr(cfg, key):
+            raise UserError(f"no --{key} given — `topr train --model M --data FILE --out DIR`")
+    loss = resolve_loss(cfg)
+    if cfg.tensorboard:
+        try:
+            import torch.utils.tensorboard  # noqa: F401
+        except ImportError:
+            raise UserError("--tensorboard needs the tensorboard package — `pip install tensorboard` or drop --tensorboard") from None
+
+    out = Path(cfg.out)
+    partial = out.with_name(out.name + PARTIAL_SUFFIX)
+    if out.exists() and not cfg.overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out} already exists — pass --overwrite to replace it (or --resume to keep a finished run)")
+
+    mcfg = model_config(cfg.model)
+    vocab_size = int(mcfg.vocab_size)
+    context = config_context_length(mcfg)
+    if loss.ref_model:
+        model_config(loss.ref_model)
+
+    data, policies, sampling = load_training_data(cfg.data, need_policy=cfg.recompute_behavior)
+    processing, sampling_source = resolve_processing(cfg, sampling, cfg.data)
+    if processing.greedy and get_loss(loss.name).uses_behavior:
+        raise UserError(
+            f"loss {loss.name!r} needs μ, but {cfg.data} has no sampling distribution (greedy decoding, temperature 0, "
+            "or gold solutions) — regenerate with temperature > 0, or train with --loss sft"
+        )
+    check_data(data, path=cfg.data, vocab_size=vocab_size, context=context, check_behavior=not cfg.recompute_behavior)
+    if cfg.recompute_behavior:
+        other = [p for p in policies if not same_model(p, cfg.model)]
+        if other:
+            raise UserError(
+                f"--recompute-behavior: rows of {cfg.data} were generated by {other[0]!r}, not by --model {cfg.model!r} — "
+                "μ can only be recomputed with the policy that sampled the data; drop --recompute-behavior"
+            )
+    if loss.aggregation == "seq-mean-token-sum-norm" and loss.norm_length is None:
+        # A constant N for the whole run (the default T of `aggregate` would vary per micro-batch).
+        loss.norm_length = int(max(1, data.completion_lens.max()))
+
+    steps = total_steps(data.n_rows, cfg.batch_size, cfg.epochs, cfg.max_steps)
+    samples = steps * cfg.batch_size if cfg.max_steps is not None else round(cfg.epochs * data.n_rows)
+    semantic = {k: v for k, v in config_to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS}
+    semantic["processing"] = processing.as_dict()
+    return Prepared(
+        cfg=cfg, loss=loss, data=data, out=out, partial=partial, steps=steps, samples=samples, vocab_size=vocab_size,
+        context=context, data_fingerprint=fingerprint(cfg.data), config_fingerprint=_fingerprint(semantic),
+        processing=processing, sampling_source=sampling_source,
+        gradient_checkpointing=choose_gradient_checkpointing(cfg, mcfg), policies=policies,
+    )
+
+
+def finished_summary(cfg: TrainConfig) -> Optional[dict[str, Any]]:
+    """With ``resume`` (and not ``overwrite``): the summary of a complete ``<out>``, else None."""
+    out = Path(cfg.out) if cfg.out else None
+    if out is None or not cfg.resume or cfg.overwrite:
+        return None
+    if (out / SUMMARY_NAME).is_file() and (out / "config.json").is_file():
+        return json.loads((out / SUMMARY_NAME).read_text())
+    return None
