@@ -452,3 +452,24 @@ def test_gradient_checkpointing_changes_nothing(tiny_model_dir, data_path, tmp_p
     train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "plain", **kw))
     train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "gc", gradient_checkpointing=True, **kw))
     assert _max_diff(_weights(tmp_path / "plain"), _weights(tmp_path / "gc")) < 1e-6
+
+
+def test_bf16_mixed_precision_keeps_the_papers_small_updates(tiny_model_dir, data_path, tmp_path):
+    """dtype bfloat16 = bf16 compute with fp32 master weights: 10 Adafactor steps at lr 5e-7 move the
+    weights like float32 does; bfloat16-pure (bf16 weights) rounds most of those updates away."""
+    kw = dict(max_steps=10, optimizer="adafactor", lr=5e-7, batch_size=16)
+    base = _weights(tiny_model_dir)
+
+    def delta(name: str, start=base, **extra) -> torch.Tensor:
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / name, **kw, **extra))
+        w = _weights(tmp_path / name)
+        assert all(v.dtype == torch.float32 for v in w.values())  # saved in float32 by default
+        return torch.cat([(w[k].double() - start[k].double()).flatten() for k in sorted(start)])
+
+    fp32, mixed = delta("fp32", dtype="float32"), delta("bf16", dtype="bfloat16")
+    cos = float(torch.nn.functional.cosine_similarity(fp32, mixed, dim=0))
+    ratio = float(mixed.norm() / fp32.norm())
+    assert cos >= 0.9 and 0.8 <= ratio <= 1.25, (cos, ratio)
+    with pytest.warns(UserWarning, match="rounded"):
+        pure = delta("pure", start={k: v.to(torch.bfloat16) for k, v in base.items()}, dtype="bfloat16-pure")
+    assert float((pure != 0).double().mean()) < 0.5 * float((fp32 != 0).double().mean())

@@ -121,3 +121,20 @@ def test_cli_resume_after_sigkill(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert _max_diff(tmp_path / "ref", out) == 0.0
     assert not (tmp_path / "run.partial").exists()
+
+
+def test_fsdp_streams_a_tied_embedding_model_into_the_shards(tmp_path):
+    """Tied input/output embeddings (SmolLM2, Llama 3.2, Qwen 0.5B) stay one parameter under meta
+    initialisation and streaming: 2 ranks == one process."""
+    from toprcli.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tied", seed=3, tie_word_embeddings=True)
+    data = write_curated(tmp_path / "train.parquet", n=24, policy=str(model))
+    opts = dict(optimizer="adafactor", lr=1e-2, batch_size=12, max_steps=2)
+    single = train_policy(_cfg(model, data, tmp_path / "single", opts))
+    res = _torchrun(_train_args(model, data, tmp_path / "fsdp", opts), _env())
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert _max_diff(tmp_path / "single", tmp_path / "fsdp") < FSDP_TOLERANCE
+    assert _max_diff(model, tmp_path / "fsdp") > 1e-3
+    fsdp = json.loads((tmp_path / "fsdp" / "train_summary.json").read_text())
+    assert fsdp["world_size"] == 2 and fsdp["peak_host_rss_mib"] > 0 and single["peak_host_rss_mib"] > 0

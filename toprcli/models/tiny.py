@@ -87,7 +87,7 @@ def build_tokenizer():
 
 
 def _llama_config(vocab_size: int, *, hidden_size: int, num_layers: int, num_heads: int,
-                  intermediate_size: int | None, max_position_embeddings: int):
+                  intermediate_size: int | None, max_position_embeddings: int, tie_word_embeddings: bool = False):
     from transformers import LlamaConfig
 
     if hidden_size % num_heads:
@@ -110,10 +110,10 @@ def _llama_config(vocab_size: int, *, hidden_size: int, num_layers: int, num_hea
         num_key_value_heads=num_heads,
         head_dim=head_dim,
         max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
         hidden_act="silu",
         rms_norm_eps=1e-6,
         initializer_range=0.02,
-        tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
@@ -132,6 +132,7 @@ def build_tiny_model(
     num_heads: int = 4,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 512,
+    tie_word_embeddings: bool = False,
     overwrite: bool = False,
 ) -> Path:
     """Build a randomly initialised float32 ``LlamaForCausalLM`` + tokenizer in ``out_dir``.
@@ -168,6 +169,7 @@ def build_tiny_model(
         num_heads=num_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
     )
     # Seed a private RNG state so building a model never disturbs the caller's.
     with torch.random.fork_rng(devices=[]):

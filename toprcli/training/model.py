@@ -19,11 +19,11 @@ Precision (``TrainConfig.dtype``):
   update below ~2^-8 of a weight rounds away (a warning says so).
 * ``auto``: float32 on CPU, ``bfloat16`` on GPU.
 
-FSDP2 start-up like the big frameworks: rank 0 loads the checkpoint, the
-other ranks build the model on the meta device (no memory), every rank
-shards it, and the weights are broadcast from rank 0 straight into the
-shards (``set_model_state_dict(broadcast_from_rank0=True)``), so a rank's
-host memory holds its shard, not a whole model.
+FSDP2 start-up like the big frameworks: every rank builds the model on the
+meta device (no memory) and shards it, then reads its own piece of each
+tensor straight from the safetensors checkpoint (a slice of a memory map), so
+no rank ever holds a whole model, or even one whole tensor. With LoRA (the adapters' initialisation is not in the checkpoint) rank
+0 loads the model in full and broadcasts it into the shards instead.
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
 from toprcli.errors import UserError
 from toprcli.sampling import Processing
-from toprcli.training.distributed import DistContext, shard_model
+from toprcli.training.distributed import DistContext, broadcast_object, shard_model
 from toprcli.training.logprobs import chunked_logprobs, completion_index, default_chunk_size, scatter_completion
 from toprcli.training.lora import apply_lora, check_lora_targets, lora_config
 
@@ -158,7 +159,9 @@ def _load_lm(model: str, dtype: torch.dtype, *, on_meta: bool) -> torch.nn.Modul
         # Parameters on the meta device (no memory); buffers (rotary tables) real, as the
         # checkpoint does not hold the non-persistent ones.
         with init_empty_weights(include_buffers=False):
-            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=dtype)
+            lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=dtype)
+        lm.tie_weights()  # meta initialisation loses the tie (tied embeddings must be one parameter, as on rank 0)
+        return lm
 
 
 def _materialize(module: torch.nn.Module, device: torch.device) -> None:
@@ -187,7 +190,16 @@ def load_policy(
     ``lora``: ``{"rank", "alpha", "dropout", "target_modules"}`` to train LoRA
     adapters (base weights frozen). Returns ``(policy, lora_config or None)``.
     """
-    meta = ctx.distributed and not ctx.is_main
+    # Under torchrun, full fine-tuning streams the checkpoint into the shards (every rank builds the model on
+    # the meta device); LoRA adapters, or names the checkpoint lacks, fall back to a full load on rank 0
+    # broadcast into the shards.
+    files = checkpoint_files(model) if ctx.distributed and not lora else []
+    streamed = False
+    if files:
+        probe = _load_lm(model, precision.weight_dtype, on_meta=True)
+        streamed = bool(broadcast_object(_streamable(probe, files) if ctx.is_main else None, ctx))
+        del probe
+    meta = ctx.distributed and (streamed or not ctx.is_main)
     lm = _load_lm(model, precision.weight_dtype, on_meta=meta)
     _disable_dropout(lm)
     lcfg = None
@@ -205,7 +217,11 @@ def load_policy(
     policy = PolicyLogprobs(lm, processing, chunk_size)
     if not ctx.distributed:
         return policy.to(ctx.device), lcfg
-
+    if streamed:
+        shard_model(policy, ctx, bf16=precision.mixed)
+        _materialize(policy, ctx.device)
+        _stream_checkpoint_into_shards(policy, files, ctx, precision.weight_dtype)
+        return policy, lcfg
     full = policy.state_dict() if ctx.is_main else {}  # rank 0's weights, to broadcast into the shards
     shard_model(policy, ctx, bf16=precision.mixed)
     if not ctx.is_main:
@@ -217,6 +233,67 @@ def load_policy(
     set_model_state_dict(policy, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     del full
     return policy, lcfg
+
+
+# -- FSDP2: weights streamed from the checkpoint into the shards --------------------------
+
+
+def checkpoint_files(model: str) -> list[Path]:
+    """The safetensors files of a local model dir (or a hub id's cached snapshot); [] if there are none."""
+    root = Path(model)
+    if not root.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            root = Path(snapshot_download(model, allow_patterns=["*.safetensors", "*.json"]))
+        except Exception:  # offline, gated, ...: the rank-0 full load reports the real error
+            return []
+    return sorted(root.glob("*.safetensors"))
+
+
+def _checkpoint_keys(files: list[Path]) -> set[str]:
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            keys.update(st.keys())
+    return keys
+
+
+def _streamable(lm: torch.nn.Module, files: list[Path]) -> bool:
+    """Every parameter of the model is a tensor of the checkpoint (tied aliases aside)."""
+    if not files:
+        return False
+    keys = _checkpoint_keys(files)
+    return all(name in keys for name, _ in lm.named_parameters())  # named_parameters() lists a tied weight once
+
+
+def _stream_checkpoint_into_shards(policy: PolicyLogprobs, files: list[Path], ctx: DistContext, dtype: torch.dtype) -> None:
+    """Every rank reads its own shard of each parameter straight from the safetensors files.
+
+    FSDP2 shards dim 0 in ``torch.chunk`` pieces; rank r's piece of a tensor is read
+    as a slice of the file (a memory map, opened per tensor so the pages read do
+    not stay resident). No rank ever holds a full tensor, let alone a whole model.
+    """
+    from safetensors import safe_open
+    from torch.distributed.tensor import DTensor
+
+    where: dict[str, Path] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            where.update({k: f for k in st.keys()})
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            key = name[len("lm."):]
+            with safe_open(str(where[key]), framework="pt") as st:
+                if isinstance(param, DTensor):
+                    local = param.to_local()
+                    rows = st.get_slice(key).get_shape()[0]
+                    lo = min(rows, ctx.rank * -(-rows // ctx.world_size))  # torch.chunk: ceil-sized pieces
+                    local.copy_(st.get_slice(key)[lo : lo + local.shape[0]].to(dtype))
+                else:  # not sharded (FSDP2 shards every parameter; kept for safety)
+                    param.copy_(st.get_tensor(key).to(dtype))
 
 
 def warn_pure_bf16(lr: float) -> None:

@@ -206,6 +206,7 @@ def _train(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) -> dic
         lora=bool(cfg.lora_rank), lora_config=lcfg,
     )
     resumed = None if resume_from is None else int(resume_from.name.split("-")[1])
+    state["peak_memory"] = _peak_memory(ctx)
     summary = _summary(prep, ctx, state, last, policy, params, precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
     if ctx.is_main:
         _finish(prep, summary)
@@ -312,6 +313,20 @@ def _out_of_memory_hint(cfg: TrainConfig, tokens: int):
         ) from None
 
 
+def _peak_memory(ctx: DistContext) -> dict[str, float]:
+    """Peak host RSS (and device memory on CUDA) of the largest rank, MiB."""
+    import resource
+
+    peaks = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]  # Linux: KiB
+    if ctx.device.type == "cuda":
+        peaks.append(torch.cuda.max_memory_allocated(ctx.device) / 2**20)
+    peaks_t = all_reduce(torch.tensor(peaks, dtype=torch.float64), ctx, op="max").tolist()
+    out = {"peak_host_rss_mib": round(peaks_t[0], 1)}
+    if len(peaks_t) > 1:
+        out["peak_device_memory_mib"] = round(peaks_t[1], 1)
+    return out
+
+
 def _clip_grad_norm(params, max_norm: Optional[float]) -> float:
     """Total gradient norm before clipping (clips to ``max_norm`` when set); works on FSDP2 DTensors."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
@@ -378,6 +393,7 @@ def _summary(prep: Prepared, ctx: DistContext, state: dict[str, Any], last: dict
         "precision": precision.name,
         "save_dtype": cfg.save_dtype,
         "gradient_checkpointing": prep.gradient_checkpointing,
+        **state.get("peak_memory", {}),
         "resumed_from_step": resumed_from,
         "world_size": ctx.world_size,
         "parameters": int(n_params),  # DTensor.numel() is the global size under FSDP
