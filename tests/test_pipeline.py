@@ -168,3 +168,90 @@ def test_killed_run_resumes_to_the_same_files(reference, tmp_path, where, n):
     samples = pq.read_table(run_dir / "round-001" / "samples").to_pandas()
     assert samples.groupby("prompt_id").size().eq(4).all()
     assert not samples.duplicated(["prompt_id", "sample_index"]).any()
+
+
+# -- beyond one device: torchrun training, the engine hand-over, data-parallel generation ---------
+
+
+def _distributed_config(tmp: Path, run_dir: Path, rounds: int = 2) -> Path:
+    cfg = tmp / f"{run_dir.name}.yaml"
+    text = MICRO.format(run_dir=run_dir).replace("rounds: 1", f"rounds: {rounds}")
+    text = text.replace("train: {{loss: topr, optimizer: adamw, lr: 1.0e-3, batch_size: 16, save_every: 1}}".replace("{{", "{").replace("}}", "}"),
+                        "train: {loss: topr, optimizer: adamw, lr: 1.0e-3, batch_size: 16, save_every: 1, nproc_per_node: 2}")
+    assert "nproc_per_node: 2" in text
+    cfg.write_text(text)
+    return cfg
+
+
+def _orphans(run_dir: Path) -> list[str]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(run_dir) in cmd and p.pid != os.getpid():
+            found.append(cmd)
+    return found
+
+
+def test_iterate_trains_under_torchrun_and_resumes_after_a_kill(reference, tmp_path):
+    """train.nproc_per_node: 2 (gloo on CPU): every round trains on 2 ranks; SIGKILL of `topr iterate`
+    mid-training takes its torchrun children with it, and the rerun resumes to completion."""
+    import time
+
+    run_dir = tmp_path / "dist"
+    run_dir.mkdir()
+    for part in ("base", "warmstart", "round-000"):
+        shutil.copytree(reference / part, run_dir / part)
+    cfg = _distributed_config(tmp_path, run_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "toprcli", "iterate", "--config", str(cfg), "--no-report"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = run_dir / "round-001" / "policy.partial" / "checkpoints" / "step-00000001"
+    deadline = time.monotonic() + 300
+    while not ckpt.is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ckpt.is_dir(), "training never checkpointed"
+    proc.kill()
+    proc.wait()
+    time.sleep(2)
+    assert not _orphans(run_dir), "the torchrun children outlived the killed iterate"
+    assert not (run_dir / "round-001" / "policy").exists()
+
+    r = CliRunner().invoke(app, ["iterate", "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    for rnd in (1, 2):
+        summary = json.loads((run_dir / f"round-{rnd:03d}" / "policy" / "train_summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["steps"] == 4
+    assert json.loads((run_dir / "round-001" / "policy" / "train_summary.json").read_text())["resumed_from_step"] >= 1
+    rows = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
+    assert [row["round"] for row in rows] == [0, 1, 2] and all(row.get("pass@1") is not None for row in rows)
+    state = json.loads((run_dir / "state.json").read_text())
+    assert "release_s" in state["steps"]["round-002/train"]  # the engine was closed before training ...
+    assert "reacquire_s" in state["steps"]["round-002/eval"]  # ... and reopened for the next generation/eval
+
+
+def test_engine_is_closed_before_training_and_reopened_after(reference, tmp_path, monkeypatch):
+    """engine_handover: release on CPU: the hf engine is closed when training starts, reopened after."""
+    import toprcli.training as training
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.pipeline import Pipeline
+
+    run_dir = tmp_path / "handover"
+    run_dir.mkdir()
+    for part in ("base", "warmstart", "round-000"):
+        shutil.copytree(reference / part, run_dir / part)
+    cfg = load_config(IterateConfig, write_config(tmp_path, run_dir), sets={"engine_handover": "release"})
+    pipeline = Pipeline(cfg)
+    seen = []
+    real = training.train_policy
+
+    def spy(tcfg, **kw):
+        seen.append(pipeline.engine.backend)
+        return real(tcfg, **kw)
+
+    monkeypatch.setattr(training, "train_policy", spy)
+    pipeline.run()
+    assert seen == [None]  # closed while training
+    state = json.loads((run_dir / "state.json").read_text())["steps"]
+    assert state["round-001/train"]["release_s"] >= 0 and state["round-001/eval"]["reacquire_s"] > 0

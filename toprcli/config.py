@@ -131,6 +131,9 @@ class GenerateConfig:
     # One seed per (seed, iteration, prompt_id) for every request (vLLM; results then do not
     # depend on batching or sharding). Off: the sampler RNG is reseeded per shard only.
     per_request_seed: bool = True
+    # Processes (one engine each, on their own GPUs) splitting the prompts into disjoint shard
+    # ranges of the same --out; the rows do not depend on it.
+    data_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)
 
 
 @dataclass
@@ -227,6 +230,11 @@ class TrainConfig:
     norm_length: int | None = field(default=None, metadata=AT_LEAST_ONE)
     threads: int | None = field(default=None, metadata=AT_LEAST_ONE)  # torch CPU threads; None = torch's default
     overwrite: bool = False  # replace an existing complete --out
+    # Ranks on this node: > 1 runs training under `torchrun --nproc-per-node N` in a child process.
+    nproc_per_node: int = field(default=1, metadata=AT_LEAST_ONE)
+    # A command template for other launchers (multi-node), with {config}, {nproc_per_node}, {python}, e.g.
+    # "srun torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 -m toprcli train --config {config}"
+    launcher: str | None = None
 
 
 @dataclass
@@ -243,6 +251,7 @@ class EvalConfig:
     timeout: float = field(default=5.0, metadata=POSITIVE)
     shard_size: int = field(default=64, metadata=AT_LEAST_ONE)
     iteration: int = field(default=0, metadata=NON_NEGATIVE)
+    data_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)  # engines (processes) sharing the prompts
 
     def check(self) -> None:
         if self.sampling.temperature == 0:
@@ -291,6 +300,9 @@ class IterateConfig:
     curate: CurateConfig = field(default_factory=lambda: CurateConfig(unreachable_baseline=0.0))
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # Before training, the generation engine gives its memory back (vLLM sleep mode on GPUs, closed
+    # elsewhere) and takes it again afterwards. auto: on GPUs, or when training runs in child processes.
+    engine_handover: Literal["auto", "release", "keep"] = "auto"
 
     def check(self) -> None:
         # The trainer reads the sampling distribution from the data generate writes; a train

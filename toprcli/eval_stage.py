@@ -43,6 +43,16 @@ def generate_config(cfg: EvalConfig, out: Path, *, greedy: bool) -> GenerateConf
     )
 
 
+def generation_passes(cfg: EvalConfig) -> list[GenerateConfig]:
+    """The generate configs of an eval: k samples per prompt into ``samples/``, then (with
+    ``greedy``) one greedy completion per prompt into ``greedy/samples``."""
+    out = Path(cfg.out)
+    passes = [generate_config(cfg, out / "samples", greedy=False)]
+    if cfg.greedy:
+        passes.append(generate_config(cfg, out / "greedy" / "samples", greedy=True))
+    return passes
+
+
 def score_config(cfg: EvalConfig, samples: Path, out: Path) -> ScoreConfig:
     return ScoreConfig(samples=str(samples), out=str(out), verifier=cfg.verifier, workers=cfg.workers, timeout=cfg.timeout)
 

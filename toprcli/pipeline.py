@@ -53,30 +53,60 @@ class EngineHolder:
 
     Opening a vLLM engine costs tens of seconds; swapping weights in place costs
     far less, so the engine that samples a round's training prompts also
-    evaluates that round's trained policy and serves the next round.
-    The engine is opened lazily: a resumed run past generation never starts one.
+    evaluates that round's trained policy and serves the next round. It is
+    opened lazily (a resumed run past generation never starts one).
+
+    Hand-over: :meth:`release` gives the engine's device memory back before
+    training — vLLM's sleep mode where the engine supports it (GPUs: weights
+    offloaded, KV cache dropped), else the engine is closed — and :meth:`get`
+    takes it again (wake up, or reopen) with the new policy's weights. The
+    seconds both cost are kept in ``handover_s`` for the run's state.
     """
 
-    def __init__(self, engine: EngineConfig, seed: int):
+    def __init__(self, engine: EngineConfig, seed: int, *, sleep_mode: bool = False):
         self.engine = engine
         self.seed = seed
+        self.sleep_mode = sleep_mode
         self.backend: Any = None
         self.model: str | None = None
+        self.asleep = False
+        self.handover_s: dict[str, float] = {}
 
     def get(self, model: str) -> Any:
         from toprcli.generation import open_backend
 
+        t0 = time.perf_counter()
+        reacquire = self.asleep or (self.backend is None and self.model is not None)
         if self.backend is None:
-            self.backend = open_backend(self.engine, model, seed=self.seed)
-        elif self.model != model:
+            self.backend = open_backend(self.engine, model, seed=self.seed, sleep_mode=self.sleep_mode)
+        elif self.asleep:
+            self.backend.wake_up()
+            self.asleep = False
+        if str(self.backend.model) != model:
             self.backend.load_weights(model)
         self.model = model
+        if reacquire:
+            self.handover_s["reacquire_s"] = round(time.perf_counter() - t0, 3)
         return self.backend
+
+    def release(self) -> None:
+        """Give the device memory back (sleep, or close); the next :meth:`get` takes it again."""
+        if self.backend is None or self.asleep:
+            return
+        t0 = time.perf_counter()
+        if getattr(self.backend, "can_sleep", False):
+            self.backend.sleep()
+            self.asleep = True
+        else:
+            self.backend.close()
+            self.backend = None
+        self.handover_s = {"release_s": round(time.perf_counter() - t0, 3)}
 
     def close(self) -> None:
         if self.backend is not None:
             self.backend.close()
             self.backend = None
+            self.asleep = False
 
 
 class State:
@@ -139,7 +169,8 @@ class Pipeline:
         self.run_dir = Path(cfg.run_dir)
         self.progress = progress
         self.on_round = on_round
-        self.engine = EngineHolder(cfg.generate.engine, cfg.generate.sampling.seed)
+        self.handover = _wants_handover(cfg)
+        self.engine = EngineHolder(cfg.generate.engine, cfg.generate.sampling.seed, sleep_mode=self.handover)
         self.state: State | None = None
 
     # paths and policies ---------------------------------------------------
@@ -205,19 +236,36 @@ class Pipeline:
         build_tiny_model(target, seed=self.cfg.warm_start.model_seed, **TINY_PRESETS[self.cfg.warm_start.model_preset])
 
     def _warm_start_train(self) -> None:
-        from toprcli.training import train_policy
-
         ws = self.run_dir / "warmstart"
         tcfg = replace(
             self.cfg.warm_start_train(),
             model=self.initial_model(), data=str(ws / "gold.parquet"), out=str(ws / "policy"), resume=True,
         )
-        train_policy(tcfg, progress=self.progress)
+        self._run_training(tcfg)
+
+    def _run_training(self, tcfg) -> None:
+        """Train in this process, or under torchrun / the configured launcher in a child process;
+        the generation engine first gives its memory back when the run hands the device over."""
+        from toprcli.launch import runs_in_child, train_in_child
+        from toprcli.training import train_policy
+
+        if self.handover:
+            self.engine.release()
+        if runs_in_child(tcfg):
+            train_in_child(tcfg)
+        else:
+            train_policy(tcfg, progress=self.progress)
 
     def _generate(self, r: int) -> None:
         from toprcli.generate_stage import generate_samples
 
         gcfg = replace(self.cfg.generate, model=self.policy_after(r - 1), out=str(round_dir(self.run_dir, r) / "samples"), iteration=r)
+        if gcfg.data_parallel_size > 1:  # one engine per process; this process's engine would hold memory for nothing
+            from toprcli.launch import generate_data_parallel
+
+            self.engine.close()
+            generate_data_parallel(gcfg)
+            return
         generate_samples(gcfg, backend=self.engine.get(gcfg.model), progress=self.progress)
 
     def _score(self, r: int) -> None:
@@ -238,12 +286,10 @@ class Pipeline:
         curate(ccfg)
 
     def _train(self, r: int) -> None:
-        from toprcli.training import train_policy
-
         d = round_dir(self.run_dir, r)
         start = self.policy_after(r - 1) if self.cfg.train_from == "previous" else self.base_policy()
         tcfg = replace(self.cfg.train, model=start, data=str(d / "train.parquet"), out=str(d / "policy"), resume=True)
-        train_policy(tcfg, progress=self.progress)
+        self._run_training(tcfg)
 
     def _eval(self, r: int) -> None:
         from toprcli.eval_stage import evaluate
@@ -252,6 +298,15 @@ class Pipeline:
         ecfg = replace(self.cfg.eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
         if ecfg.verifier == "auto":
             ecfg = replace(ecfg, verifier=self.verifier())
+        if ecfg.data_parallel_size > 1:
+            from toprcli.eval_stage import generation_passes
+            from toprcli.launch import generate_data_parallel
+
+            self.engine.close()
+            for gcfg in generation_passes(ecfg):  # evaluate() then finds every pass generated
+                generate_data_parallel(replace(gcfg, data_parallel_size=ecfg.data_parallel_size))
+            evaluate(ecfg, progress=self.progress)
+            return
         backend = self.engine.get(policy) if ecfg.engine == self.cfg.generate.engine else None
         evaluate(ecfg, backend=backend, progress=self.progress)
 
@@ -286,14 +341,25 @@ class Pipeline:
                 if step.is_done():
                     continue
                 t0 = time.perf_counter()
+                self.engine.handover_s = {}
                 step.run()
-                self.state.record(step.key, time.perf_counter() - t0)
+                self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)
                 if step.key.endswith("/eval") and self.on_round is not None:
                     r = int(step.key.split("/")[0].split("-")[1])
                     self.on_round(r, round_summary(self.run_dir, r))
         finally:
             self.engine.close()
         return run_summary(self.run_dir)
+
+
+def _wants_handover(cfg: IterateConfig) -> bool:
+    """Whether the engine gives its device memory back before training (see EngineHolder)."""
+    if cfg.engine_handover != "auto":
+        return cfg.engine_handover == "release"
+    from toprcli.generation.base import cuda_available
+    from toprcli.launch import runs_in_child
+
+    return cuda_available() or runs_in_child(cfg.train) or runs_in_child(cfg.warm_start_train())
 
 
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:

@@ -199,18 +199,26 @@ def write_shard(
     return write_table_atomic(Path(out_dir) / shard_name(index), table, metadata)
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` so that the file either exists whole or not at all."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     _fsync_dir(path.parent)
     return path
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def versions() -> dict[str, str]:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, progress_bars, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, console, err_console, progress_bars, summary_table, user_errors
 
 
 @user_errors
@@ -31,6 +31,7 @@ def generate(
     shard_size: Annotated[int | None, typer.Option("--shard-size", help="Prompts per shard file (the unit of resume). Default: 64.")] = None,
     shard_index: Annotated[int | None, typer.Option("--shard-index", help="This process's part, 0..num-shards-1 (data parallel). Default: 0.")] = None,
     num_shards: Annotated[int | None, typer.Option("--num-shards", help="Processes sharing the prompt set (data parallel). Default: 1.")] = None,
+    data_parallel_size: Annotated[int | None, typer.Option("--data-parallel-size", help="Launch N processes here, one engine each (GPUs split between them), disjoint shards into --out. Default: 1.")] = None,
     tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help="GPUs per vLLM engine (tensor parallelism). Default: 1.")] = None,
     dtype: Annotated[str | None, typer.Option(help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16 or float16.")] = None,
     gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization", help="vLLM memory share (GPU memory; on CPU, the share of RAM for model + KV cache). Default: 0.9 GPU, 0.2 CPU.")] = None,
@@ -81,14 +82,25 @@ def generate(
         "shard_size": shard_size,
         "shard_index": shard_index,
         "num_shards": num_shards,
+        "data_parallel_size": data_parallel_size,
         "skip_long": skip_long,
         "clip_to_context": clip_to_context,
         "iteration": iteration,
         "per_request_seed": per_request_seed,
     }
     cfg = load_config(GenerateConfig, config, overrides)
-    with progress_bars(not as_json) as progress:
-        summary = generate_samples(cfg, progress=progress)
+    if cfg.data_parallel_size > 1:
+        from toprcli.launch import generate_data_parallel
+        from toprcli.shards import read_manifest
+
+        err_console.print(f"{cfg.data_parallel_size} processes: logs in {cfg.out}/_logs/", highlight=False)
+        generate_data_parallel(cfg)
+        manifest = read_manifest(cfg.out)
+        summary = {**manifest["counts"], "out": cfg.out, "backend": manifest["config"]["engine"]["backend_resolved"],
+                   "shards_written": manifest["counts"]["shards"], "shards_skipped": 0, "wall_time_s": manifest["wall_time_s"]}
+    else:
+        with progress_bars(not as_json) as progress:
+            summary = generate_samples(cfg, progress=progress)
     if as_json:
         typer.echo(json.dumps(summary, sort_keys=True))
         return

@@ -53,6 +53,8 @@ def train(
     whiten_advantages: Annotated[Optional[bool], typer.Option("--whiten-advantages", help="Whiten advantages over each step's batch.")] = None,
     adv_clip: Annotated[Optional[float], typer.Option(help="Clip advantages to [-c, c].")] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice; 1 per core share under torchrun).")] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Train on N ranks of this node: relaunches itself under torchrun (FSDP2). Default: 1.")] = None,
+    launcher: Annotated[Optional[str], typer.Option(help="Command template for other launchers, with {config} (e.g. srun torchrun ... -m toprcli train --config {config}).")] = None,
     tensorboard: Annotated[Optional[bool], typer.Option("--tensorboard", help="Also write TensorBoard events to OUT/tb.")] = None,
     log_every: Annotated[Optional[int], typer.Option(help="Write metrics every N steps.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
@@ -65,7 +67,8 @@ def train(
     Examples:
       [bold]topr train -m runs/r0/policy -d runs/r1/train.parquet -o runs/r1/policy --loss topr[/]
       [bold]topr train -c configs/gsm8k.yaml -m meta-llama/Meta-Llama-3-8B-Instruct -d train.parquet -o policy[/]
-      [bold]torchrun --nproc-per-node 8 -m toprcli train -c configs/gsm8k.yaml -d train.parquet -o policy[/]
+      [bold]topr train -c configs/gsm8k-llama3-8b.yaml -d train.parquet -o policy --nproc-per-node 8[/]   (FSDP2, 8 ranks)
+      [bold]torchrun --nproc-per-node 8 -m toprcli train -c configs/gsm8k-llama3-8b.yaml -d train.parquet -o policy[/]
     """
     from toprcli.config import TrainConfig, load_config, parse_override
     from toprcli.training.distributed import env_rank
@@ -85,6 +88,7 @@ def train(
         "lora_target_modules": lora_target or None, "ref_model": ref_model, "kl_coef": kl_coef,
         "kl_estimator": kl_estimator, "entropy_coef": entropy_coef, "whiten_advantages": whiten_advantages,
         "adv_clip": adv_clip, "threads": threads, "tensorboard": tensorboard, "log_every": log_every,
+        "nproc_per_node": nproc_per_node, "launcher": launcher,
     }
     for item in loss_option or []:
         key, value = parse_override(item)
@@ -93,8 +97,15 @@ def train(
 
     from toprcli.training import train_policy
 
-    with progress_bars(progress and env_rank() == 0) as bars:
-        summary = train_policy(cfg, progress=bars)
+    from toprcli.launch import runs_in_child, train_in_child
+    from toprcli.training.distributed import env_world_size
+
+    if runs_in_child(cfg) and env_world_size() == 1:  # launch the ranks (their output goes to <out>.train.log)
+        err_console.print(f"training on {cfg.nproc_per_node} ranks: log in {cfg.out}.train.log", highlight=False)
+        summary = train_in_child(cfg)
+    else:
+        with progress_bars(progress and env_rank() == 0) as bars:
+            summary = train_policy(cfg, progress=bars)
     if env_rank() != 0:
         return
     if json_out:

@@ -48,7 +48,7 @@ def resolve_backend_name(name: str) -> str:
     return name
 
 
-def backend_options(engine: Any, model: str, seed: int = 0) -> BackendOptions:
+def backend_options(engine: Any, model: str, seed: int = 0, sleep_mode: bool = False) -> BackendOptions:
     """Backend settings from an :class:`~toprcli.config.EngineConfig` (or an object with its fields)."""
     return BackendOptions(
         model=str(model),
@@ -59,20 +59,22 @@ def backend_options(engine: Any, model: str, seed: int = 0) -> BackendOptions:
         gpu_memory_utilization=engine.gpu_memory_utilization,
         enforce_eager=engine.enforce_eager,
         batch_size=int(engine.batch_size),
+        sleep_mode=sleep_mode,
         extra=dict(engine.engine_kwargs or {}),
     )
 
 
-def open_backend(engine: Any, model: str, *, seed: int = 0) -> GenerationBackend:
+def open_backend(engine: Any, model: str, *, seed: int = 0, sleep_mode: bool = False) -> GenerationBackend:
     """Open the backend ``engine.backend`` names on ``model``; the caller closes it.
 
     ``engine`` is an :class:`~toprcli.config.EngineConfig`. ``seed`` seeds the
     engine's global sampler (requests normally carry their own seeds).
+    ``sleep_mode``: a vLLM engine on GPUs that can :meth:`sleep` between uses.
     """
     from toprcli.generation.model_info import check_model
 
     name = resolve_backend_name(engine.backend or "auto")
-    opts = backend_options(engine, model, seed)
+    opts = backend_options(engine, model, seed, sleep_mode)
     check_model(opts.model)
     if name == "vllm":
         from toprcli.generation.vllm_backend import VLLMBackend

@@ -160,6 +160,7 @@ class BackendOptions:
     gpu_memory_utilization: float | None = None
     enforce_eager: bool | None = None  # vLLM: None = eager on CPU, compiled on GPU
     batch_size: int = 64  # hf: prompts per generate call
+    sleep_mode: bool = False  # vLLM on GPUs: able to sleep (give its memory back) between uses
     extra: dict = field(default_factory=dict)  # passed to vllm.LLM(...) as is
 
 

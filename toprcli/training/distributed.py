@@ -11,7 +11,10 @@ one code path.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,6 +41,19 @@ class DistContext:
         return self.rank == 0
 
 
+DIE_WITH_PARENT = "TOPRCLI_DIE_WITH_PARENT"  # set for children of `topr iterate`: die with the launcher
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent exits (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except OSError:  # pragma: no cover - no glibc
+        pass
+
+
 def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -49,6 +65,8 @@ def env_rank() -> int:
 def init_distributed() -> DistContext:
     """Join the torchrun process group if there is one; pick this rank's device."""
     ws = env_world_size()
+    if ws > 1 and os.environ.get(DIE_WITH_PARENT):
+        die_with_parent()  # a torchrun worker launched by `topr iterate`: no orphan if the agent is killed
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")

@@ -33,7 +33,7 @@ from toprcli.training.batching import TOKEN_COLUMNS, TokenData, total_steps
 # ``loss_options`` (which then overrides the TrainConfig field of the same name).
 GENERIC_LOSS_OPTIONS = ("adv_clip", "whiten_advantages", "kl_coef", "kl_estimator", "entropy_coef", "norm_length")
 # Config keys that do not change the trained weights (a checkpoint may be resumed under other values).
-NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "log_every", "tensorboard", "threads", "save_dtype")
+NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "log_every", "tensorboard", "threads", "save_dtype", "nproc_per_node", "launcher")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
 PARTIAL_SUFFIX = ".partial"
 SUMMARY_NAME = "train_summary.json"

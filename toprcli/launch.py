@@ -1,0 +1,170 @@
+"""Stages in child processes: training under torchrun (or a user's launcher), data-parallel generation.
+
+Used by ``topr iterate`` (and by ``topr train --nproc-per-node``/``topr generate
+--data-parallel-size`` when run by hand). Each child gets the stage's resolved
+config as a YAML file next to its output and writes everything it prints to a
+log file there; a failing child becomes one :class:`UserError` line naming its
+exit code, its last error line and the log. Children die with their parent
+(``PR_SET_PDEATHSIG`` on Linux), so a killed ``topr iterate`` leaves no training
+running behind it; the rerun resumes from the stage's own checkpoints or shards.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from toprcli.config import GenerateConfig, TrainConfig, config_to_dict
+from toprcli.errors import UserError
+from toprcli.shards import write_text_atomic
+from toprcli.training.distributed import DIE_WITH_PARENT, die_with_parent
+
+def write_stage_config(cfg: Any, path: Path) -> Path:
+    """The stage's resolved config as a single-stage YAML file (what the child reads with --config)."""
+    return write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def _last_error_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    for ln in reversed(lines):
+        if ln.startswith("error:") or "Error" in ln or "error" in ln:
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str, str] | None = None) -> None:
+    """Run ``cmd`` (a shell line, or an argv list) with its output appended to ``log``; UserError if it fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    child_env = {**os.environ, **(env or {}), DIE_WITH_PARENT: "1"}
+    with open(log, "ab") as out:
+        out.write(f"$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            cmd, shell=isinstance(cmd, str), stdout=out, stderr=subprocess.STDOUT, env=child_env,
+            preexec_fn=die_with_parent, executable="/bin/bash" if isinstance(cmd, str) else None,
+        )
+        try:
+            code = proc.wait()
+        except BaseException:
+            proc.kill()
+            raise
+    if code != 0:
+        last = _last_error_line(log)
+        raise UserError(f"{what} failed (exit code {code}): {last} — see {log}")
+
+
+# -- training ---------------------------------------------------------------------------
+
+
+def training_command(cfg: TrainConfig, config_file: Path) -> str:
+    """The shell line that trains ``config_file``: the user's launcher template, or torchrun on this node.
+
+    A launcher template may use ``{config}`` (the train config file), ``{nproc_per_node}``
+    and ``{python}``; e.g. ``srun torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d
+    --rdzv-endpoint $HEAD:29500 -m toprcli train --config {config}``.
+    """
+    fields = {"config": shlex.quote(str(config_file)), "nproc_per_node": cfg.nproc_per_node, "python": shlex.quote(sys.executable)}
+    if cfg.launcher:
+        try:
+            return cfg.launcher.format(**fields)
+        except (KeyError, IndexError, ValueError) as e:
+            raise UserError(f"train.launcher: bad template ({e}) — use the placeholders {{config}}, {{nproc_per_node}}, {{python}}") from None
+    return (
+        f"{fields['python']} -m torch.distributed.run --standalone --nproc-per-node {cfg.nproc_per_node} "
+        f"-m toprcli train --config {fields['config']} --no-progress"
+    )
+
+
+def runs_in_child(cfg: TrainConfig) -> bool:
+    return cfg.nproc_per_node > 1 or bool(cfg.launcher)
+
+
+def train_in_child(cfg: TrainConfig) -> dict[str, Any]:
+    """Train ``cfg`` under torchrun (or ``cfg.launcher``) and return its ``train_summary.json``.
+
+    The config and the log go next to the output: ``<out>.train.yaml``, ``<out>.train.log``.
+    """
+    import json
+
+    out = Path(cfg.out)
+    done = out / "train_summary.json"
+    if cfg.resume and not cfg.overwrite and done.is_file() and (out / "config.json").is_file():
+        return json.loads(done.read_text())
+    config_file = write_stage_config(_single_process_view(cfg), out.with_name(out.name + ".train.yaml"))
+    run_logged(training_command(cfg, config_file), out.with_name(out.name + ".train.log"), what=f"training of {out}")
+    if not done.is_file():
+        raise UserError(f"the training launcher exited without writing {done} — check train.launcher runs `toprcli train --config {config_file}`")
+    return json.loads(done.read_text())
+
+
+def _single_process_view(cfg: TrainConfig) -> TrainConfig:
+    """What each rank reads: the same config without the launch settings (it must not launch again)."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, nproc_per_node=1, launcher=None)
+
+
+# -- data-parallel generation ------------------------------------------------------------
+
+
+def device_groups(processes: int, per_process: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each process (consecutive groups of ``per_process`` GPUs); None on CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return [None] * processes
+    have = torch.cuda.device_count()
+    need = processes * per_process
+    if need > have:
+        raise UserError(f"data_parallel_size {processes} × tensor_parallel_size {per_process} needs {need} GPUs, {have} are visible — lower them")
+    return [",".join(str(d) for d in range(i * per_process, (i + 1) * per_process)) for i in range(processes)]
+
+
+def generate_data_parallel(cfg: GenerateConfig) -> None:
+    """``cfg.data_parallel_size`` processes, one engine each, disjoint shard ranges into ``cfg.out``.
+
+    Rows do not depend on the split: every prompt samples from its own seed.
+    Each process logs to ``<out>/_logs/part-<i>.log``.
+    """
+    out = Path(cfg.out)
+    n = cfg.data_parallel_size
+    import dataclasses
+
+    one = dataclasses.replace(cfg, data_parallel_size=1, num_shards=n)
+    config_file = write_stage_config(one, out.with_name(out.name + ".generate.yaml"))
+    devices = device_groups(n, cfg.engine.tensor_parallel_size)
+    procs = []
+    for i, dev in enumerate(devices):
+        env = {**os.environ, DIE_WITH_PARENT: "1"}
+        if dev is not None:
+            env["CUDA_VISIBLE_DEVICES"] = dev
+        log = out / "_logs" / f"part-{i}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "toprcli", "generate", "--config", str(config_file), "--shard-index", str(i), "--json"]
+        fh = open(log, "ab")
+        procs.append((i, subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent), fh, log))
+    failed = []
+    try:
+        for i, proc, fh, log in procs:
+            code = proc.wait()
+            fh.close()
+            if code != 0:
+                failed.append((i, code, log))
+    except BaseException:
+        for _, proc, fh, _ in procs:
+            proc.kill()
+            fh.close()
+        raise
+    if failed:
+        i, code, log = failed[0]
+        raise UserError(f"generation process {i} of {n} failed (exit code {code}): {_last_error_line(log)} — see {log}")
