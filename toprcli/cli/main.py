@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from toprcli.cli import config_cmd, curate, generate, info, init_model, iterate, report, score, train
+from toprcli.cli import config_cmd, curate, generate, import_gguf, info, init_model, iterate, report, score, train
 from toprcli.cli import eval as eval_cli
 
 app = typer.Typer(
@@ -26,6 +26,7 @@ app = typer.Typer(
 
 app.command("info")(info.info)
 app.command("init-model")(init_model.init_model)
+app.command("import-gguf")(import_gguf.import_gguf)
 app.command("generate")(generate.generate)
 app.command("score")(score.score)
 app.command("curate")(curate.curate)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from toprcli.errors import UserError
+from toprcli.shards import swap_dir_into_place
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3
@@ -186,7 +187,7 @@ def build_tiny_model(
         GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "toprcli_model.json").write_text(json.dumps(_card(seed, config), indent=2) + "\n")
-        _swap_into_place(tmp, out)
+        swap_dir_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -204,17 +205,6 @@ def _card(seed: int, config: Any) -> dict:
         "max_position_embeddings": config.max_position_embeddings,
         "vocab_size": config.vocab_size,
     }
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first, then deleted."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def count_parameters(model_dir: str | os.PathLike) -> int:
