@@ -85,12 +85,25 @@ def test_clustering_stops_when_nothing_left_can_win_or_tie():
 
 
 def test_only_the_first_k_samples_vote_and_prompts_are_separate():
-    pool = RecordingPool({"1": 1, "2": 2, "x": 1})
+    pool = RecordingPool({"u": 1, "v": 2, "x": 1})
     pids = ["p", "p", "p", "q", "q"]
-    keys = vote_keys(resolve_verifier("math"), pids, ["1", "2", "x", "x", "1"], [False] * 5, 2, pool=pool)
+    keys = vote_keys(resolve_verifier("math"), pids, ["u", "v", "x", "x", "u"], [False] * 5, 2, pool=pool)
     assert keys[2] is None  # the third sample of p: beyond k = 2, so p's "x" is never compared
-    assert pool.pairs == [("1", "2"), ("x", "1")]
+    assert pool.pairs == [("u", "v"), ("x", "u")]
     assert keys[0] != keys[1] and keys[3] == keys[4]
+
+
+def test_plain_numbers_are_compared_by_value_without_the_pool():
+    value = {"x": 0.5, "0.5": 0.5, "0.50": 0.5, "7": 7, "007": 7, "8": 8, "0.3333333": 1 / 3, "0.333333": 1 / 3}
+    pool = RecordingPool(value)
+    answers = ["0.3333333", "0.3333333", "0.333333", "7", "007", "8", "0.5", "0.50", "x"]
+    keys = vote_keys(resolve_verifier("math"), ["p"] * 9, answers, [False] * 9, 9, pool=pool)
+    assert keys[0] == keys[1] == keys[2] and keys[3] == keys[4] != keys[5] and keys[6] == keys[7] == keys[8]
+    asked = {frozenset(pair) for pair in pool.pairs}
+    # Integers and equal decimals are settled by value; decimals that differ (math-verify rounds),
+    # and anything not a plain number, go to the pool.
+    assert not asked & {frozenset(("7", "007")), frozenset(("7", "8")), frozenset(("0.5", "0.50"))}
+    assert {frozenset(("0.3333333", "0.333333")), frozenset(("7", "x")), frozenset(("0.5", "x"))} <= asked
 
 
 def test_gsm8k_votes_are_unchanged_and_start_no_pool(monkeypatch):

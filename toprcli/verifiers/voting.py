@@ -13,7 +13,9 @@ prompt; this module computes the keys.
   the other strings are clustered greedily, most-voted first: each leader is
   compared with every string not yet placed, by the verifier's ``equivalent``
   in the :class:`~toprcli.verifiers.pool.VerifierPool` (worker processes, the
-  per-check time limit; a comparison that times out counts as different).
+  per-check time limit; a comparison that times out counts as different) —
+  except two plain numbers, compared by value here when that settles it
+  (equal values, or two different integers).
   Clustering stops as soon as the strings still unplaced hold fewer votes
   than the largest vote so far: whatever they form can neither win nor tie.
 
@@ -23,14 +25,17 @@ every prompt still clustering, so the workers stay busy.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
+from decimal import Decimal
 
 from toprcli.evaluation import normalize_answer
 from toprcli.verifiers.base import Verifier
 from toprcli.verifiers.pool import DEFAULT_TIMEOUT, VerifierPool
 
 CORRECT_KEY = 0  # the vote of the answers that were verified correct
+_PLAIN_NUMBER_RE = re.compile(r"-?\d{1,50}(?:\.\d{1,50})?")
 
 
 class _Prompt:
@@ -116,6 +121,16 @@ def vote_keys(
     return keys
 
 
+def _numbers_equal(a: str, b: str) -> bool | None:
+    """Two plain numbers: equal values are the same answer, different integers are not; else None (ask the pool)."""
+    if not (_PLAIN_NUMBER_RE.fullmatch(a) and _PLAIN_NUMBER_RE.fullmatch(b)):
+        return None
+    if Decimal(a) == Decimal(b):
+        return True
+    # Decimals that differ may still be equal to math-verify's rounding (0.3333333 vs 0.333333).
+    return False if "." not in a and "." not in b else None
+
+
 def _cluster(
     prompts: dict[str, _Prompt],
     verifier: Verifier,
@@ -136,9 +151,14 @@ def _cluster(
                 batch += [(p, lead, j) for j in p.unplaced[1:]]
             if not batch:
                 return
-            if pool is None:
-                pool = own_pool = VerifierPool(verifier, workers=workers, timeout=timeout)
-            same = pool.equivalent([(p.texts[lead], p.texts[j]) for p, lead, j in batch], progress=progress)
+            same = [_numbers_equal(p.texts[lead], p.texts[j]) for p, lead, j in batch]
+            ask = [i for i, v in enumerate(same) if v is None]
+            if ask:
+                if pool is None:
+                    pool = own_pool = VerifierPool(verifier, workers=workers, timeout=timeout)
+                pairs = [(batch[i][0].texts[batch[i][1]], batch[i][0].texts[batch[i][2]]) for i in ask]
+                for i, eq in zip(ask, pool.equivalent(pairs, progress=progress)):
+                    same[i] = eq
             joined: dict[int, list[int]] = defaultdict(list)
             for (p, lead, j), eq in zip(batch, same):
                 if eq:
