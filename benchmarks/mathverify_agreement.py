@@ -24,8 +24,9 @@ Two scorers, one run:
 * raw: ``math_verify.verify(math_verify.parse(gold), math_verify.parse(pred))``
   in this process with the library's defaults.
 
-The suite's own helper uses other settings in places (boxed first, expression
-extraction only, float precision), so neither scorer is expected to reach 100%.
+The suite's own helper uses other settings in places (LaTeX-only or
+expression-only extraction, boxed first, a lower float precision, set-relation
+comparison), so neither scorer is expected to reach 100%.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ def read_source(repo: Path, rel: str) -> str:
             ["git", f"--git-dir={repo}", "show", f"HEAD:{rel}"], check=True, capture_output=True, text=True
         ).stdout
     raise SystemExit(f"{repo}: neither a checkout nor a git directory holding {rel}")
+
+
+def revision(repo: Path) -> str:
+    """The checkout's commit (short), or "unknown"."""
+    git_dir = repo if (repo / "HEAD").is_file() and (repo / "objects").is_dir() else repo / ".git"
+    r = subprocess.run(["git", f"--git-dir={git_dir}", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else "unknown"
 
 
 def _parametrize_calls(fn: ast.FunctionDef):
@@ -211,7 +219,8 @@ def main() -> None:
     from collections import Counter
 
     lines = [
-        f"{len(cases)} cases ({skipped} non-literal rows skipped) from {', '.join(files)}; math-verify {version}.",
+        f"{len(cases)} cases ({skipped} non-literal rows skipped) from {', '.join(files)} "
+        f"(Math-Verify {revision(args.math_verify)}); math-verify {version} installed.",
         f"agree with the expected verdict: topr score --verifier math {ours_ok}/{len(cases)}, "
         f"raw math-verify (defaults) {raw_ok}/{len(cases)}",
     ]
@@ -229,17 +238,22 @@ def main() -> None:
                 f"    gold={c['gold']!r}\n    pred={c['pred'][:300]!r}"
             )
     if args.write_docs:
+        misses = [i for i in range(len(cases)) if ours[i] != expected[i]]
         write_docs(
             "## math verifier vs Math-Verify's own test suite\n\n"
             f"`python benchmarks/mathverify_agreement.py MATH_VERIFY --write-docs`: the literal (gold, pred, expected) "
-            f"cases of Math-Verify's `tests/test_all.py` and `tests/test_yujianll.py`, extracted with `ast` "
-            f"({len(cases)} cases, math-verify {version}). Each case is a samples row (answer = gold, completion = pred) "
+            f"cases of {', '.join(f'`{f}`' for f in files)} in Math-Verify (commit {revision(args.math_verify)}), "
+            f"extracted with `ast` ({len(cases)} cases; math-verify {version} installed). Each case is a samples row (answer = gold, completion = pred) "
             "scored by the real `topr score --verifier math` path; raw = `verify(parse(gold), parse(pred))` with the "
-            "library's defaults. The suite's own helper uses other settings in places (boxed first, precision), so "
-            "neither reaches 100%.\n\n"
+            "library's defaults. The suite's own helper uses other settings in places (LaTeX-only extraction, boxed "
+            "first, a lower float precision, set-relation comparison), so neither reaches 100%.\n\n"
             "| file | cases | topr score --verifier math | raw math-verify |\n| --- | ---: | ---: | ---: |\n"
             + "".join(f"| {name} | {n} | {o} | {r} |\n" for name, (n, r, o) in per_file.items())
-            + f"| all | {len(cases)} | {ours_ok} | {raw_ok} |\n"
+            + f"| all | {len(cases)} | {ours_ok} | {raw_ok} |\n\n"
+            + f"Cases `topr score` gets wrong ({len(misses)}; raw math-verify's verdict in parentheses):\n\n"
+            + "".join(
+                f"- `{cases[i]['origin']}`: expected {int(expected[i])}, got {int(ours[i])} (raw {int(raw[i])})\n" for i in misses
+            )
         )
 
 
