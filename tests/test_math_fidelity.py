@@ -27,6 +27,7 @@ FILLER = "We check each case carefully and simplify the expression once more bef
             "correct",
         ),
         ("First $\\boxed{12}$. The final answer is $13$.", "12", "incorrect"),
+        ("The final answer is $13$. Checking again: $\\boxed{12}$", "12", "correct"),  # the rightmost of the two
         # Several boxes listed together are one set answer, on the prediction side...
         ("So $x = \\boxed{-2}$ and $x = \\boxed{1}$.", "\\boxed{1,-2}", "correct"),
         ("The solutions are \\boxed{-2} and \\boxed{1}", "1,-2", "correct"),

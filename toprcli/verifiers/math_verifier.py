@@ -12,14 +12,14 @@ Gold (the ``answer`` column, trusted dataset text):
   decimal comma, math-verify's reading): both readings are accepted.
 
 Prediction: math-verify's own extraction over the completion, so its
-priorities decide which candidate is the answer: a "final answer is"
-statement, then the rightmost ``\\boxed{}`` (several boxes listed together
-read as a set), "answer:", then the last ``$...$`` or number. Only the last
-:data:`MAX_TEXT_CHARS` characters are read (math-verify's regexes are
-quadratic on long digit runs), reaching back to the last ``\\boxed{}`` when it
-is earlier, up to :data:`MAX_BOXED_WINDOW`; a box further back is read with the
-:data:`MAX_TEXT_CHARS` after it, followed by the tail. Then ``verify(gold, pred)`` — gold
-first, the function is not symmetric.
+priorities decide which candidate is the answer: "final answer is X. I hope",
+then final-answer statements and ``\\boxed{}`` alike, the rightmost first
+(several boxes listed together read as a set), then "answer: X", then the last
+``$...$`` or number. Only the last :data:`MAX_TEXT_CHARS` characters are read
+(math-verify's regexes are quadratic on long digit runs), reaching back to the
+last ``\\boxed{}`` when it is earlier, up to :data:`MAX_BOXED_WINDOW`; a box
+further back is read with the :data:`MAX_TEXT_CHARS` after it, then the tail.
+Then ``verify(gold, pred)`` — gold first, the function is not symmetric.
 
 Safety (see :mod:`toprcli.verifiers.math_safety`): every candidate math-verify
 is about to parse is screened first; a rejected candidate makes the prediction
