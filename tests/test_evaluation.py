@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from math import comb
 
 import pytest
 
-from toprcli.evaluation import eval_metrics, majority_vote_correct, normalize_answer, pass_at_k
+from toprcli.evaluation import FewerSamplesThanK, eval_metrics, majority_vote_correct, normalize_answer, pass_at_k
 
 
 @pytest.mark.parametrize("n,c,k", [(5, 2, 1), (5, 2, 2), (5, 2, 3), (5, 2, 4), (10, 0, 3), (10, 10, 3), (16, 3, 8)])
@@ -30,8 +31,10 @@ def test_majority_vote_and_ties():
     assert majority_vote_correct(["5", "7"], [True, False]) == 0.5
     # Three-way tie, one correct: 1/3.
     assert majority_vote_correct(["1", "2", "3"], [False, True, False]) == pytest.approx(1 / 3)
-    # Equal numbers vote together; no-answers do not vote.
-    assert majority_vote_correct(["18.00", "18", None, None, "3"], [True, True, False, False, False]) == 1.0
+    # Equal keys vote together; no-answers (None) do not vote.
+    keys = [normalize_answer(a) for a in ["18.00", "18", None, None, "3"]]
+    assert majority_vote_correct(keys, [True, True, False, False, False]) == 1.0
+    assert majority_vote_correct(["18.00", "18", None, None, "3"], [True, True, False, False, False]) == pytest.approx(2 / 3)
     assert majority_vote_correct([None, None], [False, False]) == 0.0
 
 
@@ -56,3 +59,27 @@ def test_eval_metrics_by_hand():
     assert m["maj@2"] == pytest.approx((0.5 + 0.0) / 2)  # a: tie 4 vs 5 -> 1/2
     assert m["invalid_rate"] == pytest.approx(0.25)
     assert m["prompts"] == 2 and m["samples"] == 4
+
+
+def test_pass_at_k_with_fewer_samples_warns_and_counts_them():
+    # a: 2 samples (1 correct), b: 3 samples (none correct); k = 3.
+    args = (["a", "a", "b", "b", "b"], [True, False, False, False, False], ["1", "2", "3", "4", "5"], ["x"] * 5)
+    with pytest.warns(FewerSamplesThanK, match=r"1 of 2 prompts have fewer than 3 samples \(as few as 2\)"):
+        m = eval_metrics(*args, k=3)
+    assert m["prompts_fewer_than_k"] == 1
+    assert m["pass@3"] == pytest.approx((pass_at_k(2, 1, 2) + 0.0) / 2)  # a contributes its pass@2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # enough samples: no warning
+        m = eval_metrics(*args, k=2)
+    assert m["prompts_fewer_than_k"] == 0
+
+
+def test_vote_keys_replace_string_voting():
+    pids, correct = ["a"] * 4, [True, True, False, False]
+    answers, verdicts = ["\\frac{1}{2}", "0.5", "3", "3"], ["correct"] * 2 + ["incorrect"] * 2
+    assert eval_metrics(pids, correct, answers, verdicts, k=4)["maj@4"] == 0.0
+    assert eval_metrics(pids, correct, answers, verdicts, k=4, vote_keys=[0, 0, 1, 1])["maj@4"] == 0.5
+    with pytest.raises(ValueError, match="vote keys"):
+        eval_metrics(pids, correct, answers, verdicts, k=4, vote_keys=[0, 0, 1])
+    with pytest.raises(ValueError, match="k must be"):
+        eval_metrics(pids, correct, answers, verdicts, k=0)

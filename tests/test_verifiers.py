@@ -141,7 +141,7 @@ def test_gsm8k_is_fast_and_bounded_on_huge_inputs():
         ("\\boxed{\\pi}", "pi"),  # a math name is not a text answer
         ("\\boxed{\\frac{\\pi}{2}}", "\\frac{\\pi}{2}"),
         ("\\boxed{1+x^2}", "x^2+1"),
-        ("First \\boxed{3}, then, correcting myself, \\boxed{5}.", "5"),  # the last box counts
+        ("First \\boxed{3}. That was wrong: I misread the question. Redone: \\boxed{5}.", "5"),  # the last box counts
         ("Solution ... The final answer is $\\boxed{12}$", "The sum is $\\boxed{12}$."),  # boxed gold solution
         ("#### 18", "Janet ... #### 18"),  # GSM8K-style gold
         ("She makes 18 dollars.", "18"),  # no box: math-verify's own extraction
@@ -161,6 +161,8 @@ def test_math_equivalences(completion, answer):
         ("\\boxed{7}", "-7", "incorrect"),
         ("\\boxed{\\text{Tuesday}}", "\\text{Monday}", "incorrect"),
         ("\\boxed{5}, no wait \\boxed{3}", "5", "incorrect"),
+        # Boxes listed together (close, or joined by a comma/and/or) are one set answer, as math-verify reads them.
+        ("First \\boxed{3}, then, correcting myself, \\boxed{5}.", "5", "incorrect"),
         ("\\boxed{}", "5", "no_answer"),
         ("I do not know.", "5", "no_answer"),
         ("\\boxed{5}", None, "error"),

@@ -102,13 +102,7 @@ def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = No
 
     t = tables["sampled"]
     t = t.take(pc.sort_indices(t, sort_keys=[("prompt_id", "ascending"), ("sample_index", "ascending")]))
-    metrics: dict[str, Any] = eval_metrics(
-        t.column("prompt_id").to_pylist(),
-        t.column("correct").to_pylist(),
-        t.column("extracted_answer").to_pylist(),
-        t.column("verdict").to_pylist(),
-        k=cfg.k,
-    )
+    metrics: dict[str, Any] = _sampled_metrics(cfg, t)
     lengths = pc.list_value_length(t.column("completion_token_ids")).to_numpy()
     metrics["mean_completion_tokens"] = float(np.mean(lengths))
     metrics["maj@k"] = metrics[f"maj@{cfg.k}"]
@@ -129,3 +123,13 @@ def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = No
     }
     write_json_atomic(out / EVAL_FILE, result)
     return result
+
+
+def _sampled_metrics(cfg: EvalConfig, t: Any) -> dict[str, Any]:
+    """pass@1/pass@k/maj@k of the sampled pass; answers vote together when the verifier finds them equivalent."""
+    from toprcli.verifiers.voting import vote_keys
+
+    prompt_ids, correct = t.column("prompt_id").to_pylist(), t.column("correct").to_pylist()
+    extracted = t.column("extracted_answer").to_pylist()
+    keys = vote_keys(cfg.verifier, prompt_ids, extracted, correct, cfg.k, workers=cfg.workers, timeout=cfg.timeout)
+    return eval_metrics(prompt_ids, correct, extracted, t.column("verdict").to_pylist(), k=cfg.k, vote_keys=keys)

@@ -1,17 +1,24 @@
 """Evaluation metrics: pass@k, maj@k, invalid rate — pure functions, no I/O.
 
 The eval stage (``toprcli/eval_stage.py``) samples and scores; this module
-only turns per-sample verdicts into numbers.
+only turns per-sample verdicts into numbers. Which answers vote together for
+maj@k is decided outside (:mod:`toprcli.verifiers.voting`, where the math
+verifier compares answers in its worker pool); here votes are keys.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from decimal import Decimal, InvalidOperation
 
 import numpy as np
+
+
+class FewerSamplesThanK(UserWarning):
+    """Some prompts have fewer than k samples: their pass@k and maj@k use the n they have."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -46,18 +53,20 @@ def normalize_answer(answer: str | None) -> str | None:
     return format(value.normalize(), "f")
 
 
-def majority_vote_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
-    """maj@k of one prompt: is the most common extracted answer correct?
+def majority_vote_correct(keys: Sequence[Hashable | None], correct: Sequence[bool]) -> float:
+    """maj@k of one prompt: is the most voted answer correct?
 
-    Samples with no answer do not vote; if none voted the prompt scores 0.
-    Ties are broken uniformly at random *in expectation*: with m answers tied
-    for the most votes, of which j are correct, the score is j/m. This is
-    deterministic and unbiased, unlike first-seen tie-breaking.
+    ``keys``: one vote key per sample — samples with equal keys gave the same
+    answer (:func:`normalize_answer` of the extracted answers, or cluster ids);
+    None: no answer, no vote. If none voted the prompt scores 0. A key is
+    correct if any of its samples is. Ties are broken uniformly at random *in
+    expectation*: with m keys tied for the most votes, of which j are correct,
+    the score is j/m. This is deterministic and unbiased, unlike first-seen
+    tie-breaking.
     """
-    votes: Counter[str] = Counter()
-    group_correct: dict[str, bool] = defaultdict(bool)
-    for a, ok in zip(answers, correct):
-        key = normalize_answer(a)
+    votes: Counter[Hashable] = Counter()
+    group_correct: dict[Hashable, bool] = defaultdict(bool)
+    for key, ok in zip(keys, correct):
         if key is None:
             continue
         votes[key] += 1
@@ -75,27 +84,47 @@ def eval_metrics(
     extracted: Sequence[str | None],
     verdicts: Sequence[str],
     k: int,
+    vote_keys: Sequence[Hashable | None] | None = None,
 ) -> dict[str, float]:
     """pass@1, pass@k, maj@k and invalid rate over sampled completions.
 
     pass@1 is the mean correctness over all samples (= the unbiased estimator
-    at k=1); pass@k uses the unbiased estimator per prompt with the prompt's
-    sample count n ≥ k; maj@k votes over the first k samples of each prompt.
-    The invalid rate is the share of samples with no extractable answer.
+    at k=1); pass@k uses the unbiased estimator per prompt; maj@k votes over
+    the first k samples of each prompt, by ``vote_keys`` (default:
+    :func:`normalize_answer` of ``extracted``). A prompt with n < k samples
+    can only give pass@n and maj@n: those are used for it, counted in
+    ``prompts_fewer_than_k`` and announced with a :class:`FewerSamplesThanK`
+    warning. The invalid rate is the share of samples with no extractable answer.
     """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if vote_keys is None:
+        vote_keys = [normalize_answer(a) for a in extracted]
+    elif len(vote_keys) != len(prompt_ids):
+        raise ValueError(f"{len(vote_keys)} vote keys for {len(prompt_ids)} samples")
     groups: dict[str, list[int]] = defaultdict(list)
     for i, pid in enumerate(prompt_ids):
         groups[pid].append(i)
     if not groups:
         raise ValueError("no samples to evaluate")
     pass1, passk, majk = [], [], []
+    short = []
     for rows in groups.values():
         n = len(rows)
         c = sum(bool(correct[i]) for i in rows)
         pass1.append(c / n)
+        if n < k:
+            short.append(n)
         passk.append(pass_at_k(n, c, min(k, n)))
         first = rows[:k]
-        majk.append(majority_vote_correct([extracted[i] for i in first], [correct[i] for i in first]))
+        majk.append(majority_vote_correct([vote_keys[i] for i in first], [correct[i] for i in first]))
+    if short:
+        warnings.warn(
+            f"pass@{k}/maj@{k}: {len(short)} of {len(groups)} prompts have fewer than {k} samples "
+            f"(as few as {min(short)}); for those, pass@n and maj@n of their n samples are averaged in",
+            FewerSamplesThanK,
+            stacklevel=2,
+        )
     invalid = sum(v == "no_answer" for v in verdicts) / len(verdicts)
     return {
         "prompts": len(groups),
@@ -104,6 +133,7 @@ def eval_metrics(
         f"pass@{k}": float(np.mean(passk)),
         f"maj@{k}": float(np.mean(majk)),
         "invalid_rate": float(invalid),
+        "prompts_fewer_than_k": len(short),
     }
 
 

@@ -74,6 +74,10 @@ class Verifier:
     ``preload``: modules a fresh worker imports before it says it is ready.
     ``warmup``: called once per worker so first-call costs (regex compiles,
     lazy imports) are not charged to the first row's time limit.
+    ``equivalent(a, b)``: do two extracted answers say the same thing
+    (``correct`` if so)? Majority voting groups answers with it, in the pool
+    like a check. None: answers vote by
+    :func:`toprcli.evaluation.normalize_answer` (numbers by value, text by content).
     """
 
     name: str
@@ -84,6 +88,7 @@ class Verifier:
     chunk_size: int = 256
     preload: tuple[str, ...] = ()
     warmup: Callable[[], None] | None = None
+    equivalent: Callable[[str, str], Verdict] | None = None
 
 
 @dataclass(frozen=True)

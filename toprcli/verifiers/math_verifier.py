@@ -1,74 +1,76 @@
-"""MATH verifier: math-verify (HF) with our own bounds around it.
+"""MATH verifier: math-verify (HF) choosing and comparing answers, our bounds around it.
 
-Gold: the ``answer`` column — a bare answer (``\\frac{1}{2}``, ``[1,2)``,
-``\\text{Monday}``), a solution whose last ``\\boxed{}`` holds it, or a
-GSM8K-style ``... #### n``. Prediction: the content of the completion's
-**last** ``\\boxed{}``/``\\fbox{}``; when there is none, math-verify's own
-extraction ("final answer is", ``$...$``, last number) over the last
-:data:`MAX_TEXT_CHARS` characters. Then ``verify(gold, pred)`` — gold first,
-the function is not symmetric.
+Gold (the ``answer`` column, trusted dataset text):
 
-How this stays bounded and safe (the pool's hard per-check limit is the real
-guarantee; this keeps the common attacks cheap):
+* ``... #### n`` (GSM8K-style): the number after the last ``####``;
+* text with math in it (``$...$``, ``\\(...\\)``, ``\\[...\\]``, ``\\boxed{}``),
+  e.g. a worked solution: read as math-verify reads it (its priorities; several
+  boxes listed together are one set answer), whatever its length;
+* otherwise a bare answer (``\\frac{1}{2}``, ``[1,2)``, ``Monday``, ``x^2+1``):
+  read whole, as if boxed. math-verify alone would read ``1,-2`` as ``1`` and
+  ``x^2+1`` not at all. ``1,22`` is ambiguous (a pair, or 1.22 written with a
+  decimal comma, math-verify's reading): both readings are accepted.
 
-* math-verify's own timeouts use SIGALRM: they raise off the main thread and
-  did not stop ``\\boxed{1E999999}`` (42 s) in a probe. They are disabled
-  (``parsing_timeout=None``, ``timeout_seconds=None``); the pool kills a
-  worker past its limit instead. Its ``TimeoutException`` is a
-  ``BaseException``; the worker catches ``BaseException``.
-* :func:`screen` rejects, before any parsing, candidates that are too long
-  (> :data:`MAX_ANSWER_CHARS`), nest braces deeper than :data:`MAX_DEPTH`,
-  write exponents ``1E1000`` and beyond, power towers whose value would have
-  more than :data:`MAX_POWER_DIGITS` digits, or factorials of numbers above
-  :data:`MAX_FACTORIAL`. A rejected prediction is ``incorrect`` (the model
-  gave an answer; no MATH answer looks like that); a rejected gold is ``error``.
-* math-verify's regexes are quadratic on long digit-and-space runs, hence the
-  :data:`MAX_TEXT_CHARS` tail when there is no ``\\boxed{}``.
-* No model text is evaluated as Python. math-verify hands sympy's
-  ``parse_expr`` (which calls ``eval``) only strings of digits and operators;
-  :func:`install_guards` enforces that inside our process, so a future
-  math-verify that widened the path fails closed, and refuses any string
-  reaching sympy's ``parse_expr`` by another path that names a builtin or a
-  private/dunder attribute.
+Prediction: math-verify's own extraction over the completion, so its
+priorities decide which candidate is the answer: "final answer is X. I hope",
+then final-answer statements and ``\\boxed{}`` alike, the rightmost first
+(several boxes listed together read as a set), then "answer: X", then the last
+``$...$`` or number. Only the last :data:`MAX_TEXT_CHARS` characters are read
+(math-verify's regexes are quadratic on long digit runs), reaching back to the
+last ``\\boxed{}`` when it is earlier, up to :data:`MAX_BOXED_WINDOW`; a box
+further back is read with the :data:`MAX_TEXT_CHARS` after it, then the tail.
+Then ``verify(gold, pred)`` — gold first, the function is not symmetric.
+
+Safety (see :mod:`toprcli.verifiers.math_safety`): every candidate math-verify
+is about to parse is screened first; a rejected candidate makes the prediction
+``incorrect`` (the model gave an answer; no MATH answer looks like that) and a
+rejected gold ``error``. math-verify's own timeouts use SIGALRM: they raise
+off the main thread and did not stop ``\\boxed{1E999999}`` (42 s) in a probe.
+They are disabled (``parsing_timeout=None``, ``timeout_seconds=None``); the
+pool kills a worker past its limit instead. Its ``TimeoutException`` is a
+``BaseException``; the worker catches ``BaseException``.
+
+:func:`equivalent` compares two extracted answers (both read as bare answers)
+for majority voting.
 """
 
 from __future__ import annotations
 
-import builtins
 import functools
 import logging
-import math
 import re
 
-from toprcli.verifiers.base import ERROR, INCORRECT, NO_ANSWER, Verdict, clip_text, judged
+from toprcli.verifiers.base import CORRECT, ERROR, INCORRECT, NO_ANSWER, Verdict, clip_text, judged
+from toprcli.verifiers.math_safety import (  # noqa: F401  (re-exported: tests and callers use them here)
+    MAX_ANSWER_CHARS,
+    MAX_DEPTH,
+    MAX_FACTORIAL,
+    MAX_POWER_DIGITS,
+    _SAFE_EXPR_RE,
+    Rejected,
+    _guarded_calls,
+    install_guards,
+    screen,
+    screening,
+)
 
-MAX_TEXT_CHARS = 4_000  # tail of a completion without \boxed{} handed to math-verify
-MAX_ANSWER_CHARS = 1_000  # a boxed answer longer than this is rejected
-MAX_DEPTH = 50  # brace/parenthesis nesting
-MAX_SCI_EXPONENT_DIGITS = 3  # 1E999 is allowed, 1E1000 is not
-MAX_POWER_DIGITS = 100_000  # digits of the largest value a power tower may denote
-MAX_FACTORIAL = 10_000
+MAX_TEXT_CHARS = 4_000  # tail of a completion handed to math-verify
+MAX_BOXED_WINDOW = 16_000  # how far back the window may reach to take in the last \boxed{}
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_SCI_RE = re.compile(rf"\d\s*[eE]\s*[+-]?\s*0*(\d{{{MAX_SCI_EXPONENT_DIGITS + 1},}})")
-_INT_RE = re.compile(r"\d+")
-_EXP_LITERAL_RE = re.compile(r"(?:\^|\*\*)\s*[{(]?\s*[+-]?\s*(\d+)")
-_GROUP_FACT_RE = re.compile(r"[)}\]](?=\s*!)")
-_FACT_NUM_RE = re.compile(r"(\d+)\s*!")
-_TOKEN_RE = re.compile(r"\*\*|\^|\\left|\\right|[{}()\[\]]|\d+(?:\.\d+)?|\\?[A-Za-z]+|\s+|.", re.S)
+# Math in running text: an unescaped $, \( or \[, or a box.
+_DELIMITED_RE = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\(?:boxed|fbox)\b")
+# A box holding only a constant's name: LaTeX would read \boxed{pi} as the product i·p.
+_BOXED_NAME_RE = re.compile(r"(\\(?:boxed|fbox)\s*\{\s*)(pi|infty|inf)(\s*\})")
 _PLAIN_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+_COMMA_NUMBER_RE = re.compile(r"-?\d+,\d+")
 # Plain words are a text answer ("Monday", "even"), unless they could be math
 # (two letters like "xy" are a product; "pi", "sin" are names sympy knows).
 _WORDS_RE = re.compile(r"[A-Za-z]{3,}(?: [A-Za-z]+)*")
 _MATH_NAMES = frozenset("pi inf infty oo sin cos tan cot sec csc log ln exp sqrt arcsin arccos arctan sinh cosh tanh".split())
-# The only strings math-verify may hand to parse_expr: digits, spaces and
-# arithmetic (its ExprExtractionConfig pattern, after it turns ^ into **).
-_SAFE_EXPR_RE = re.compile(r"[\d\s.+\-*×/^()÷]*")
-_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
-_BUILTIN_NAMES = frozenset(dir(builtins)) - {"True", "False", "None"}
 
 
-# -- candidate extraction -------------------------------------------------------
+# -- reading text ---------------------------------------------------------------
 
 
 def last_boxed(text: str) -> str | None:
@@ -106,169 +108,33 @@ def _as_latex(answer: str) -> str:
 
 
 def gold_text(answer: str) -> str:
+    """The answer part of a gold that math-verify's own extraction did not read: after ``####``, the last box, or all."""
     if "####" in answer:
         return answer.rsplit("####", 1)[1].strip()
     boxed = last_boxed(answer)
     return boxed if boxed is not None else answer.strip()
 
 
-# -- screening ------------------------------------------------------------------
+def window(completion: str) -> str:
+    """The part of a completion math-verify reads: the tail, reaching back to the last box (linear)."""
+    n = len(completion)
+    start = max(0, n - MAX_TEXT_CHARS)
+    if start == 0:
+        return completion
+    last = None
+    for m in _BOXED_RE.finditer(completion):
+        last = m
+    if last is not None and last.start() < start:
+        if last.start() >= n - MAX_BOXED_WINDOW:
+            return completion[last.start() :]
+        # Far back: the box's neighbourhood and the tail, each MAX_TEXT_CHARS long.
+        return completion[last.start() : last.start() + MAX_TEXT_CHARS] + "\n\n" + completion[start:]
+    # Start on a line boundary when one is near, not inside a $...$ of the cut line.
+    newline = completion.find("\n", start, start + 500)
+    return completion[newline + 1 :] if newline != -1 else completion[start:]
 
 
-def _power_depth(text: str) -> int:
-    """How many powers are stacked (``2^{3^4}`` → 2, ``9**9**9`` → 2, ``x^2+y^2`` → 1).
-
-    Counts, at every exponent, the exponent groups it sits in plus the length of
-    an unbraced chain ``a^b^c``. Linear in the text.
-    """
-    stack: list[bool] = []  # open groups: is it an exponent group?
-    open_exp = 0
-    chain = 0
-    best = 0
-    after_pow = False
-    for m in _TOKEN_RE.finditer(text):
-        t = m.group()
-        if t.isspace() or t in ("\\left", "\\right"):
-            continue
-        if t in ("^", "**"):
-            after_pow = True
-            continue
-        if t in "{([":
-            stack.append(after_pow)
-            if after_pow:
-                open_exp += 1
-                best = max(best, open_exp + chain)
-            after_pow = False
-            continue
-        if t in "})]":
-            if stack and stack.pop():
-                open_exp -= 1
-            after_pow = False
-            continue
-        if after_pow:
-            chain += 1
-            best = max(best, open_exp + chain)
-        else:
-            chain = 0
-        after_pow = False
-    return best
-
-
-def _tower_digits(base: int, height: int) -> float:
-    """log10 of a tower of ``height`` exponents, every level ``base`` (inf when absurd)."""
-    if base <= 1 or height <= 0:
-        return 0.0
-    lg = math.log10(base)
-    value = float(base)  # the topmost exponent
-    digits = 0.0
-    for level in range(height):
-        digits = value * lg
-        if digits > MAX_POWER_DIGITS or (level < height - 1 and digits > 300):
-            return math.inf
-        if level < height - 1:
-            value = 10.0**digits
-    return digits
-
-
-def _int(text: str) -> int:
-    return int(text) if len(text) < 20 else 10**19
-
-
-def _computed_factorial(text: str) -> bool:
-    """``(10^6)!``-like: a bracketed group followed by ``!`` that holds a power, a product or a big number."""
-    for m in _GROUP_FACT_RE.finditer(text):
-        close = m.start()
-        depth = 0
-        for i in range(close, max(-1, close - 200), -1):
-            if text[i] in ")}]":
-                depth += 1
-            elif text[i] in "({[":
-                depth -= 1
-                if depth == 0:
-                    group = text[i + 1 : close]
-                    if any(op in group for op in ("^", "*", "\\times", "\\cdot")):
-                        return True
-                    if any(_int(x) > MAX_FACTORIAL for x in _INT_RE.findall(group)):
-                        return True
-                    break
-        else:
-            return True  # a group longer than 200 characters, then "!": not an answer
-    return False
-
-
-def screen(text: str, max_chars: int | None = MAX_ANSWER_CHARS) -> str | None:
-    """Why ``text`` is too dangerous to parse, or None when it is fine. Linear time."""
-    if max_chars is not None and len(text) > max_chars:
-        return f"longer than {max_chars} characters"
-    depth = 0
-    for c in text:
-        if c in "{([":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return f"nested deeper than {MAX_DEPTH}"
-        elif c in "})]":
-            depth = max(0, depth - 1)
-    if _SCI_RE.search(text):
-        return "exponent of 1000 or more in scientific notation"
-    height = _power_depth(text)
-    if height == 1:
-        # One level: the exponent literal times the digits of the biggest number present.
-        biggest = max((_int(x) for x in _INT_RE.findall(text)), default=2)
-        exponent = max((_int(x) for x in _EXP_LITERAL_RE.findall(text)), default=0)
-        if exponent * math.log10(max(biggest, 2)) > MAX_POWER_DIGITS:
-            return f"power of more than {MAX_POWER_DIGITS} digits"
-    elif height > 1:
-        # A tower: assume every level is the biggest number present (conservative).
-        biggest = max((_int(x) for x in _INT_RE.findall(text)), default=2)
-        if _tower_digits(max(biggest, 2), height) > MAX_POWER_DIGITS:
-            return f"power tower of more than {MAX_POWER_DIGITS} digits"
-    for m in _FACT_NUM_RE.finditer(text):
-        if _int(m.group(1)) > MAX_FACTORIAL:
-            return f"factorial of a number above {MAX_FACTORIAL}"
-    if _computed_factorial(text):
-        return "factorial of a computed value"
-    return None
-
-
-# -- guards -----------------------------------------------------------------------
-
-
-class UnsafeExpression(ValueError):
-    """A string that would reach sympy's ``parse_expr`` (i.e. ``eval``) but is not plain arithmetic."""
-
-
-_guarded_calls: list[str] = []  # strings seen by the strict guard (tests read it)
-
-
-def install_guards() -> None:
-    """Make sympy's ``eval`` paths refuse anything but plain arithmetic (idempotent)."""
-    import latex2sympy2_extended.latex2sympy2 as l2s
-    import math_verify.parser as mvp
-    import sympy.parsing.sympy_parser as sp
-
-    if getattr(mvp.parse_expr, "_toprcli_guard", False):
-        return
-    original = sp.parse_expr
-
-    def strict_parse_expr(s, *args, **kwargs):
-        _guarded_calls.append(s if isinstance(s, str) else repr(s))
-        if not isinstance(s, str) or not _SAFE_EXPR_RE.fullmatch(s):
-            raise UnsafeExpression(f"refusing to evaluate {clip_text(str(s), 60)!r}")
-        return original(s, *args, **kwargs)
-
-    def generic_parse_expr(s, *args, **kwargs):
-        if isinstance(s, str):
-            for name in _IDENT_RE.findall(s):
-                if name.startswith("_") or name in _BUILTIN_NAMES:
-                    raise UnsafeExpression(f"refusing to evaluate {clip_text(s, 60)!r}")
-        return original(s, *args, **kwargs)
-
-    strict_parse_expr._toprcli_guard = True  # type: ignore[attr-defined]
-    generic_parse_expr._toprcli_guard = True  # type: ignore[attr-defined]
-    mvp.parse_expr = strict_parse_expr  # the path that takes model text
-    mvp.parse_expr_cached.cache_clear()
-    sp.parse_expr = generic_parse_expr  # sympify(str) looks it up here at call time
-    l2s.parse_expr = generic_parse_expr
+# -- math-verify ------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=1)
@@ -285,18 +151,37 @@ def _parse(text: str):
     return _lib().parse(text, parsing_timeout=None)
 
 
-@functools.lru_cache(maxsize=256)
-def parse_gold(answer: str):
-    """Parsed gold, cached: the 16-32 samples of a prompt share it."""
-    g = gold_text(answer)
-    why = screen(g)
-    if why:
-        raise ValueError(f"gold answer rejected: {why}")
-    if _PLAIN_NUMBER_RE.fullmatch(g):
+def _parse_bare(answer: str):
+    """A bare answer (no surrounding text), read whole."""
+    if _PLAIN_NUMBER_RE.fullmatch(answer):
         # A bare number (GSM8K-style golds): the plain-expression path is 3x cheaper than LaTeX.
         lib = _lib()
-        return lib.parse(g, extraction_config=[lib.ExprExtractionConfig()], parsing_timeout=None)
-    return _parse(_as_latex(g))
+        return lib.parse(answer, extraction_config=[lib.ExprExtractionConfig()], parsing_timeout=None)
+    return _parse(_as_latex(answer))
+
+
+@functools.lru_cache(maxsize=256)
+def parse_gold(answer: str):
+    """Parsed gold, cached: the 16-32 samples of a prompt share it. Raises ValueError when screened out.
+
+    Gold is dataset text: candidates get the structural screens (an absurd
+    power would hang every worker that meets it) but no length limit.
+    """
+    try:
+        with screening(None):
+            if "####" not in answer and _DELIMITED_RE.search(answer):
+                parsed = _parse(answer)
+                if parsed:
+                    return parsed
+            g = gold_text(answer)
+            parsed = _parse_bare(g)
+            if _COMMA_NUMBER_RE.fullmatch(g):
+                # "1,22": a pair, or 1.22 with a decimal comma (math-verify's reading); either is accepted.
+                lib = _lib()
+                parsed = parsed + lib.parse(g, extraction_config=[lib.ExprExtractionConfig()], parsing_timeout=None)
+            return parsed
+    except Rejected as r:
+        raise ValueError(f"gold answer rejected: {r.why}") from None
 
 
 def _shown(parsed) -> str | None:
@@ -318,31 +203,42 @@ def check(completion: str, answer: str | None, row: dict | None = None) -> Verdi
         return Verdict(ERROR, detail=str(e))
     if not gold:
         return Verdict(ERROR, detail=f"math-verify could not parse the gold answer {clip_text(answer, 60)!r}")
-
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        if not boxed.strip():
-            return Verdict(NO_ANSWER, "")
-        why = screen(boxed)
-        if why:
-            return Verdict(INCORRECT, clip_text(boxed), detail=f"rejected before parsing: {why}")
-        pred = _parse(_as_latex(boxed))
-        shown = boxed
-    else:
-        tail = completion[-MAX_TEXT_CHARS:]
-        why = screen(tail, max_chars=None)
-        if why:
-            # math-verify may hand any number or $...$ of this text to sympy.
-            return Verdict(INCORRECT, None, detail=f"rejected before parsing: {why}")
-        pred = _parse(tail)
-        shown = _shown(pred)
+    text = _BOXED_NAME_RE.sub(r"\1\\\2\3", window(completion))
+    try:
+        with screening(MAX_ANSWER_CHARS):
+            pred = _parse(text)
+    except Rejected as r:
+        return Verdict(INCORRECT, clip_text(r.candidate), detail=f"rejected before parsing: {r.why}")
     if not pred:
-        return Verdict(NO_ANSWER, clip_text(shown) if boxed is not None else None)
+        return Verdict(NO_ANSWER)
     ok = _lib().verify(gold, pred, timeout_seconds=None)
-    return judged(bool(ok), shown)
+    return judged(bool(ok), _shown(pred))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_answer(answer: str):
+    """An extracted answer (model text) read as a bare answer; [] when screened out."""
+    try:
+        with screening(MAX_ANSWER_CHARS):
+            return _parse_bare(answer.strip())
+    except Rejected:
+        return []
+
+
+def equivalent(a: str, b: str) -> Verdict:
+    """Do two extracted answers say the same thing? ``correct`` if so (either direction of ``verify``)."""
+    if a.strip() == b.strip():
+        return Verdict(CORRECT)
+    pa, pb = _parse_answer(a), _parse_answer(b)
+    if not pa or not pb:
+        return Verdict(INCORRECT)
+    verify = _lib().verify
+    same = verify(pa, pb, timeout_seconds=None) or verify(pb, pa, timeout_seconds=None)
+    return Verdict(CORRECT if same else INCORRECT)
 
 
 def warmup() -> None:
     """Pay math-verify's first-call costs (lazy imports, regex compiles) before the first row."""
     check("The answer is $\\boxed{\\frac{1}{2}}$ or 0.5.", "\\frac{1}{2}")
     check("so 3 apples", "3")
+    equivalent("\\frac{1}{2}", "0.5")

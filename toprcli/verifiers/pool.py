@@ -52,6 +52,7 @@ MAX_START_FAILURES = 3  # consecutive workers dying before they are ready → gi
 _MAX_WAIT = 1.0  # the parent wakes at least this often (keeps Ctrl-C responsive)
 
 _STARTING, _IDLE, _BUSY = "starting", "idle", "busy"
+CHECK, EQUIVALENT = "check", "equivalent"  # what a worker runs on a chunk: Verifier.check or Verifier.equivalent
 
 
 def default_workers() -> int:
@@ -104,23 +105,25 @@ def _worker_main(spec: str, options: dict, conn: Any, progress: Any, memory_limi
             conn.send(("init_error", _describe(e), isinstance(e, UserError)))
         return
     conn.send(("ready", os.getpid()))
-    check = verifier.check
+    ops = {CHECK: verifier.check, EQUIVALENT: verifier.equivalent}
     now = time.monotonic
     seq = 0
     while True:
         try:
-            items = conn.recv()
+            msg = conn.recv()
         except (EOFError, OSError):
             return
-        if items is None:
+        if msg is None:
             return
+        op, items = msg
+        fn = ops[op]
         out = []
         for item in items:
             progress[1] = now()  # start time first, then the counter: see _Worker.current()
             seq += 1
             progress[0] = seq
             try:
-                v = check(*item)
+                v = fn(*item)
                 out.append((v.verdict, v.extracted_answer, v.score, v.detail))
             except BaseException as e:  # math-verify's TimeoutException is not an Exception
                 out.append((ERROR, None, None, _describe(e)))
@@ -179,7 +182,8 @@ class VerifierPool:
     ...     verdicts = pool.map(completions, answers)
 
     ``map`` returns one :class:`Verdict` per row, in order; ``progress(k)`` is
-    called as rows finish. ``stats`` counts timeouts, crashes and restarts.
+    called as rows finish. ``equivalent`` compares pairs of extracted answers
+    (majority voting) the same way. ``stats`` counts timeouts, crashes and restarts.
     """
 
     def __init__(
@@ -309,20 +313,34 @@ class VerifierPool:
         n = len(completions)
         if len(answers) != n or (rows is not None and len(rows) != n):
             raise ValueError("completions, answers and rows must have the same length")
+        if not self.verifier.needs_row:
+            return self._run(CHECK, list(zip(completions, answers)), progress)
+        if rows is None:
+            rows = [{"completion": c, "answer": a} for c, a in zip(completions, answers)]
+        return self._run(CHECK, list(zip(completions, answers, rows)), progress)
+
+    def equivalent(self, pairs: Sequence[tuple[str, str]], progress: Callable[[int], None] | None = None) -> list[bool]:
+        """For every pair of extracted answers: do they say the same thing (the verifier's ``equivalent``)?
+
+        Each comparison runs under the same per-check limit as a check; one
+        that times out or fails counts as not equivalent.
+        """
+        if self.verifier.equivalent is None:
+            raise ValueError(f"verifier {self.verifier.name!r} has no equivalence check")
+        return [v.correct for v in self._run(EQUIVALENT, [(str(a), str(b)) for a, b in pairs], progress)]
+
+    def _run(self, op: str, items: list[tuple], progress: Callable[[int], None] | None) -> list[Verdict]:
+        """Run ``op`` on every item in the workers, under the per-check limit; verdicts in order."""
+        n = len(items)
         if n == 0:
             return []
         if self._closed:
             raise RuntimeError("pool is closed")
         if not self._workers:
             self.start()
-        if self.verifier.needs_row and rows is None:
-            rows = [{"completion": c, "answer": a} for c, a in zip(completions, answers)]
-        use_rows = self.verifier.needs_row
 
-        def payload(start: int, end: int) -> list[tuple]:
-            if use_rows:
-                return [(completions[i], answers[i], rows[i]) for i in range(start, end)]
-            return list(zip(completions[start:end], answers[start:end]))
+        def payload(start: int, end: int) -> tuple[str, list[tuple]]:
+            return op, items[start:end]
 
         # Chunks: big enough to amortise the pipe, small enough to keep every worker busy.
         size = max(1, min(self.chunk_size, -(-n // (self.workers * 4))))

@@ -42,6 +42,7 @@ def resolve_verifier(spec: str, *, strict: bool = False) -> Verifier:
             chunk_size=8,
             preload=("toprcli.verifiers.math_verifier", "math_verify", "sympy"),
             warmup=math_verifier.warmup,
+            equivalent=math_verifier.equivalent,
         )
     if spec == "exact":
         from toprcli.verifiers import exact
