@@ -285,9 +285,17 @@ def _candidate_strings(inputs: _Inputs, rows: np.ndarray) -> pa.ChunkedArray:
 
 
 def curate(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> CurateResult:
-    """Run the curate stage for ``cfg``; raises :class:`UserError` (and writes nothing) on bad input."""
-    t0 = time.perf_counter()
+    """Run the curate stage for ``cfg``; raises :class:`UserError` (and writes nothing) on bad input,
+    an output that cannot be written, or one another process is writing."""
     kind, c_const, weights = _check_options(cfg)
+    out = Path(cfg.out)
+    shards.check_writable(out)
+    with shards.output_lock(out):  # one writer per output
+        return _curate(cfg, kind, c_const, weights, progress)
+
+
+def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[float], progress: ProgressFn | None) -> CurateResult:
+    t0 = time.perf_counter()
     out = Path(cfg.out)
     inputs = _resolve_inputs(list(cfg.scored))
     config = config_to_dict(cfg)

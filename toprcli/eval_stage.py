@@ -21,7 +21,7 @@ from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConf
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
 from toprcli.evaluation import accuracy, eval_metrics
-from toprcli.shards import read_manifest, read_table, write_json_atomic
+from toprcli.shards import check_writable, output_lock, read_manifest, read_table, write_json_atomic
 
 EVAL_FILE = "eval.json"
 
@@ -66,16 +66,22 @@ def read_eval(out: str | Path) -> dict[str, Any] | None:
 
 def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run (or resume) an evaluation and return the metrics written to ``eval.json``."""
-    from toprcli.data.datasets import default_verifier, load_examples
-    from toprcli.generate_stage import generate_samples
-    from toprcli.scoring import score_dir
-
     if not cfg.out:
         raise UserError("eval needs an output directory — pass --out DIR")
     out = Path(cfg.out)
     done = read_eval(out)
     if done is not None:
         return done
+    check_writable(out)
+    with output_lock(out):  # one writer per output
+        return _evaluate(cfg, out, backend, examples, progress)
+
+
+def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, progress: ProgressFn | None) -> dict[str, Any]:
+    from toprcli.data.datasets import default_verifier, load_examples
+    from toprcli.generate_stage import generate_samples
+    from toprcli.scoring import score_dir
+
     if cfg.verifier == "auto":
         cfg = replace(cfg, verifier=default_verifier(cfg.dataset))
     if examples is None:

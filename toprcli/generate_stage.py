@@ -58,7 +58,9 @@ from toprcli.generation.model_info import check_model, context_length, load_toke
 from toprcli.progress import ProgressFn, report
 from toprcli.shards import (
     SAMPLES_SCHEMA,
+    check_writable,
     complete_shards,
+    output_lock,
     fingerprint,
     read_file_metadata,
     remove_stale_temporaries,
@@ -197,6 +199,23 @@ def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], block
 # -- the stage ----------------------------------------------------------------
 
 
+@dataclass
+class _Plan:
+    """What a run will do, decided (and checked) before the engine starts or anything is written."""
+
+    out: Path
+    tokenizer: Any
+    prompts: list[Prompt]
+    long: list[Prompt]  # dropped: longer than the context (skip_long)
+    clipped: dict[str, Any] | None  # completions cut at the context (clip_to_context)
+    backend_name: str
+    blocks: list[list[Prompt]]  # shard j holds blocks[j]
+    mine: list[int]  # this process's shards (data parallel: j % num_shards == shard_index)
+    todo: list[int]  # mine, not yet complete
+    key: dict[str, Any]
+    params: SamplingParams
+
+
 def generate_samples(
     cfg: GenerateConfig,
     *,
@@ -211,11 +230,20 @@ def generate_samples(
     None opens ``cfg.engine`` and closes it at the end. ``examples``: a
     pre-loaded list of :class:`~toprcli.data.datasets.Example` (else
     ``cfg.dataset`` is loaded). Every bad input raises :class:`UserError` before
-    the engine starts and before anything is written. The summary has prompts,
-    completions, mean/max completion length, finish reasons, tokens/s and
-    shard counts (this run's shards; counts of all shards are in the manifest).
+    the engine starts and before anything is written; so does an output that
+    cannot be written or that another process is writing. The summary has
+    prompts, completions, mean/max completion length, finish reasons, tokens/s
+    and shard counts (this run's shards; counts of all shards are in the manifest).
     """
     t_start = time.perf_counter()
+    plan = _plan(cfg, backend, examples)
+    check_writable(plan.out)
+    part = f".part-{cfg.shard_index}-of-{cfg.num_shards}" if cfg.num_shards > 1 else ""
+    with output_lock(plan.out, part):  # one writer per output (per shard range when data-parallel)
+        return _write(cfg, plan, backend, progress, t_start)
+
+
+def _plan(cfg: GenerateConfig, backend: GenerationBackend | None, examples: list | None) -> _Plan:
     if not cfg.out:
         raise UserError("no output directory — pass --out DIR")
     if cfg.shard_index >= cfg.num_shards:
@@ -225,8 +253,6 @@ def generate_samples(
         raise UserError(f"output path {out} is a file — pass a directory to --out")
     check_model(str(cfg.model))
     params = sampling_params(cfg.sampling, cfg.n)
-
-    # Everything a user can get wrong is checked here, before the engine starts.
     # An open backend brings its tokenizer (a policy swap keeps the architecture and vocabulary).
     tokenizer = getattr(backend, "tokenizer", None) if backend is not None else None
     if tokenizer is None:
@@ -236,29 +262,32 @@ def generate_samples(
     prompts, long = drop_long(prompts, context, cfg.skip_long)
     clipped = check_room(prompts, context, cfg.sampling.max_new_tokens, cfg.clip_to_context)
     backend_name = backend.name if backend is not None else resolve_backend_name(cfg.engine.backend)
-
     blocks = [prompts[i : i + cfg.shard_size] for i in range(0, len(prompts), cfg.shard_size)]
     mine = [j for j in range(len(blocks)) if j % cfg.num_shards == cfg.shard_index]
     key = _run_key(cfg, backend_name)
     done = complete_shards(out)
     _check_existing(out, done, key, blocks)
     todo = [j for j in mine if j not in done]
+    return _Plan(out, tokenizer, prompts, long, clipped, backend_name, blocks, mine, todo, key, params)
 
+
+def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, progress: ProgressFn | None, t_start: float) -> dict[str, Any]:
+    out = plan.out
     summary: dict[str, Any] = {
         "out": str(out),
-        "backend": backend_name,
-        "prompts_total": len(prompts),
-        "skipped_long": len(long),
-        "clipped_to_context": clipped,
-        "shards_total": len(blocks),
-        "shards_mine": len(mine),
-        "shards_skipped": len(mine) - len(todo),
+        "backend": plan.backend_name,
+        "prompts_total": len(plan.prompts),
+        "skipped_long": len(plan.long),
+        "clipped_to_context": plan.clipped,
+        "shards_total": len(plan.blocks),
+        "shards_mine": len(plan.mine),
+        "shards_skipped": len(plan.mine) - len(plan.todo),
         "shards_written": 0,
     }
     engine_info: dict[str, Any] = {}
     stats = _Stats()
     own_backend = False
-    if todo:
+    if plan.todo:
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(out)
         if backend is None:
@@ -268,15 +297,15 @@ def generate_samples(
             backend.load_weights(str(cfg.model))
         try:
             engine_info = dict(getattr(backend, "info", {}))
-            _run_shards(cfg, backend, tokenizer, blocks, todo, params, key, out, stats, progress)
+            _run_shards(cfg, backend, plan.tokenizer, plan.blocks, plan.todo, plan.params, plan.key, out, stats, progress)
         finally:
             if own_backend:
                 backend.close()
-    summary["shards_written"] = len(todo)
+    summary["shards_written"] = len(plan.todo)
     summary.update(stats.as_dict())
     wall = time.perf_counter() - t_start
     summary["wall_time_s"] = round(wall, 3)
-    _write_manifests(cfg, out, key, blocks, mine, summary, engine_info, wall, long)
+    _write_manifests(cfg, out, plan.key, plan.blocks, plan.mine, summary, engine_info, wall, plan.long)
     return summary
 
 

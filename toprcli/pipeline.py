@@ -29,7 +29,7 @@ from typing import Any
 from toprcli.config import EngineConfig, IterateConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
-from toprcli.shards import read_manifest, write_json_atomic
+from toprcli.shards import check_writable, output_lock, read_manifest, write_json_atomic
 
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.yaml"
@@ -334,6 +334,11 @@ class Pipeline:
             tmp.replace(path)
 
     def run(self) -> list[dict[str, Any]]:
+        check_writable(self.run_dir)
+        with output_lock(self.run_dir):  # one `topr iterate` per run dir
+            return self._run()
+
+    def _run(self) -> list[dict[str, Any]]:
         self.check_run_dir()
         self.state = State(self.run_dir)
         try:

@@ -273,6 +273,14 @@ def score(cfg: ScoreConfig, progress: ProgressFn | None = None) -> ScoreResult:
                 f"{existing[stale[0]]} was scored from other samples or with other settings — "
                 "use a new --out, or --overwrite to rescore"
             )
+    shards.check_writable(out)
+    with shards.output_lock(out):  # one writer per output
+        return _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0)
+
+
+def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0) -> ScoreResult:
+    from toprcli.verifiers import VerifierPool
+
     result = ScoreResult(out=str(out), shards_skipped=len(files) - len(todo))
     skipped_rows = sum(pq.read_metadata(files[i]).num_rows for i in files if i not in todo)
 
@@ -319,7 +327,7 @@ def score(cfg: ScoreConfig, progress: ProgressFn | None = None) -> ScoreResult:
         out,
         stage="score",
         config=config_to_dict(cfg),
-        inputs={"samples": str(samples), "fingerprint": shards.fingerprint(samples)},
+        inputs={"samples": cfg.samples, "fingerprint": shards.fingerprint(cfg.samples)},
         counts={"rows": result.rows, "prompts": result.prompts, "shards": len(files), **result.verdicts},
         wall_time_s=result.wall_time_s,
         summary=result.summary(),

@@ -17,12 +17,15 @@ never rename these.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import platform
 import re
 import socket
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -378,6 +381,93 @@ def fingerprint(path: str | os.PathLike[str]) -> str:
             st = e.stat()
             h.update(f"{e.relative_to(p) if p.is_dir() else e.name}:{st.st_size}:{int(st.st_mtime)}\n".encode())
     return h.hexdigest()[:16]
+
+
+# -- output paths: writability and one writer at a time ------------------------------
+
+# errno values that mean "this output cannot be written here" (a user's problem, not a bug).
+_UNWRITABLE = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only file system"}
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def output_error(e: OSError, path: str | os.PathLike[str] | None = None) -> UserError | None:
+    """A UserError (one line: path, problem, fix) for a permission or disk error; None for other OSErrors."""
+    text = str(e)
+    code = e.errno if e.errno in _UNWRITABLE or e.errno in _FULL else None
+    if code is None:  # pyarrow reports some of these without errno
+        code = next((c for c, words in {**_UNWRITABLE, **_FULL}.items() if words in text.lower()), None)
+    if code is None:
+        return None
+    where = e.filename or path or "the output"
+    if code in _FULL:
+        return UserError(f"cannot write {where}: {_FULL[code]} — free disk space or choose an output on another disk")
+    return UserError(f"cannot write {where}: {_UNWRITABLE[code]} — choose a writable output path (or fix its permissions)")
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Fail before any work when ``path`` (a file or directory to be written) cannot be created there.
+
+    Probes with a temporary file in ``path`` if it is an existing directory, else in the nearest
+    existing parent, and removes it: nothing is left behind.
+    """
+    p = Path(path).absolute()
+    probe_dir = p if p.is_dir() else p.parent
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=".topr-write-probe-", dir=probe_dir)
+    except OSError as e:
+        err = output_error(e, probe_dir)
+        if err is None:
+            raise
+        raise UserError(f"cannot write {p}: {str(err).split(': ', 1)[1]}") from None
+    os.close(fd)
+    os.unlink(name)
+
+
+def _lock_path(path: Path, part: str) -> Path:
+    return path.parent / f".{path.name}.lock{part}"
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
+    """One writer at a time for ``path``: an exclusive advisory lock (``fcntl``) for the whole run.
+
+    A second writer fails at once with one line naming the process that holds the
+    lock. The lock file sits next to the output (``.<name>.lock<part>``) while the
+    run lasts and is removed at its end; the kernel drops the lock when its process
+    dies, so a killed run never blocks the rerun. ``part`` separates writers that
+    share an output on purpose (the shard ranges of data-parallel generation).
+    """
+    import fcntl
+    import sys
+
+    lock = _lock_path(Path(path).absolute(), part)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fh = open(lock, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise UserError(f"{path} is being written by {holder} — wait for it to finish, or write to another output") from None
+        try:  # the holder before us may have removed the file between our open and our lock: lock the new one
+            if os.fstat(fh.fileno()).st_ino == os.stat(lock).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        fh.close()
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')} ({' '.join(sys.argv[:3])[:120]})")
+        fh.flush()
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # still ours: we hold the lock on this inode
+        fh.close()
 
 
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:

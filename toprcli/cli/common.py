@@ -22,6 +22,7 @@ from rich.table import Table
 
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
+from toprcli.shards import output_error
 
 console = Console()
 err_console = Console(stderr=True)
@@ -41,7 +42,9 @@ def fail(message: str) -> typer.Exit:
 
 
 def user_errors(fn: F) -> F:
-    """Turn a :class:`UserError` raised anywhere below a command into one line and exit 2."""
+    """Turn a :class:`UserError` raised anywhere below a command into one line and exit 2; so
+    are permission and disk errors on any path (``shards.output_error``). Anything else is a
+    bug and keeps its traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -49,6 +52,11 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except UserError as e:
             raise fail(str(e)) from None
+        except OSError as e:
+            err = output_error(e)
+            if err is None:
+                raise
+            raise fail(str(err)) from None
 
     return wrapper  # type: ignore[return-value]
 

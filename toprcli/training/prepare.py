@@ -26,7 +26,16 @@ from toprcli.errors import UserError
 from toprcli.generation.model_info import config_context_length, first_line
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, get_loss, policy_loss, resolve_options
 from toprcli.sampling import Processing
-from toprcli.shards import fingerprint, parquet_files, read_file_metadata, read_schema, read_table, sampling_of, validate_columns
+from toprcli.shards import (
+    check_writable,
+    fingerprint,
+    parquet_files,
+    read_file_metadata,
+    read_schema,
+    read_table,
+    sampling_of,
+    validate_columns,
+)
 from toprcli.training.batching import TOKEN_COLUMNS, TokenData, total_steps
 
 # Options of ``policy_loss`` that apply to every loss; they may also be given in
@@ -276,6 +285,7 @@ def prepare(cfg: TrainConfig) -> Prepared:
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     if out.exists() and not cfg.overwrite and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists — pass --overwrite to replace it (or --resume to keep a finished run)")
+    check_writable(partial)
 
     mcfg = model_config(cfg.model)
     vocab_size = int(mcfg.vocab_size)

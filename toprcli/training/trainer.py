@@ -51,10 +51,10 @@ from toprcli.config import TrainConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.losses import policy_loss
 from toprcli.progress import ProgressFn, report
-from toprcli.shards import write_json_atomic, write_manifest
+from toprcli.shards import output_lock, write_json_atomic, write_manifest
 from toprcli.training import checkpoint as ckpt
 from toprcli.training.batching import TokenData, collate, data_order, loss_denominator, plan_micro_batches, step_rows, whiten
-from toprcli.training.distributed import DistContext, all_reduce, barrier, init_distributed, shutdown
+from toprcli.training.distributed import DistContext, all_reduce, barrier, env_rank, init_distributed, shutdown
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
 from toprcli.training.prepare import SUMMARY_NAME, Prepared, finished_summary, prepare, same_model
@@ -76,17 +76,20 @@ def train_policy(cfg: TrainConfig, *, progress: ProgressFn | None = None) -> dic
     if done is not None:  # resume of a finished run: nothing to do
         return done
     prep = prepare(cfg)
-    threads_before = torch.get_num_threads()
-    ctx = init_distributed()
-    try:
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        elif ctx.distributed and ctx.device.type == "cpu":
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_world_size))
-        return _train(prep, ctx, progress if ctx.is_main else None)
-    finally:
-        torch.set_num_threads(threads_before)
-        shutdown(ctx)
+    # One writer per output: rank 0 holds the lock for the whole run (its peers write only their shards).
+    lock = output_lock(prep.out) if env_rank() == 0 else contextlib.nullcontext()
+    with lock:
+        threads_before = torch.get_num_threads()
+        ctx = init_distributed()
+        try:
+            if cfg.threads:
+                torch.set_num_threads(cfg.threads)
+            elif ctx.distributed and ctx.device.type == "cpu":
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_world_size))
+            return _train(prep, ctx, progress if ctx.is_main else None)
+        finally:
+            torch.set_num_threads(threads_before)
+            shutdown(ctx)
 
 
 def _train(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) -> dict[str, Any]:
