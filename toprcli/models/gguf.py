@@ -2,10 +2,11 @@
 
 Reads one ``.gguf`` file (transformers' GGUF loader, package ``gguf``, dequantizes
 it); writes ``OUT/`` with ``config.json``, ``model.safetensors`` (float32),
-the tokenizer with its chat template, and a ``generation_config.json`` holding
+the tokenizer with its chat template, a ``generation_config.json`` holding
 only the special token ids — no sampling defaults, so nothing a checkpoint
-ships can change the distribution toprcli samples from. transformers and
-vLLM both load the result.
+ships can change the distribution toprcli samples from — and
+``toprcli_model.json`` (where the weights came from). transformers and vLLM
+both load the result.
 
 The GGUF-loaded model refuses ``save_pretrained`` (its config keeps the GGUF
 quantization entry), so the model is rebuilt from a clean copy of its config
@@ -16,34 +17,78 @@ import leaves nothing half-written.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from toprcli.errors import UserError
-from toprcli.shards import swap_dir_into_place
 from toprcli.generation.model_info import first_line
+from toprcli.shards import swap_dir_into_place
 
 GGUF_MAGIC = b"GGUF"
+CARD = "toprcli_model.json"
 
 
-def check_gguf(path: Path) -> None:
+def check_gguf(path: Path) -> dict[str, Any]:
+    """Refuse anything but a readable GGUF file; return its ``general.*`` metadata.
+
+    Parsing the file here (~3 s for a 100 MB checkpoint) turns a truncated or
+    corrupt file into one line instead of a struct/mmap traceback from deep
+    inside transformers.
+    """
+    if path.is_dir():
+        raise UserError(f"{path} is a directory — pass the .gguf file itself")
     if not path.is_file():
         raise UserError(f"GGUF file not found: {path} — check the path")
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise UserError(f"{path} is not a GGUF file (no GGUF header) — pass a .gguf checkpoint")
+    try:
+        from gguf import GGUFReader
+    except ImportError as e:
+        raise UserError(f"reading GGUF needs the `gguf` package ({first_line(e)}) — `pip install gguf`") from None
+    try:
+        reader = GGUFReader(path)
+        general = {}
+        for key in ("general.architecture", "general.name", "general.license"):
+            field = reader.get_field(key)
+            if field is not None and field.data:
+                # A string field's value is the part its first data index points at (any gguf version).
+                general[key.split(".", 1)[1]] = bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+    except Exception as e:  # the gguf reader raises whatever numpy/struct raise on a bad file
+        raise UserError(f"{path} is not a readable GGUF file ({type(e).__name__}: {first_line(e)}) — is it truncated?") from None
+    if "architecture" not in general:
+        raise UserError(f"{path} has no general.architecture entry — not a model checkpoint transformers can import")
+    return general
 
 
-def import_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-    """Dequantize ``gguf_path`` into a float32 HF model directory at ``out_dir``; returns ``out_dir``."""
+def import_gguf(
+    gguf_path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Dequantize ``gguf_path`` into a float32 HF model directory at ``out_dir``; returns ``out_dir``.
+
+    Raises UserError for a missing, corrupt or non-GGUF file, an architecture
+    transformers cannot load as a causal LM, or an ``out_dir`` that exists and
+    is not empty (unless ``overwrite``). ``out_dir`` is untouched on failure.
+    ``progress`` gets one status line once the input has been checked.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.utils import logging as hf_logging
 
     src, out = Path(gguf_path).expanduser(), Path(out_dir).expanduser()
-    check_gguf(src)
+    general = check_gguf(src)
     if out.exists() and not out.is_dir():
         raise UserError(f"output path {out} exists and is not a directory — choose another OUT")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -51,12 +96,20 @@ def import_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[st
 
     hf_logging.disable_progress_bar()
     try:
+        # The tokenizer first: it reads the GGUF's config too, so an unsupported architecture
+        # fails here, in seconds, before the status line and the slow dequantization.
         tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+        if progress is not None:
+            progress(f"dequantizing {src.name} ({general['architecture']}) to float32 …")
+        with _no_dequantize_bar():
+            gguf_model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
     except ImportError as e:
         raise UserError(f"reading GGUF needs the `gguf` package ({first_line(e)}) — `pip install gguf`") from None
     except (ValueError, KeyError, RuntimeError, OSError) as e:
-        raise UserError(f"cannot import {src}: {first_line(e)} — transformers must support this GGUF architecture") from None
+        raise UserError(
+            f"cannot import {src} (architecture {general['architecture']!r}): {first_line(e)} — "
+            "transformers must support this GGUF architecture as a causal LM"
+        ) from None
 
     config = gguf_model.config
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
@@ -73,6 +126,10 @@ def import_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[st
     if special["pad_token_id"] is None:
         special["pad_token_id"] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else special["eos_token_id"]
     del gguf_model
+    # GGUF carries no tokenizer length limit (transformers leaves 1e30); the model's context is the real one.
+    context = getattr(config, "max_position_embeddings", None)
+    if context:
+        tokenizer.model_max_length = context
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -80,6 +137,14 @@ def import_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[st
         model.save_pretrained(tmp, safe_serialization=True)
         GenerationConfig(**{k: v for k, v in special.items() if v is not None}).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        card = {
+            "builder": "toprcli.models.gguf.import_gguf",
+            "source": src.name,
+            "source_sha256": sha256_file(src),
+            "dtype": "float32",
+            **general,
+        }
+        (tmp / CARD).write_text(json.dumps(card, indent=2, default=str) + "\n")
         swap_dir_into_place(tmp, out)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -88,3 +153,31 @@ def import_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[st
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+@contextmanager
+def _no_dequantize_bar() -> Iterator[None]:
+    """Silence the tqdm bar transformers draws while dequantizing (its progress-bar switch misses
+    it): progress belongs to the CLI, and this step takes a few seconds."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
