@@ -163,7 +163,7 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
                 raise UserError(
                     f"{path}: unsupported file type {path.suffix!r} — use .jsonl, .json, .parquet or .csv"
                 )
-            ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
+            ds = _load_local(datasets, fmt, path)
         elif path.is_dir() or "/" in src or re.fullmatch(r"[\w.-]+", src):
             if not path.exists() and (src.startswith((".", "/", "~")) or Path(src).suffix.lower() in LOCAL_FORMATS):
                 raise UserError(f"dataset file not found: {src} — check the path")
@@ -190,6 +190,65 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
     if spec.limit is not None:
         ds = ds.select(range(min(spec.limit, len(ds))))
     return ds.to_list()
+
+
+def _load_local(datasets: Any, fmt: str, path: Path) -> Any:
+    """A local file through ``datasets``; a file it cannot read is named with the line (or cause)."""
+    import logging
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # its "Failed to read file" log line would precede ours
+    try:
+        return datasets.load_dataset(fmt, data_files=str(path), split="train")
+    except Exception as e:
+        where = _diagnose_local(path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise UserError(f"cannot read {path}: {where} — fix the file (or remove the bad rows)") from None
+    finally:
+        logger.setLevel(level)
+
+
+def _diagnose_local(path: Path) -> str | None:
+    """Where a local .jsonl/.json/.csv/.parquet file is broken, in words (line numbers 1-based)."""
+    import csv
+    import json
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        return f"line {n} is not valid JSON ({e.msg} at column {e.colno})"
+                    if not isinstance(row, dict):
+                        return f"line {n} is a JSON {type(row).__name__}, not an object of column values"
+        elif suffix == ".json":
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                return f"not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
+        elif suffix == ".csv":
+            with open(path, encoding="utf-8", newline="") as f:
+                reader = csv.reader(f, strict=True)
+                header = next(reader, [])
+                for row in reader:
+                    if len(row) != len(header):
+                        return f"line {reader.line_num} has {len(row)} fields, the header has {len(header)}"
+        elif suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.read_metadata(path)
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    except csv.Error as e:
+        return f"line {reader.line_num}: {e}"
+    except Exception as e:  # pyarrow: not a Parquet file, truncated, ...
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
 
 
 def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str, ...], what: str, src: str) -> str | None:
