@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toprcli import roll_keys as K
+from toprcli.roll import keys as K
 from toprcli.errors import UserError
-from toprcli.roll_interp import dotted, resolve
-from toprcli.roll_rules import apply_rules, reason_for
+from toprcli.roll.interp import dotted, resolve
+from toprcli.roll.keys import reason_for
+from toprcli.roll.rules import apply_rules
 
 MAPPED, LEFT_OUT, UNKNOWN = "mapped", "left out", "unknown"
 
@@ -66,7 +67,7 @@ def _classify(path: tuple) -> tuple[str, str]:
             parent_node = K.section_schema(parent)
             if parent == () and key in K.LEGACY_TOP:
                 return LEFT_OUT, f"not a ROLL config field at 8eb27cc ({K.LEGACY_TOP[key]}); ROLL ignores it"
-            if parent_node in (K.WORKER, K.REWARD, K.TOP) and key in K.PG_KNOBS:
+            if (parent_node in (K.WORKER, K.REWARD) and key in K.PG_KNOBS) or (parent == () and key in K.TOP_LEVEL_KNOBS):
                 return LEFT_OUT, ""
             if parent_node in (K.WORKER, K.REWARD) and key in K.LEGACY_WORKER:
                 return LEFT_OUT, f"not a ROLL config field at 8eb27cc ({K.LEGACY_WORKER[key]}); ROLL ignores it"
@@ -84,7 +85,9 @@ def _suggest(parent: tuple, key: str) -> str:
 
     node = K.section_schema(parent)
     names = list(node) if isinstance(node, dict) else []
-    if parent == () or node in (K.WORKER, K.REWARD):
+    if parent == ():
+        names += list(K.TOP_LEVEL_KNOBS)
+    elif node in (K.WORKER, K.REWARD):
         names += list(K.PG_KNOBS)
     close = difflib.get_close_matches(key, [n for n in names if n != "*"], n=1, cutoff=0.75)
     return f"not a ROLL key; did you mean {dotted(parent + (close[0],))}?" if close else "not a ROLL key"
@@ -104,6 +107,8 @@ class _Mapper:
         self.callouts: list[str] = []
 
     def has(self, key: str) -> bool:
+        if key in self.rows and self.rows[key].status == UNKNOWN:
+            return False  # with --allow-unknown, unknown keys are listed and skipped, never mapped
         node: Any = self.data
         for p in key.split("."):
             if not isinstance(node, dict) or p not in node:

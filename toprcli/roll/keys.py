@@ -13,10 +13,13 @@ the importer refuses keys outside this catalogue).
 
 A schema maps a key to ``None`` (a value), :data:`FREE` (a mapping whose keys
 are the user's, e.g. ``system_envs``) or another schema (a nested dataclass).
+:func:`reason_for` says why a ROLL key the rules do not map has no topr
+counterpart.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
 
 FREE = "free"  # a mapping with user-chosen keys: everything below it is accepted
@@ -132,6 +135,9 @@ PG_KNOBS = {
     "kimi15_tau": 0.1,
 }
 
+# ROLL's off-policy doc shows the loss knobs at the top level; ROLL reads them from actor_train.
+TOP_LEVEL_KNOBS = set(PG_KNOBS) | {"topr_positive_weight", "topr_negative_weight"}
+
 # Keys ROLL's examples and docs use that no ROLL dataclass declares at 8eb27cc (ROLL drops them).
 LEGACY_TOP = {
     "pg_variant": "only interpolated (e.g. into exp_name); ROLL reads actor_train.pg_variant",
@@ -191,3 +197,63 @@ def section_schema(path: tuple[str, ...]) -> Any:
         else:
             raise KeyError(key)
     return node
+
+
+# -- reasons for keys left out ------------------------------------------------------------------
+
+_PLACEMENT = "ROLL worker placement, parallelism and batching: topr sizes micro-batches by tokens (train.micro_batch_tokens)"
+_REASONS: list[tuple[tuple[str, ...], str]] = [
+    (("hydra", "hydra.*"), "Hydra's runtime settings"),
+    (("defaults", "defaults.*"), "Hydra composition: only this file is read (compose the config first)"),
+    (("*.strategy_args.*",), "Megatron / FSDP / vLLM / SGLang strategy and placement"),
+    (("*.device_mapping", "*.world_size", "*.num_gpus_per_worker", "*.infer_batch_size", "*.max_concurrency",
+      "*.backend_timeout", "*dynamic_batching*", "*microbatch*", "*.sequence_length_round*", "*sequence_packing*",
+      "*.offload_nccl", "*.logits_in_fp32", "*.apply_loss_scale", "*.router_replay.*", "*.mtp_training_mode",
+      "*.model_update_frequency", "*.name"), _PLACEMENT),
+    (("system_envs.*", "*.system_envs.*"), "environment variables for ROLL's workers"),
+    (("track_with", "tracker_kwargs.*", "logging_steps", "save_logging_board_dir"),
+     "experiment tracking: topr logs metrics into the run directory (train.tensorboard for TensorBoard)"),
+    (("checkpoint_config.*", "save_steps", "max_ckpt_to_keep", "resume_from_checkpoint", "output_dir", "base_dir",
+      "logging_dir", "*.training_args.output_dir"),
+     "ROLL's outputs and checkpoints: topr writes everything under run_dir and resumes when re-run"),
+    (("profiler_*", "length_profiler_dir", "otlp_output_dir", "report_length_and_rewards", "rollout_dump_dir",
+      "rollout_mock.*"), "profiling and debugging"),
+    (("num_gpus_per_node", "num_nodes", "rpc_timeout", "local_rank", "model_update_buffer_size_mb", "is_offload_*",
+      "model_download_type", "transfer_backend.*", "router_args.*", "generate_opt_level",
+      "is_num_return_sequences_expand", "max_running_requests", "is_use_additional_prompts",
+      "max_additional_running_prompts", "user_defined_rollout_loop_cls", "async_generation_ratio"),
+     "ROLL's cluster runtime and rollout scheduler"),
+    (("max_steps", "rollout_batch_size", "eval_steps", "val_batch_size", "*.training_args.max_steps",
+      "*.training_args.num_train_epochs"),
+     "counted in ROLL's online steps (one rollout batch, one update); a topr round samples generate.dataset, then "
+     "trains — set rounds, eval_every and generate.dataset.limit"),
+    (("*.data_args.*", "dataset_filter.*", "global_template", "tag_to_template.*"),
+     "ROLL's data files and templates: point generate.dataset / eval.dataset at your prompts"),
+    (("reference.*",), "the reference policy: ROLL's is pretrain (train.ref_model when the KL loss is on)"),
+    (("critic.*", "lambd", "gamma", "value_clip", "critic_warmup"), "critic / GAE: topr has no value model"),
+    (("reward.*", "reward_model.*"), "a reward-model cluster: topr scores with verifiers (score.verifier)"),
+    (("teacher", "teacher.*", "student_*", "is_pure_opd", "use_opd", "pure_opd_pipeline_type"),
+     "on-policy distillation: not part of topr"),
+    (("train_infer_correction.*", "enable_old_logprobs_recompute", "force_disable_old_logprobs_recompute",
+      "enable_reference"),
+     "trainer/engine log-prob correction: topr stores μ from the engine, reports the gap and can recompute it "
+     "(train.recompute_behavior)"),
+    (("kl_penalty", "target_kl", "init_kl_coef", "kl_horizon", "add_token_level_kl"),
+     "KL in the reward (add_token_level_kl): topr has the KL loss only (train.kl_coef, k3 as ROLL's KL loss)"),
+    (("use_reward_scaling", "use_reward_norm", "add_len_reward", "l2", "val_greedy", "val_n_sample", "mask_type",
+      "balance_length", "minibatch_data_iter_num"), "ROLL's RLVR pipeline does not read it (8eb27cc)"),
+    (("*.model_args.*",), "model loading and kernel settings"),
+    (("*.training_args.*",), "set by ROLL itself, or no topr equivalent"),
+    (("*.generating_args.*",), "changes the sampling distribution or the engine's output: no topr equivalent"),
+    (("prompt_length",), "ROLL truncates prompts to it; topr checks prompts against the model's context (generate.skip_long)"),
+    (("*.pg_variant", "*.worker_cls"), "a worker other than actor_train"),
+    (("*.topr_*", "*.tis_*", "*.cispo_*", "*.kimi15_*"), "ROLL reads loss knobs from actor_train only"),
+]
+
+
+def reason_for(key: str, value: Any) -> str:
+    """Why a ROLL key has no topr counterpart (the first matching rule)."""
+    for patterns, why in _REASONS:
+        if any(fnmatch.fnmatchcase(key, p) for p in patterns):
+            return why
+    return "no topr equivalent"

@@ -1,19 +1,18 @@
-"""The ROLL → topr mapping rules of `topr config import-roll` (see roll_import.py, docs/from-roll.md).
+"""The ROLL → topr mapping rules of `topr config import-roll` (see importer.py, docs/from-roll.md).
 
 Each rule reads resolved ROLL keys through the mapper (``m.get``/``number``/
 ``flag``), sets topr keys and marks the ROLL keys mapped or left out (with the
-reason); every other ROLL key gets a reason from :func:`reason_for`. ROLL
+reason); every other ROLL key gets a reason from :func:`toprcli.roll.keys.reason_for`. ROLL
 semantics are those of alibaba/ROLL (Apache-2.0) at commit 8eb27cc.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from typing import Any
 
-from toprcli import roll_keys as K
 from toprcli.errors import UserError
+from toprcli.roll.loss_rules import loss_generic, select_loss, topr_doc_keys
 
 TRAIN_ARGS = "actor_train.training_args"
 GEN_ARGS = "actor_infer.generating_args"
@@ -27,8 +26,8 @@ ROLL_SAMPLING = {"temperature": 0.95, "top_p": 0.7, "top_k": 50}
 def apply_rules(m: Any) -> None:
     model = _model_and_run(m)
     mnt = _lengths(m)
-    loss = _loss(m)
-    _loss_generic(m, model, mnt)
+    loss = select_loss(m)
+    loss_generic(m, model, mnt)
     _optimizer(m)
     _sampling(m, GEN_ARGS, "generate", loss)
     _sampling(m, VAL_ARGS, "eval", loss)
@@ -36,7 +35,7 @@ def apply_rules(m: Any) -> None:
     _rewards(m)
     _advantages(m)
     _selection(m)
-    _topr_doc_keys(m)
+    topr_doc_keys(m)
 
 
 # -- model, run, lengths ----------------------------------------------------------------------
@@ -85,201 +84,6 @@ def _lengths(m: Any) -> int:
         m.mapped("val_sequence_length", ("eval.sampling.max_new_tokens", val), note="minus val_prompt_length")
         m.mapped("val_prompt_length", note="eval max_new_tokens = val_sequence_length − val_prompt_length")
     return mnt
-
-
-# -- the loss ---------------------------------------------------------------------------------
-
-
-def _knob(m: Any, name: str) -> str | None:
-    """Where a loss knob is given: ROLL reads actor_train's; its docs show them at the top level."""
-    for key in (f"actor_train.{name}", name):
-        if m.has(key):
-            return key
-    return None
-
-
-def _loss(m: Any) -> str:
-    own, top = m.get("actor_train.pg_variant"), m.get("pg_variant")
-    worker = m.get("actor_train.worker_cls")
-    pg_worker = isinstance(worker, str) and worker.endswith("ActorPGWorker")
-    variant = own if own is not None else top
-    if variant is not None and variant not in K.PG_VARIANTS:
-        where = "actor_train.pg_variant" if own is not None else "pg_variant"
-        raise UserError(f"{where}: {variant!r} is not a ROLL pg_variant — choose one of: {', '.join(K.PG_VARIANTS)}")
-    if variant is None:
-        if pg_worker:
-            raise UserError(
-                "actor_train.worker_cls is ActorPGWorker but no actor_train.pg_variant is set — ROLL itself refuses "
-                "this file ('Unsupported pg_variant'); set actor_train.pg_variant (topr, vanilla, ppo, tis, cispo, kimi15)"
-            )
-        loss = "ppo"
-        m.mapped("actor_train.worker_cls", ("train.loss", loss), note="ROLL's ActorWorker trains with PPO-clip")
-        m.set("train.loss", loss)
-        m.callout(
-            "no pg_variant: ROLL trains this file with ActorWorker's PPO-clip loss, never TOPR (TOPR is "
-            f"actor_train.pg_variant: topr with actor_train.worker_cls: {K.PG_WORKER}) — imported as train.loss: ppo; "
-            "set train.loss: topr to train with TOPR here"
-        )
-    else:
-        loss = K.PG_VARIANTS[variant]
-        key = "actor_train.pg_variant" if own is not None else "pg_variant"
-        targets: list[tuple[str, Any]] = [("train.loss", loss)]
-        note = "vanilla: −A·log π, no ratio" if variant == "vanilla" else ""
-        if loss in ("topr", "tis"):
-            targets.append(("train.loss_options.ratio_level", "token"))
-            note = "ROLL's ratio is per token; topr's default (the paper's) is per sequence"
-        if loss == "cispo":  # ROLL's defaults differ from topr's (no lower bound, 0.28)
-            for roll_name, opt in (("cispo_epsilon_low", "clip_low"), ("cispo_epsilon_high", "clip_high")):
-                if _knob(m, roll_name) is None:
-                    targets.append((f"train.loss_options.{opt}", K.PG_KNOBS[roll_name]))
-            note = "ROLL's default epsilons 0.1 where the file sets none"
-        m.mapped(key, *targets, note=note)
-        if own is None:
-            m.callout(
-                f"pg_variant: {variant} is set only at the top level, which ROLL merely interpolates — ROLL reads "
-                "actor_train.pg_variant, so ROLL would not run this loss; imported as asked"
-            )
-        elif top is not None:
-            m.left_out("pg_variant", "ROLL only interpolates the top-level pg_variant; the loss is actor_train.pg_variant")
-            if top != own:
-                m.callout(f"pg_variant: {top} (top level) differs from actor_train.pg_variant: {own} — ROLL uses the latter")
-        if worker is not None:
-            m.mapped("actor_train.worker_cls", note="selects ROLL's pg_variant losses" if pg_worker else "see call-outs")
-        if not pg_worker:
-            m.callout(
-                f"actor_train.pg_variant is {variant} but actor_train.worker_cls is {worker or 'not set'}: ROLL reads "
-                f"pg_variant only in ActorPGWorker and otherwise trains with PPO-clip — imported as {loss}, as asked"
-            )
-    _loss_options(m, loss, variant)
-    return loss
-
-
-_KNOBS = {  # ROLL knob → (the topr loss it belongs to, its option there)
-    "topr_positive_weight": ("topr", "positive_weight"),
-    "topr_negative_weight": ("topr", "negative_weight"),
-    "tis_lower_bound": ("tis", "lower"),
-    "tis_upper_bound": ("tis", "upper"),
-    "cispo_epsilon_low": ("cispo", "clip_low"),
-    "cispo_epsilon_high": ("cispo", "clip_high"),
-    "kimi15_tau": ("kimi15", "tau"),
-}
-_PPO_KEYS = ("pg_clip", "use_pg_clip_range", "pg_clip_low", "pg_clip_high", "dual_clip_loss", "importance_sampling")
-
-
-def _loss_options(m: Any, loss: str, variant: str | None) -> None:
-    for name, (owner, option) in _KNOBS.items():
-        for key in (f"actor_train.{name}", name):
-            if not m.has(key):
-                continue
-            if owner != loss:
-                m.left_out(key, f"only ROLL's {owner} loss reads it; the loss here is {loss}")
-                continue
-            if key == name and m.has(f"actor_train.{name}"):
-                m.left_out(key, f"actor_train.{name} is set too, and that is what ROLL reads")
-                continue
-            note = "ROLL reads it from actor_train only, so ROLL ignores this top-level value" if key == name else ""
-            if name in K.PG_KNOBS:
-                note = (
-                    "not a WorkerConfig field: ROLL's loader drops it and ROLL runs with its default "
-                    f"{K.PG_KNOBS[name]}; imported as written"
-                )
-            m.mapped(key, (f"train.loss_options.{option}", m.number(key)), note=note)
-    unified = _knob(m, "cispo_use_unified_mask")
-    if unified is not None:
-        if loss != "cispo":
-            m.left_out(unified, f"only ROLL's cispo loss reads it; the loss here is {loss}")
-        elif m.flag(unified):
-            m.left_out(unified, "topr's cispo has no unified mask (it would mask tokens as PPO clipping does; see train.loss: ppo)")
-        else:
-            m.mapped(unified, note="off, as topr's cispo")
-    if loss != "ppo":
-        for key in _PPO_KEYS:
-            if m.has(key):
-                m.left_out(key, f"only ROLL's ppo loss reads it; the loss here is {loss}")
-        return
-    clip = m.number("pg_clip", 0.2)
-    m.mapped("pg_clip", ("train.loss_options.clip_ratio", clip))
-    if m.flag("use_pg_clip_range"):
-        m.mapped("use_pg_clip_range", note="asymmetric clip range")
-        m.mapped("pg_clip_low", ("train.loss_options.clip_low", m.number("pg_clip_low", 0.2)))
-        m.mapped("pg_clip_high", ("train.loss_options.clip_high", m.number("pg_clip_high", 0.2)))
-    else:
-        for key in ("pg_clip_low", "pg_clip_high"):
-            if m.has(key):
-                m.left_out(key, "use_pg_clip_range is off: ROLL clips with pg_clip")
-        if m.has("use_pg_clip_range"):
-            m.mapped("use_pg_clip_range", note="off: one clip range, pg_clip")
-    if m.flag("dual_clip_loss"):
-        if clip > 0:
-            m.mapped("dual_clip_loss", ("train.loss_options.dual_clip", 1 + 2 * clip), note="ROLL's dual-clip constant is 1 + 2·pg_clip")
-        else:
-            m.left_out("dual_clip_loss", "pg_clip is 0, so ROLL's dual-clip constant 1 + 2·pg_clip is 1: no dual clip")
-    elif m.has("dual_clip_loss"):
-        m.mapped("dual_clip_loss", note="off, as topr's ppo")
-    if m.has("importance_sampling"):
-        level = m.get("importance_sampling")
-        if variant is not None:
-            m.left_out("importance_sampling", "only ROLL's ActorWorker reads it; ActorPGWorker's ppo ratio is per token, as here")
-        elif level == "token":
-            m.mapped("importance_sampling", note="per-token ratio, as topr's ppo")
-        else:
-            m.left_out("importance_sampling", f"{level!r}: ROLL's seq ratio is exp(mean token log-ratio); topr's ppo ratio is per token")
-
-
-def _loss_generic(m: Any, model: str | None, mnt: int) -> None:
-    mode = m.get("loss_agg_mode")
-    if mode is not None:
-        targets = [("train.aggregation", mode)]
-        if mode == "seq-mean-token-sum-norm":
-            targets.append(("train.norm_length", mnt))
-        m.mapped("loss_agg_mode", *targets, note="ROLL divides by the padded response length" if len(targets) > 1 else "")
-    if m.has("whiten_advantages"):
-        m.mapped("whiten_advantages", ("train.whiten_advantages", m.flag("whiten_advantages")),
-                 note="ROLL whitens over the rollout batch's tokens, topr over each step's sequences")
-    clip = m.number("advantage_clip")
-    if clip:
-        m.mapped("advantage_clip", ("train.adv_clip", clip))
-    elif m.has("advantage_clip"):
-        m.mapped("advantage_clip", note="off, as topr's default")
-    if m.flag("use_kl_loss"):
-        coef = m.number("kl_loss_coef", 0.0)
-        targets = [("train.kl_coef", coef), ("train.kl_estimator", "k3")]
-        if coef and model is not None:
-            targets.append(("train.ref_model", model))
-        m.mapped("use_kl_loss", *targets[1:], note="ROLL's KL loss is k3 to the reference, which is pretrain")
-        m.mapped("kl_loss_coef", ("train.kl_coef", coef))
-    elif m.has("use_kl_loss"):
-        m.mapped("use_kl_loss", note="off, as topr's default")
-        if m.has("kl_loss_coef"):
-            m.left_out("kl_loss_coef", "use_kl_loss is off")
-    ent = m.number("entropy_loss_coef")
-    if ent:
-        m.mapped("entropy_loss_coef", ("train.entropy_coef", ent))
-    elif m.has("entropy_loss_coef"):
-        m.mapped("entropy_loss_coef", note="off, as topr's default")
-    if m.has("max_grad_norm"):
-        m.mapped("max_grad_norm", ("train.grad_clip", m.number("max_grad_norm")))
-    if m.has("ppo_epochs"):
-        m.mapped("ppo_epochs", ("train.epochs", float(m.number("ppo_epochs", integer=True))), note="passes over each round's data")
-    if m.has("rl_loss_coef"):
-        coef = m.number("rl_loss_coef") if not isinstance(m.get("rl_loss_coef"), str) else None
-        if coef == 1.0:
-            m.mapped("rl_loss_coef", note="1.0 leaves ROLL's loss unscaled")
-        else:
-            m.left_out("rl_loss_coef", "ROLL multiplies its policy + KL loss by it; topr has no loss scale (see call-outs)")
-            m.callout(
-                f"rl_loss_coef: {m.get('rl_loss_coef')} — ROLL's TOPR doc lists it as a TOPR knob with default 0.0, but "
-                "ROLL's code (actor_pg_worker.py, actor_worker.py) multiplies the policy + KL loss by it (field default "
-                "1.0): 0.0 switches the policy loss off. Not imported; TOPR's own knobs are actor_train.topr_positive_weight "
-                "and actor_train.topr_negative_weight"
-            )
-
-
-def _topr_doc_keys(m: Any) -> None:
-    for key, what in K.TOPR_DOC_KEYS.items():
-        if m.has(key):
-            m.left_out(key, what)
-            m.callout(f"{key} (value {m.get(key)!r}): {what}")
 
 
 # -- optimizer and training model ---------------------------------------------------------------
@@ -543,63 +347,3 @@ def _selection(m: Any) -> None:
             m.left_out(key, f"no topr equivalent: ROLL {what}")
         elif m.has(key):
             m.mapped(key, note="off, as here")
-
-
-# -- reasons for keys left out ------------------------------------------------------------------
-
-_PLACEMENT = "ROLL worker placement, parallelism and batching: topr sizes micro-batches by tokens (train.micro_batch_tokens)"
-_REASONS: list[tuple[tuple[str, ...], str]] = [
-    (("hydra", "hydra.*"), "Hydra's runtime settings"),
-    (("defaults", "defaults.*"), "Hydra composition: only this file is read (compose the config first)"),
-    (("*.strategy_args.*",), "Megatron / FSDP / vLLM / SGLang strategy and placement"),
-    (("*.device_mapping", "*.world_size", "*.num_gpus_per_worker", "*.infer_batch_size", "*.max_concurrency",
-      "*.backend_timeout", "*dynamic_batching*", "*microbatch*", "*.sequence_length_round*", "*sequence_packing*",
-      "*.offload_nccl", "*.logits_in_fp32", "*.apply_loss_scale", "*.router_replay.*", "*.mtp_training_mode",
-      "*.model_update_frequency", "*.name"), _PLACEMENT),
-    (("system_envs.*", "*.system_envs.*"), "environment variables for ROLL's workers"),
-    (("track_with", "tracker_kwargs.*", "logging_steps", "save_logging_board_dir"),
-     "experiment tracking: topr logs metrics into the run directory (train.tensorboard for TensorBoard)"),
-    (("checkpoint_config.*", "save_steps", "max_ckpt_to_keep", "resume_from_checkpoint", "output_dir", "base_dir",
-      "logging_dir", "*.training_args.output_dir"),
-     "ROLL's outputs and checkpoints: topr writes everything under run_dir and resumes when re-run"),
-    (("profiler_*", "length_profiler_dir", "otlp_output_dir", "report_length_and_rewards", "rollout_dump_dir",
-      "rollout_mock.*"), "profiling and debugging"),
-    (("num_gpus_per_node", "num_nodes", "rpc_timeout", "local_rank", "model_update_buffer_size_mb", "is_offload_*",
-      "model_download_type", "transfer_backend.*", "router_args.*", "generate_opt_level",
-      "is_num_return_sequences_expand", "max_running_requests", "is_use_additional_prompts",
-      "max_additional_running_prompts", "user_defined_rollout_loop_cls", "async_generation_ratio"),
-     "ROLL's cluster runtime and rollout scheduler"),
-    (("max_steps", "rollout_batch_size", "eval_steps", "val_batch_size", "*.training_args.max_steps",
-      "*.training_args.num_train_epochs"),
-     "counted in ROLL's online steps (one rollout batch, one update); a topr round samples generate.dataset, then "
-     "trains — set rounds, eval_every and generate.dataset.limit"),
-    (("*.data_args.*", "dataset_filter.*", "global_template", "tag_to_template.*"),
-     "ROLL's data files and templates: point generate.dataset / eval.dataset at your prompts"),
-    (("reference.*",), "the reference policy: ROLL's is pretrain (train.ref_model when the KL loss is on)"),
-    (("critic.*", "lambd", "gamma", "value_clip", "critic_warmup"), "critic / GAE: topr has no value model"),
-    (("reward.*", "reward_model.*"), "a reward-model cluster: topr scores with verifiers (score.verifier)"),
-    (("teacher", "teacher.*", "student_*", "is_pure_opd", "use_opd", "pure_opd_pipeline_type"),
-     "on-policy distillation: not part of topr"),
-    (("train_infer_correction.*", "enable_old_logprobs_recompute", "force_disable_old_logprobs_recompute",
-      "enable_reference"),
-     "trainer/engine log-prob correction: topr stores μ from the engine, reports the gap and can recompute it "
-     "(train.recompute_behavior)"),
-    (("kl_penalty", "target_kl", "init_kl_coef", "kl_horizon", "add_token_level_kl"),
-     "KL in the reward (add_token_level_kl): topr has the KL loss only (train.kl_coef, k3 as ROLL's KL loss)"),
-    (("use_reward_scaling", "use_reward_norm", "add_len_reward", "l2", "val_greedy", "val_n_sample", "mask_type",
-      "balance_length", "minibatch_data_iter_num"), "ROLL's RLVR pipeline does not read it (8eb27cc)"),
-    (("*.model_args.*",), "model loading and kernel settings"),
-    (("*.training_args.*",), "set by ROLL itself, or no topr equivalent"),
-    (("*.generating_args.*",), "changes the sampling distribution or the engine's output: no topr equivalent"),
-    (("prompt_length",), "ROLL truncates prompts to it; topr checks prompts against the model's context (generate.skip_long)"),
-    (("*.pg_variant", "*.worker_cls"), "a worker other than actor_train"),
-    (("*.topr_*", "*.tis_*", "*.cispo_*", "*.kimi15_*"), "ROLL reads loss knobs from actor_train only"),
-]
-
-
-def reason_for(key: str, value: Any) -> str:
-    """Why a ROLL key has no topr counterpart (the first matching rule)."""
-    for patterns, why in _REASONS:
-        if any(fnmatch.fnmatchcase(key, p) for p in patterns):
-            return why
-    return "no topr equivalent"
