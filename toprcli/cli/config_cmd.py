@@ -1,4 +1,4 @@
-"""`topr config show|check`: the defaults, and a pipeline config resolved and validated."""
+"""`topr config show|check|import-roll`: the defaults, a pipeline config resolved and validated, a ROLL config imported."""
 
 from __future__ import annotations
 
