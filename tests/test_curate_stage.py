@@ -147,6 +147,59 @@ def test_group_baseline_uses_all_samples_of_the_prompt(tmp_path):
     np.testing.assert_allclose(t.column("advantage").to_numpy(), [1.0, -1.0, -1.0])
 
 
+def test_roll_style_normalisation_hand_values(tmp_path):
+    # ROLL's reward_norm with 0/1 scores: prompt a R = [1, 0, 0, 0], prompt b R = [1, 1]
+    scored = write_scored(
+        tmp_path / "s", scored_table(["a"] * 4 + ["b"] * 2, [True, False, False, False, True, True], rewards=[1, 0, 0, 0, 1, 1])
+    )
+    # batch mean 0.5 and sample std sqrt(1.5/5) (Bessel, like torch.std)
+    result, t = run(tmp_path, scored, baseline="batch-mean", std_normalize="batch")
+    sd = (1.5 / 5) ** 0.5
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), np.array([0.5, -0.5, -0.5, -0.5, 0.5, 0.5]) / (sd + 1e-6), rtol=1e-6)
+    assert result.baseline == "batch-mean" and result.c == pytest.approx(0.5)
+    # GRPO: group mean and group std; prompt a: mean 1/4, std sqrt(0.75/3) = 0.5; prompt b has
+    # std 0 and A = 0 (left unscaled, never divided by 1e-6)
+    _, t = run(tmp_path, scored, baseline="group-mean", std_normalize="group", overwrite=True)
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [0.75 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001, 0, 0], rtol=1e-6)
+    # reward_clip clips the normalised value
+    _, t = run(tmp_path, scored, baseline="group-mean", std_normalize="group", reward_clip=1.0, overwrite=True)
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [1.0, -0.5, -0.5, -0.5, 0, 0], rtol=1e-5)
+    # a batch-mean baseline with a group std: the all-correct prompt b keeps A = 0.5 unscaled
+    _, t = run(tmp_path, scored, baseline="batch-mean", std_normalize="group", overwrite=True)
+    np.testing.assert_allclose(t.column("advantage").to_numpy()[4:], [0.5, 0.5])
+
+
+def test_keep_accuracy_uses_all_samples_and_is_strict(tmp_path):
+    # accuracies: a 1/4, b 2/4 (one truncated), c 0, d 1
+    pids = ["a"] * 4 + ["b"] * 4 + ["c"] * 2 + ["d"] * 2
+    correct = [True, False, False, False, True, True, False, False, False, False, True, True]
+    finish = ["stop"] * 4 + ["length"] + ["stop"] * 7
+    scored = write_scored(tmp_path / "s", scored_table(pids, correct, finish=finish))
+    result, t = run(tmp_path, scored, keep_accuracy=[0.25, 1.0])
+    assert set(t.column("prompt_id").to_pylist()) == {"b"} and result.dropped == {"outside keep_accuracy": 8}
+    # b's accuracy counts its truncated (dropped) sample: 2/4, not 1/3
+    result, t = run(tmp_path, scored, keep_accuracy=[0.4, 0.6], drop_truncated=True, overwrite=True)
+    assert t.column("prompt_id").to_pylist() == ["b"] * 3
+    # [0, 1] is drop_uniform_prompts
+    _, t = run(tmp_path, scored, keep_accuracy=[0.0, 1.0], overwrite=True)
+    assert set(t.column("prompt_id").to_pylist()) == {"a", "b"}
+
+
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        ("keep_accuracy: [0.9, 0.1]", "keep_accuracy"),
+        ("keep_accuracy: [0.1]", "keep_accuracy"),
+        ("std_normalize: running", "std_normalize"),
+        ("reward_clip: 0", "reward_clip"),
+    ],
+)
+def test_roll_style_options_are_validated(tmp_path, yaml_text, message):
+    (tmp_path / "c.yaml").write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(CurateConfig, tmp_path / "c.yaml")
+
+
 # -- selection -------------------------------------------------------------------
 
 
@@ -287,6 +340,8 @@ def test_not_scored(tmp_path):
         (dict(positive_fraction=0.2, baseline=0.5), "both given"),
         (dict(positive_fraction=0.2, baseline="group-mean"), "both given"),
         (dict(baseline="median"), "bad --baseline"),
+        (dict(positive_fraction=0.2, std_normalize="group"), "std_normalize: group"),
+        (dict(positive_fraction=0.2, reward_clip=1.0), "reward_clip"),
         (dict(source_weights=[1.0, 2.0]), "2 source weights for 1"),
         (dict(source_weights=[-1.0]), "bad source weight"),
         (dict(source_weights=[0.0]), "every source weight is 0"),

@@ -249,3 +249,24 @@ def test_group_ids_small_and_large_ranges_agree():
     fp = cu.string_fingerprint(pa.array([str(x) for x in b]))  # uint64 keys
     g3, n3 = cu.group_ids(a, fp)
     assert n3 == n1 and len(set(zip(g1.tolist(), g3.tolist()))) == n1
+
+
+def test_reward_std_and_scaling_hand_values():
+    r = np.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 5.0])
+    g = np.array([0, 0, 0, 0, 1, 1, 2])
+    assert cu.reward_std(r) == pytest.approx(np.std(r, ddof=1))
+    assert cu.reward_std(r[:1]) == 0.0
+    # group 0: mean 1/4, Σdev² = 0.75, /3 → std 0.5; group 1 constant → 0; singleton → 0
+    np.testing.assert_allclose(cu.group_reward_std(r, g), [0.5] * 4 + [0.0, 0.0, 0.0])
+    a = np.array([0.75, -0.25, 2.0, 3.0])
+    np.testing.assert_allclose(cu.scale_advantages(a, np.array([0.5, 0.5, 0.0, 2.0])), [1.5, -0.5, 2.0, 1.5], rtol=1e-5)
+    np.testing.assert_allclose(cu.scale_advantages(a, 0.5, clip=1.0), [1.0, -0.5, 1.0, 1.0], rtol=1e-5)
+    assert cu.scale_advantages(a).dtype == np.float32
+
+
+def test_accuracy_range_mask_is_strict():
+    o = np.array([True, False, False, False, True, True, False, False])
+    g = np.array([0, 0, 0, 0, 1, 1, 2, 2])  # accuracies 0.25, 1, 0
+    np.testing.assert_array_equal(cu.accuracy_range_mask(o, g, 0.25, 1.0), [False] * 8)
+    np.testing.assert_array_equal(cu.accuracy_range_mask(o, g, 0.1, 0.95), [True] * 4 + [False] * 4)
+    np.testing.assert_array_equal(cu.accuracy_range_mask(o, g, 0.0, 1.0), cu.mixed_outcome_mask(o, g))

@@ -167,6 +167,76 @@ def test_topr_token_level_differs_from_sequence_level():
     assert m_tok["neg_token_alpha_mean"].item() == pytest.approx((1 + math.exp(-1)) / 2)
 
 
+def test_topr_weights_by_hand():
+    # l = ½[−w₊·2·mean(−1,−2,−3) + w₋·α·mean(−0.5,−1)]; the weights scale each side's
+    # gradient and nothing else (α stays the same stop-gradient coefficient)
+    wp, wn = 0.75, 0.5
+    loss, metrics, g = grad_of("topr", LP, BLP, ADV, MASK, positive_weight=wp, negative_weight=wn)
+    assert loss.item() == pytest.approx(0.5 * (wp * -2 * -2.0 + wn * ALPHA * -0.75), abs=1e-12)
+    expected = t([[-wp / 3, -wp / 3, -wp / 3], [wn * ALPHA / 4, wn * ALPHA / 4, 0.0]])
+    torch.testing.assert_close(g, expected, rtol=0, atol=1e-15)
+    assert metrics["neg_alpha_mean"].item() == pytest.approx(ALPHA)  # reported α is unweighted
+    # negative_weight 0 is positives-only: the SFT gradient exactly
+    _, _, g0 = grad_of("topr", LP, BLP, ADV, MASK, negative_weight=0.0)
+    _, _, g_sft = grad_of("sft", LP, BLP, ADV, MASK)
+    torch.testing.assert_close(g0, g_sft, rtol=0, atol=0)
+    # defaults (1, 1) are the paper's TOPR, bit for bit
+    _, _, g1 = grad_of("topr", LP, BLP, ADV, MASK, positive_weight=1.0, negative_weight=1.0)
+    _, _, g_default = grad_of("topr", LP, BLP, ADV, MASK)
+    torch.testing.assert_close(g1, g_default, rtol=0, atol=0)
+
+
+def test_topr_weights_split_by_advantage_sign_after_whitening():
+    # the split is on the sign of A (not of the reward); with rewards +1, +1, −1 the
+    # whitened A ≈ (0.707, 0.707, −1.414) keeps the signs and gets the same weights
+    lp = t([[-1.0], [-1.0], [-1.0], [-1.0]])
+    blp = lp.clone()
+    mask = torch.ones_like(lp)
+    adv = t([1.0, 1.0, -1.0, 0.0])
+    _, _, g = grad_of("topr", lp, blp, adv, mask, positive_weight=2.0, negative_weight=0.25)
+    torch.testing.assert_close(g[:, 0], t([-2.0, -2.0, 0.25, 0.0]) / 4, rtol=0, atol=1e-15)
+    white = (adv[:3] - adv[:3].mean()) / adv[:3].std(unbiased=False)
+    _, _, gw = grad_of("topr", lp[:3], blp[:3], t([1.0, 1.0, -1.0]), mask[:3],
+                       whiten_advantages=True, negative_weight=0.25)
+    torch.testing.assert_close(gw[:, 0], -white * t([1.0, 1.0, 0.25]) / 3, rtol=0, atol=1e-7)
+
+
+def test_topr_weights_equal_a_baseline_only_for_two_rewards_without_whitening():
+    # ±1 rewards, c = 0, (w₊, w₋) = (1, 0.5) ≡ c = (w₋ − w₊)/(w₋ + w₊) = −1/3 up to a
+    # factor 2/(w₊ + w₋): the direction is the same ...
+    lp, blp = t([[-1.0], [-2.0], [-0.5]]), t([[-1.0], [-1.5], [-1.0]])
+    mask = torch.ones_like(lp)
+    r = t([1.0, -1.0, -1.0])
+    _, _, g_w = grad_of("topr", lp, blp, r, mask, negative_weight=0.5)
+    _, _, g_c = grad_of("topr", lp, blp, r + 1 / 3, mask)
+    torch.testing.assert_close(g_c, g_w * 4 / 3, rtol=0, atol=1e-15)
+    # ... but whitening removes any constant c, and the weights survive it
+    _, _, g_wc = grad_of("topr", lp, blp, r + 1 / 3, mask, whiten_advantages=True)
+    _, _, g_w0 = grad_of("topr", lp, blp, r, mask, whiten_advantages=True)
+    torch.testing.assert_close(g_wc, g_w0, rtol=0, atol=1e-7)
+    _, _, g_ww = grad_of("topr", lp, blp, r, mask, whiten_advantages=True, negative_weight=0.5)
+    assert not torch.allclose(g_ww, g_w0)
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf"), "x_2", None, True])
+def test_topr_weights_must_be_finite_and_non_negative(bad):
+    with pytest.raises(UserError, match="negative_weight"):
+        policy_loss("topr", LP, BLP, ADV, MASK, negative_weight=bad)
+
+
+def test_train_accepts_topr_weights_as_loss_options():
+    # `topr train --loss-option negative_weight=0.5` validates options by running the loss once
+    from toprcli.config import TrainConfig
+    from toprcli.training.prepare import resolve_loss
+
+    setup = resolve_loss(TrainConfig(loss="topr", loss_options={"negative_weight": 0.5, "ratio_level": "token"}))
+    assert setup.options == {"negative_weight": 0.5, "ratio_level": "token"}
+    with pytest.raises(UserError, match="positive_weight"):
+        resolve_loss(TrainConfig(loss="topr", loss_options={"positive_weight": -1}))
+    with pytest.raises(UserError, match="does not apply to loss 'ppo'"):
+        resolve_loss(TrainConfig(loss="ppo", loss_options={"negative_weight": 0.5}))
+
+
 # --------------------------------------------------------------------------- #
 # Siblings by hand
 # --------------------------------------------------------------------------- #
@@ -323,7 +393,7 @@ def test_on_policy_losses_reduce_to_reinforce_gradient(name):
 def test_registry_contents():
     assert list(list_losses()) == ["topr", "sft", "reinforce", "is", "tis", "ppo", "cispo", "kimi15"]
     assert all(list_losses().values())
-    assert LOSSES["topr"].options == {"ratio_level": "sequence"}
+    assert LOSSES["topr"].options == {"ratio_level": "sequence", "positive_weight": 1.0, "negative_weight": 1.0}
     assert LOSSES["ppo"].options["clip_ratio"] == 0.2
 
 

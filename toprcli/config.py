@@ -155,7 +155,8 @@ class ScoreConfig:
 class CurateConfig:
     scored: list[str] = field(default_factory=list)
     out: str = ""
-    # A number (constant c), "group-mean" or "leave-one-out"; None = constant 0 (A = R).
+    # A number (constant c), "batch-mean" (c = the mean reward of all scored samples), "group-mean"
+    # or "leave-one-out"; None = constant 0 (A = R).
     # Exclusive with positive_fraction (which solves the constant c from the data).
     baseline: float | str | None = None
     positive_fraction: float | None = field(default=None, metadata=UNIT_OPEN)
@@ -171,6 +172,17 @@ class CurateConfig:
     # With positive_fraction: the constant baseline to use when the data has one outcome only
     # (P unreachable). None = fail. `topr iterate` sets it so one lopsided round cannot stop a run.
     unreachable_baseline: float | None = None
+    # Keep only prompts whose accuracy (share of `correct` among all their scored samples) lies
+    # strictly between low and high, e.g. [0.1, 0.95] (ROLL's difficulty_mask). [0, 1] keeps mixed prompts.
+    keep_accuracy: list[float] | None = field(
+        default=None,
+        metadata=_check(lambda v: len(v) == 2 and 0 <= v[0] < v[1] <= 1, "[low, high] with 0 <= low < high <= 1"),
+    )
+    # Divide A by the reward standard deviation over all scored samples ("batch") or over the
+    # prompt's samples ("group"), as ROLL's norm_std_type: A = (R − c) / (std + 1e-6).
+    std_normalize: Literal["batch", "group"] | None = None
+    # Clip A (after std_normalize) to [−x, x] (ROLL's reward_clip, which clips the normalised reward).
+    reward_clip: float | None = field(default=None, metadata=POSITIVE)
 
 
 @dataclass

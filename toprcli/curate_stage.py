@@ -19,10 +19,11 @@ Two passes keep memory flat (ARCHITECTURE.md §3, column projection):
    all, and a user error writes nothing.
 
 Order of operations (each step sees the rows the previous ones kept):
-drop truncated → dedupe → drop uniform-outcome prompts → first positive +
-all negatives → cap per prompt → subsample → baseline → advantage. Group
-baselines are estimated from *all* scored samples of a prompt (an estimate of
-E_μ[R | x]; a selection such as "first positive" would bias it), while a
+drop truncated → dedupe → drop uniform-outcome prompts → keep_accuracy →
+first positive + all negatives → cap per prompt → subsample → baseline →
+advantage → std_normalize → reward_clip. Group and batch-mean baselines, the
+std and keep_accuracy's accuracy are estimated from *all* scored samples (an
+estimate of E_μ[R | x]; a selection such as "first positive" would bias it), while a
 constant c solved from ``positive_fraction`` is solved on the final rows and
 weights, since p̃ describes the training set. A prompt group is
 (``iteration``, ``policy``, ``prompt_id``): the same prompt sampled by another
@@ -118,7 +119,7 @@ def _json_safe(obj: Any) -> Any:
 
 
 def parse_baseline(value: float | str | None) -> tuple[str, float | None]:
-    """``None`` → constant 0; a number → constant; ``group-mean``/``leave-one-out`` (or ``mean``/``loo``)."""
+    """``None`` → constant 0; a number → constant; ``batch-mean``; ``group-mean``/``leave-one-out`` (or ``mean``/``loo``)."""
     if value is None:
         return "constant", 0.0
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -127,11 +128,13 @@ def parse_baseline(value: float | str | None) -> tuple[str, float | None]:
         text = str(value).strip().lower()
         if text in GROUP_BASELINES:
             return GROUP_BASELINES[text], None
+        if text == "batch-mean":
+            return "batch-mean", None
         try:
             c = float(text)
         except ValueError:
             raise UserError(
-                f"bad --baseline {value!r} — give a number (the constant c), 'group-mean' or 'leave-one-out'"
+                f"bad --baseline {value!r} — give a number (the constant c), 'batch-mean', 'group-mean' or 'leave-one-out'"
             ) from None
     if not math.isfinite(c):
         raise UserError(f"bad --baseline {value!r} — the constant baseline must be a finite number")
@@ -154,6 +157,13 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
         if not (0.0 < p < 1.0):
             raise UserError(f"--positive-fraction {p} is outside (0, 1) — give the target share of positives, e.g. 0.15")
         kind, c = "positive-fraction", None
+        # p̃ is solved for the constant c; a per-prompt std or a clip would move it off the target.
+        for name, on in (("std_normalize: group", cfg.std_normalize == "group"), ("reward_clip", cfg.reward_clip is not None)):
+            if on:
+                raise UserError(
+                    f"positive_fraction and {name} both given — {name} changes |A| after c is solved, so p̃ would miss "
+                    "the target; drop one of them"
+                )
     else:
         kind, c = parse_baseline(cfg.baseline)
     weights = cfg.source_weights if cfg.source_weights is not None else [1.0] * len(cfg.scored)
@@ -331,6 +341,14 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         group_c = cu.group_mean_baseline(reward, groups, n_groups)
     elif kind == "leave-one-out":
         group_c = cu.leave_one_out_baseline(reward, groups, n_groups)
+    elif kind == "batch-mean":
+        c_const = float(reward.mean())
+    # Likewise the std of std_normalize (ROLL normalises before it masks anything).
+    std = None
+    if cfg.std_normalize == "batch":
+        std = cu.reward_std(reward)
+    elif cfg.std_normalize == "group":
+        std = cu.group_reward_std(reward, groups, n_groups)
 
     # -- selection: each step narrows `keep` --------------------------------
     keep = np.ones(n_total, dtype=bool)
@@ -355,6 +373,10 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         narrow("duplicates", dedupe)
     if cfg.drop_uniform_prompts:
         narrow("uniform-outcome prompts", lambda idx: cu.mixed_outcome_mask(correct[idx], groups[idx]))
+    if cfg.keep_accuracy is not None:
+        # Accuracy from all scored samples of the prompt, like ROLL's difficulty mask.
+        in_range = cu.accuracy_range_mask(correct, groups, *cfg.keep_accuracy, n_groups)
+        narrow("outside keep_accuracy", lambda idx: in_range[idx])
     if cfg.first_positive:
         narrow("extra positives", lambda idx: cu.first_positive_mask(correct[idx], groups[idx], sample_index[idx]))
     if cfg.max_per_prompt is not None:
@@ -390,6 +412,8 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
                 ) from None
     baseline = group_c[kept] if group_c is not None else c_const
     adv = cu.advantages(r_k, baseline)  # float32 (K,)
+    if std is not None or cfg.reward_clip is not None:
+        adv = cu.scale_advantages(adv, std[kept] if isinstance(std, np.ndarray) else std, cfg.reward_clip)
     w32 = w_k.astype(np.float32)
 
     result = _summarise(cfg, kind, c_const, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped)

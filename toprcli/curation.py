@@ -40,6 +40,10 @@ __all__ = [
     "group_ids",
     "group_mean_baseline",
     "leave_one_out_baseline",
+    "reward_std",
+    "group_reward_std",
+    "scale_advantages",
+    "accuracy_range_mask",
     "rank_in_group",
     "mixed_outcome_mask",
     "first_positive_mask",
@@ -240,6 +244,61 @@ def leave_one_out_baseline(reward: np.ndarray, groups: np.ndarray, n_groups: int
     counts = np.bincount(g, minlength=G)[g]
     others = counts - 1
     return np.where(others > 0, (sums - r) / np.maximum(others, 1), r)
+
+
+def reward_std(reward: np.ndarray) -> float:
+    """Sample standard deviation of the rewards (Bessel-corrected, as ``torch.std``); 0 for < 2 rows."""
+    r = np.asarray(reward, dtype=np.float64)
+    return float(r.std(ddof=1)) if len(r) > 1 else 0.0
+
+
+def group_reward_std(reward: np.ndarray, groups: np.ndarray, n_groups: int | None = None) -> np.ndarray:
+    """Per-row sample standard deviation of the row's group (Bessel-corrected): float64 (N,).
+
+    ``s_g = sqrt(Σ_{j∈g} (R_j − mean_g)² / (n_g − 1))``, two passes (no
+    cancellation); a group of one row gets 0.
+    """
+    r = np.asarray(reward, dtype=np.float64)
+    g = np.asarray(groups)
+    G = n_groups if n_groups is not None else int(g.max(initial=-1)) + 1
+    dev = r - group_mean_baseline(r, g, G)
+    ss = np.bincount(g, weights=dev * dev, minlength=G)
+    counts = np.bincount(g, minlength=G)
+    return np.sqrt(ss / np.maximum(counts - 1, 1))[g]
+
+
+def scale_advantages(
+    adv: np.ndarray, std: float | np.ndarray | None = None, clip: float | None = None, eps: float = 1e-6
+) -> np.ndarray:
+    """``A / (std + eps)`` then clipped to ``[−clip, clip]``: float32 (N,) (ROLL's reward normalisation).
+
+    ``std``: scalar or (N,), None = no scaling. Where ``std`` is 0 (every
+    reward equal) A is left unscaled rather than divided by ``eps``: with a
+    mean baseline A is 0 there anyway, and with any other baseline dividing
+    by 1e-6 would blow A up by a million.
+    """
+    a = np.asarray(adv, dtype=np.float64)
+    if std is not None:
+        s = np.broadcast_to(np.asarray(std, dtype=np.float64), a.shape)
+        a = np.where(s > 0, a / (s + eps), a)
+    if clip is not None:
+        a = np.clip(a, -clip, clip)
+    return a.astype(np.float32)
+
+
+def accuracy_range_mask(
+    outcome: np.ndarray, groups: np.ndarray, low: float, high: float, n_groups: int | None = None
+) -> np.ndarray:
+    """Keep rows whose group's accuracy a (share of ``outcome``) satisfies ``low < a < high``.
+
+    Strict on both sides, like ROLL's difficulty mask: ``(0, 1)`` keeps exactly
+    the prompts with both outcomes (:func:`mixed_outcome_mask`).
+    """
+    o = np.asarray(outcome, dtype=bool)
+    g = np.asarray(groups)
+    G = n_groups if n_groups is not None else int(g.max(initial=-1)) + 1
+    acc = np.bincount(g, weights=o, minlength=G) / np.maximum(np.bincount(g, minlength=G), 1)
+    return ((acc > low) & (acc < high))[g]
 
 
 # -- selection (each returns a keep mask, bool (N,)) ---------------------------

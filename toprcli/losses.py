@@ -23,7 +23,7 @@ and it is clamped from above before ``exp`` so nothing overflows.
 
 Registered losses (``list_losses()``):
 
-    topr      coef = 1 if A ≥ 0 else clip(π/μ, 0, 1)            (TOPR, Le Roux et al. 2025, Eq. 8)
+    topr      coef = w₊ if A ≥ 0 else w₋·clip(π/μ, 0, 1)        (TOPR, Le Roux et al. 2025, Eq. 8; w± = 1)
     sft       coef = 1 if A > 0 else 0                          (positives only)
     reinforce coef = 1                                          (naive off-policy REINFORCE)
     is        coef = min(π/μ, max_weight)                       (plain importance sampling)
@@ -254,6 +254,16 @@ def _masked_frac(flags: Tensor, mask: Tensor) -> Tensor:
     return _safe_div((flags.to(mask.dtype) * m).sum(), m.sum())
 
 
+def _as_float(value: Any) -> Optional[float]:
+    """``value`` as a float (numbers and numeric strings such as YAML's "1e-1"); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _check(cond: bool, loss: str, message: str) -> None:
     if not cond:
         raise UserError(f"loss {loss!r}: {message}")
@@ -266,17 +276,29 @@ def _check(cond: bool, loss: str, message: str) -> None:
 
 @register_loss(
     "topr",
-    options={"ratio_level": "sequence"},
+    options={"ratio_level": "sequence", "positive_weight": 1.0, "negative_weight": 1.0},
     description="TOPR: positives as SFT, negatives weighted by clip(π/μ, 0, 1) (sequence ratio, stop-grad)",
 )
-def topr_loss(logprobs, behavior_logprobs, advantages, mask, *, ratio_level="sequence"):
+def topr_loss(logprobs, behavior_logprobs, advantages, mask, *, ratio_level="sequence",
+              positive_weight=1.0, negative_weight=1.0):
     """Tapered Off-Policy REINFORCE (Le Roux et al. 2025, Eq. 8).
 
     α_i = 1 if A_i ≥ 0 else clip(exp(s_i), 0, 1), s_i the sequence log-ratio;
-    l_{i,t} = −sg(α_i) A_i log π_{i,t}. ``ratio_level="token"`` uses
-    α_{i,t} = clip(π_t/μ_t, 0, 1) per token instead. exp(min(s, 0)) ∈ (0, 1]
-    never overflows.  Shapes: (B, T), (B, T), (B,), (B, T) → (B, T).
+    l_{i,t} = −sg(α_i) · w_i · A_i log π_{i,t} with w_i = ``positive_weight`` (w₊)
+    if A_i ≥ 0 else ``negative_weight`` (w₋), both ≥ 0 and 1 by default (the
+    paper). ``ratio_level="token"`` uses α_{i,t} = clip(π_t/μ_t, 0, 1) per token
+    instead. exp(min(s, 0)) ∈ (0, 1] never overflows.
+    Shapes: (B, T), (B, T), (B,), (B, T) → (B, T).
+
+    The weights scale the two terms after any whitening or clipping of A, so
+    they are not a baseline: with ±1 rewards, a constant c and no whitening,
+    (w₊, w₋) gives the same direction as c = (w₋ − w₊)/(w₋ + w₊), but whitening
+    removes any constant c while the weights survive it (docs/from-roll.md).
     """
+    for name, w in (("positive_weight", positive_weight), ("negative_weight", negative_weight)):
+        v = _as_float(w)
+        _check(v is not None and 0 <= v < math.inf, "topr", f"{name} must be a finite number ≥ 0, got {w!r}")
+    positive_weight, negative_weight = float(positive_weight), float(negative_weight)
     log_r = _log_ratio(logprobs, behavior_logprobs, mask, ratio_level)  # (B,1)|(B,T)
     neg = (advantages < 0).unsqueeze(-1)  # (B, 1)
     alpha = torch.where(neg, torch.exp(log_r.clamp(max=0.0)), torch.ones_like(log_r))
@@ -284,6 +306,10 @@ def topr_loss(logprobs, behavior_logprobs, advantages, mask, *, ratio_level="seq
     if ratio_level == "token":
         neg_tok = neg.to(mask.dtype) * mask
         metrics["neg_token_alpha_mean"] = _safe_div((alpha * neg_tok).sum(), neg_tok.sum())
+    if positive_weight != 1.0 or negative_weight != 1.0:
+        side = torch.where(neg, torch.full_like(alpha[:, :1], negative_weight),
+                           torch.full_like(alpha[:, :1], positive_weight))  # (B, 1)
+        alpha = alpha * side
     return _reinforce(alpha, logprobs, advantages), metrics
 
 

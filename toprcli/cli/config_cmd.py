@@ -1,4 +1,4 @@
-"""`topr config show|check`: the defaults, and a pipeline config resolved and validated."""
+"""`topr config show|check|import-roll`: the defaults, a pipeline config resolved and validated, a ROLL config imported."""
 
 from __future__ import annotations
 
@@ -51,3 +51,65 @@ def check(
     cfg = load_config(IterateConfig, file)
     typer.echo(_yaml(config_to_dict(cfg)), nl=False)
     err_console.print(f"[green]ok[/]: {file} is a valid pipeline config", highlight=False)
+
+
+@app.command("import-roll")
+@user_errors
+def import_roll(
+    file: Annotated[Path, typer.Argument(help="A ROLL RLVR config (Hydra YAML), e.g. examples/qwen2.5-7B-rlvr-offpolicy/rlvr_config.yaml.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The topr pipeline config to write (YAML).")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out.")] = False,
+    allow_unknown: Annotated[
+        bool, typer.Option("--allow-unknown", help="Import even when the file has keys ROLL does not define (they are listed and skipped).")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the key table and call-outs as JSON on stdout instead of a table.")] = False,
+) -> None:
+    """Turn a ROLL RLVR config into a topr pipeline config, with a table of every ROLL key.
+
+    Interpolation (${...}) is resolved; each key is [green]mapped[/] (to the topr keys it sets),
+    [yellow]left out[/] (and why) or [red]unknown[/] (not a ROLL key: refused, exit 2, nothing written,
+    unless --allow-unknown). Call-outs name keys whose documented meaning differs from what ROLL's code
+    does. The output passes `topr config check`; see docs/from-roll.md.
+
+    Examples:
+      [bold]topr config import-roll rlvr_config.yaml --out topr.yaml[/]
+      [bold]topr config import-roll example_topr.yaml --out topr.yaml --overwrite --allow-unknown[/]
+      [bold]topr config import-roll rlvr_config.yaml --out topr.yaml --json | jq '.rows[] | select(.status == \"left out\")'[/]
+    """
+    import json
+
+    from toprcli.config import read_yaml
+    from toprcli.roll.importer import UNKNOWN, import_roll as run_import, unknown_error, write_config
+
+    if out.exists() and not overwrite:  # before any work, so nothing is half done
+        from toprcli.errors import UserError
+
+        raise UserError(f"{out} already exists — pass --overwrite or choose another --out")
+    result = run_import(read_yaml(file))
+    if result.unknown and not allow_unknown:
+        raise unknown_error(result)
+    written = write_config(result, out, str(file), overwrite=overwrite)
+    if json_out:
+        rows = [{"key": r.key, "value": r.value, "status": r.status, "detail": r.detail} for r in result.rows]
+        typer.echo(json.dumps({"out": str(written), "rows": rows, "callouts": result.callouts, "unknown": result.unknown}, default=str))
+        return
+    from rich.table import Table
+
+    from toprcli.cli.common import console
+
+    colors = {"mapped": "green", "left out": "yellow", UNKNOWN: "red"}
+    table = Table(title=f"ROLL keys of {file}", show_header=True, header_style="bold", show_lines=False)
+    for name in ("ROLL key", "value", "status", "topr key / why"):
+        table.add_column(name, overflow="fold")
+    for r in result.rows:
+        value = json.dumps(r.value, default=str) if isinstance(r.value, (list, dict)) else str(r.value)
+        table.add_row(r.key, value[:40] + ("…" if len(value) > 40 else ""), f"[{colors[r.status]}]{r.status}[/]", r.detail)
+    console.print(table)
+    counts = {s: sum(r.status == s for r in result.rows) for s in colors}
+    for text in result.callouts:
+        console.print(f"[bold magenta]call-out:[/] {text}", highlight=False)
+    console.print(
+        f"[green]wrote[/] {written}: {counts['mapped']} keys mapped, {counts['left out']} left out, "
+        f"{counts[UNKNOWN]} unknown — check it with `topr config check {written}`",
+        highlight=False,
+    )

@@ -1,0 +1,349 @@
+"""The ROLL → topr mapping rules of `topr config import-roll` (see importer.py, docs/from-roll.md).
+
+Each rule reads resolved ROLL keys through the mapper (``m.get``/``number``/
+``flag``), sets topr keys and marks the ROLL keys mapped or left out (with the
+reason); every other ROLL key gets a reason from :func:`toprcli.roll.keys.reason_for`. ROLL
+semantics are those of alibaba/ROLL (Apache-2.0) at commit 8eb27cc.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from toprcli.errors import UserError
+from toprcli.roll.loss_rules import loss_generic, select_loss, topr_doc_keys
+
+TRAIN_ARGS = "actor_train.training_args"
+GEN_ARGS = "actor_infer.generating_args"
+VAL_ARGS = "validation.generating_args"
+DTYPES_TRAIN = {"bf16": "bfloat16", "fp32": "float32"}
+DTYPES_ENGINE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# ROLL's GeneratingArguments defaults: what ROLL samples with where a file is silent.
+ROLL_SAMPLING = {"temperature": 0.95, "top_p": 0.7, "top_k": 50}
+
+
+def apply_rules(m: Any) -> None:
+    model = _model_and_run(m)
+    mnt = _lengths(m)
+    loss = select_loss(m)
+    loss_generic(m, model, mnt)
+    _optimizer(m)
+    _sampling(m, GEN_ARGS, "generate", loss)
+    _sampling(m, VAL_ARGS, "eval", loss)
+    _engine(m)
+    _rewards(m)
+    _advantages(m)
+    _selection(m)
+    topr_doc_keys(m)
+
+
+# -- model, run, lengths ----------------------------------------------------------------------
+
+
+def _model_and_run(m: Any) -> str | None:
+    model = m.get("pretrain")
+    own = "actor_train.model_args.model_name_or_path"
+    if model is not None:
+        m.mapped("pretrain", ("model", str(model)))
+        if m.get(own) is not None:
+            m.left_out(own, "ROLL uses pretrain unless actor_train, actor_infer and reference all set model_name_or_path")
+    elif m.get(own) is not None:
+        model = m.get(own)
+        m.mapped(own, ("model", str(model)))
+    if m.get("exp_name") is not None:
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", str(m.get("exp_name"))).strip("-") or "topr"
+        m.mapped("exp_name", ("run_dir", f"runs/{name}"))
+    if m.get("seed") is not None:
+        seed = m.number("seed", integer=True)
+        m.mapped("seed", ("train.seed", seed), ("generate.sampling.seed", seed))
+    return None if model is None else str(model)
+
+
+def _lengths(m: Any) -> int:
+    """max_new_tokens as ROLL computes it: sequence_length − prompt_length (sequence_length
+    defaults to response_length + prompt_length); validation likewise with the val_ lengths."""
+    prompt = m.number("prompt_length", 1024, integer=True)
+    seq = m.number("sequence_length", integer=True)
+    resp = m.number("response_length", integer=True)
+    if seq is None and resp is None:
+        raise UserError("neither response_length nor sequence_length is set — ROLL needs one; add response_length")
+    mnt = (seq if seq is not None else resp + prompt) - prompt
+    if mnt < 1:
+        raise UserError(f"sequence_length − prompt_length is {mnt} — ROLL would generate nothing; fix the lengths")
+    source = "response_length" if seq is None else "sequence_length"
+    m.mapped(source, ("generate.sampling.max_new_tokens", mnt), note="ROLL's max_new_tokens" if seq is None else "minus prompt_length")
+    if seq is not None:
+        m.mapped("prompt_length", note="max_new_tokens = sequence_length − prompt_length")
+        if resp is not None:
+            m.left_out("response_length", "sequence_length is set: ROLL ignores response_length")
+    vp, vs = m.number("val_prompt_length", integer=True), m.number("val_sequence_length", integer=True)
+    val = vs - vp if vp is not None and vs is not None else mnt
+    m.set("eval.sampling.max_new_tokens", val)
+    if vp is not None and vs is not None:
+        m.mapped("val_sequence_length", ("eval.sampling.max_new_tokens", val), note="minus val_prompt_length")
+        m.mapped("val_prompt_length", note="eval max_new_tokens = val_sequence_length − val_prompt_length")
+    return mnt
+
+
+# -- optimizer and training model ---------------------------------------------------------------
+
+
+def _optimizer(m: Any) -> None:
+    m.set("train.optimizer", "adamw")
+    if m.has(f"{TRAIN_ARGS}.learning_rate"):
+        m.mapped(f"{TRAIN_ARGS}.learning_rate", ("train.lr", m.number(f"{TRAIN_ARGS}.learning_rate")),
+                 ("train.optimizer", "adamw"), note="ROLL trains with AdamW")
+    if m.has(f"{TRAIN_ARGS}.weight_decay"):
+        m.mapped(f"{TRAIN_ARGS}.weight_decay", ("train.weight_decay", m.number(f"{TRAIN_ARGS}.weight_decay")))
+    if m.has(f"{TRAIN_ARGS}.warmup_steps"):
+        m.mapped(f"{TRAIN_ARGS}.warmup_steps", ("train.warmup_steps", m.number(f"{TRAIN_ARGS}.warmup_steps", integer=True)))
+    if m.number(f"{TRAIN_ARGS}.warmup_ratio"):
+        m.left_out(f"{TRAIN_ARGS}.warmup_ratio", "topr takes warm-up in steps: set train.warmup_steps")
+    sched = m.get(f"{TRAIN_ARGS}.lr_scheduler_type")
+    if sched is not None:
+        kind = "constant" if str(sched).startswith("constant") else "cosine" if str(sched).startswith("cosine") else None
+        if kind:
+            m.mapped(f"{TRAIN_ARGS}.lr_scheduler_type", ("train.schedule", kind))
+        else:
+            m.left_out(f"{TRAIN_ARGS}.lr_scheduler_type", f"no {sched} schedule here (constant or cosine, with linear warm-up)")
+    per_device = m.number(f"{TRAIN_ARGS}.per_device_train_batch_size", 8, integer=True)
+    accum = m.number(f"{TRAIN_ARGS}.gradient_accumulation_steps", 1, integer=True)
+    dp, how = _data_parallel(m)
+    if m.has(f"{TRAIN_ARGS}.per_device_train_batch_size") or m.has(f"{TRAIN_ARGS}.gradient_accumulation_steps"):
+        size = per_device * accum * dp
+        note = f"{per_device} per device × {accum} accumulation × {dp} data-parallel ranks ({how}): sequences per step"
+        for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+            m.mapped(f"{TRAIN_ARGS}.{key}", ("train.batch_size", size), note=note)
+    args = "actor_train.model_args"
+    dtype = m.get(f"{args}.dtype")
+    if dtype is not None:
+        if dtype in DTYPES_TRAIN:
+            m.mapped(f"{args}.dtype", ("train.dtype", DTYPES_TRAIN[dtype]), note="bf16 compute, fp32 master weights" if dtype == "bf16" else "")
+        else:
+            m.left_out(f"{args}.dtype", f"{dtype}: topr trains in float32 or bfloat16")
+    if m.has(f"{args}.disable_gradient_checkpointing"):
+        m.mapped(f"{args}.disable_gradient_checkpointing",
+                 ("train.gradient_checkpointing", not m.flag(f"{args}.disable_gradient_checkpointing")))
+    if m.number(f"{args}.lora_rank"):
+        m.mapped(f"{args}.lora_rank", ("train.lora_rank", m.number(f"{args}.lora_rank", integer=True)))
+        for key, target in (("lora_alpha", "train.lora_alpha"), ("lora_dropout", "train.lora_dropout")):
+            if m.get(f"{args}.{key}") is not None:
+                m.mapped(f"{args}.{key}", (target, m.number(f"{args}.{key}")))
+        target = m.get(f"{args}.lora_target")
+        if target is not None:
+            names = [t.strip() for t in str(target).split(",") if t.strip()]
+            modules = None if names in (["all"], ["all-linear"]) else names
+            m.mapped(f"{args}.lora_target", ("train.lora_target_modules", modules))
+
+
+def _data_parallel(m: Any) -> tuple[int, str]:
+    n = device_count(m.get("actor_train.device_mapping"))
+    if n is None:
+        return 1, "device_mapping not given or not a list: 1 assumed"
+    strategy = m.get("actor_train.strategy_args.strategy_name") or ""
+    cfg = m.get("actor_train.strategy_args.strategy_config") or {}
+    split = 1
+    if "megatron" in strategy:
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            split *= int(cfg.get(key, 1) or 1)
+    elif "fsdp2" in strategy:
+        split = int(m.get("actor_train.model_args.ulysses_size") or 1)
+    return max(n // max(split, 1), 1), f"{n} devices / {split} model-parallel"
+
+
+_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(-?\d+)\s*,\s*(-?\d+)\s*(?:,\s*(-?\d+)\s*)?\)\s*\)\s*$")
+
+
+def device_count(value: Any) -> int | None:
+    """How many devices a ROLL ``device_mapping`` names: a list, "list(range(a, b[, s]))" or "[0, 1]"; else None."""
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, str):
+        match = _RANGE.match(value)
+        if match:
+            a, b, s = (int(x) if x is not None else None for x in match.groups())
+            return None if s == 0 else len(range(a, b, s or 1))
+        text = value.strip()
+        if text.startswith("[") and text.endswith("]"):
+            items = [x.strip() for x in text[1:-1].split(",") if x.strip()]
+            if all(x.lstrip("-").isdigit() for x in items):
+                return len(items)
+    return None
+
+
+# -- sampling, engine, data, rewards ------------------------------------------------------------
+
+
+def _sampling(m: Any, section: str, stage: str, loss: str) -> None:
+    if stage == "generate" and m.has("num_return_sequences_in_group"):
+        m.mapped("num_return_sequences_in_group", ("generate.n", m.number("num_return_sequences_in_group", integer=True)))
+    if not m.has(section):
+        return
+    greedy = m.get(f"{section}.do_sample") is False or m.number(f"{section}.temperature", 1.0) == 0
+    if greedy and stage == "generate":
+        raise UserError(
+            f"{section}: greedy rollouts (do_sample false or temperature 0) have no behaviour policy μ for {loss} — sample"
+        )
+    if greedy:
+        m.mapped(f"{section}.do_sample" if m.get(f"{section}.do_sample") is False else f"{section}.temperature",
+                 ("eval.greedy", True), note="ROLL validates greedily; topr's greedy pass is eval.greedy")
+    for name in ("temperature", "top_p", "top_k"):
+        key = f"{section}.{name}"
+        if greedy and name == "temperature":
+            continue
+        value = m.number(key, integer=name == "top_k")
+        if value is None:
+            value = ROLL_SAMPLING[name]
+            m.callout(f"{section}.{name} is not set: imported ROLL's default {value} ({stage}.sampling.{name})")
+        elif name == "top_k" and value <= 0:
+            value = -1  # ROLL (HF, vLLM): 0 or −1 = off
+        m.mapped(key, (f"{stage}.sampling.{name}", value))
+    count = m.number(f"{section}.num_return_sequences", integer=True)
+    if stage == "eval" and count is not None:
+        m.mapped(f"{section}.num_return_sequences", ("eval.k", count))
+    elif count is not None:
+        m.left_out(f"{section}.num_return_sequences", "ROLL overwrites it with num_return_sequences_in_group")
+    if m.has(f"{section}.max_new_tokens"):
+        m.left_out(f"{section}.max_new_tokens", "ROLL overwrites it with (val_)sequence_length − (val_)prompt_length")
+    if m.number(f"{section}.num_beams", 1) == 1 and m.has(f"{section}.num_beams"):
+        m.mapped(f"{section}.num_beams", note="1: sampling, as here")
+    for name in ("repetition_penalty", "length_penalty"):
+        if m.number(f"{section}.{name}", 1.0) == 1.0 and m.has(f"{section}.{name}"):
+            m.mapped(f"{section}.{name}", note="1.0: off, as here")
+    if m.get(f"{section}.do_sample") is True:
+        m.mapped(f"{section}.do_sample", note="sampling, as here")
+    data = "validation.data_args.template" if stage == "eval" else None
+    for key in (data,) if data else ("actor_train.data_args.template", "actor_infer.data_args.template"):
+        if m.get(key) is not None:
+            m.mapped(key, (f"{stage}.dataset.chat_template", True), note="ROLL's chat template; here the tokenizer's")
+
+
+def _engine(m: Any) -> None:
+    dtype = m.get("actor_infer.model_args.dtype")
+    if dtype is not None:
+        if dtype in DTYPES_ENGINE:
+            d = DTYPES_ENGINE[dtype]
+            m.mapped("actor_infer.model_args.dtype", ("generate.engine.dtype", d), ("eval.engine.dtype", d))
+        else:
+            m.left_out("actor_infer.model_args.dtype", f"{dtype}: not an engine dtype here")
+    if m.get("actor_infer.strategy_args.strategy_name") != "vllm":
+        return
+    base = "actor_infer.strategy_args.strategy_config"
+    for name in ("gpu_memory_utilization", "tensor_parallel_size", "max_model_len"):
+        if m.has(f"{base}.{name}"):
+            value = m.number(f"{base}.{name}", integer=name != "gpu_memory_utilization")
+            m.mapped(f"{base}.{name}", (f"generate.engine.{name}", value), (f"eval.engine.{name}", value))
+
+
+def _rewards(m: Any) -> None:
+    rewards = m.get("rewards") or {}
+    if m.has("reward_pretrain"):
+        m.left_out("reward_pretrain", "a reward model for ROLL's reward workers; topr scores with verifiers")
+    if not isinstance(rewards, dict) or not rewards:
+        return
+    if len(rewards) > 1:
+        m.left_out("rewards", f"{len(rewards)} reward domains ({', '.join(rewards)}): topr scores a run with one verifier — set score.verifier")
+        return
+    (domain, cfg), = rewards.items()
+    worker = (cfg or {}).get("worker_cls") or ""
+    m.left_out(f"rewards.{domain}", "ROLL reward worker settings (model, template, tags, placement)")
+    if str(worker).endswith("MathRuleRewardWorker"):
+        m.mapped(f"rewards.{domain}.worker_cls", ("score.verifier", "math"), ("score.reward_correct", 1.0),
+                 ("score.reward_incorrect", 0.0), ("score.reward_no_answer", 0.0), ("eval.verifier", "math"),
+                 note="ROLL's math_rule scores 1 or 0 with math-verify")
+    else:
+        m.left_out(f"rewards.{domain}.worker_cls", "no built-in verifier for this ROLL worker: set score.verifier (e.g. python:MODULE:FUNCTION)")
+
+
+# -- advantages and selection -----------------------------------------------------------------
+
+_MEAN = {"batch": "batch-mean", "group": "group-mean", "running": "batch-mean"}
+
+
+def _advantages(m: Any) -> None:
+    est = m.get("adv_estimator")
+    grpo = est == "grpo"
+    if est == "reinforce":
+        m.mapped("adv_estimator", note="A = the normalised reward, as topr's A = R − c")
+    elif grpo:
+        m.mapped("adv_estimator", ("curate.baseline", "group-mean"), ("curate.std_normalize", "group"),
+                 note="ROLL's grpo forces norm_mean_type and norm_std_type to group")
+    elif est is not None:
+        m.left_out("adv_estimator", f"{est} needs a critic or steps topr does not have; advantages here are A = R − c")
+        m.callout(
+            f"adv_estimator: {est} — ROLL estimates advantages with {'a critic (value model)' if est == 'gae' else est}; "
+            "topr has no critic: A = R − c (curate's baseline), as ROLL's reinforce"
+        )
+    mean_key = "norm_mean_type" if m.has("norm_mean_type") else None
+    std_key = "norm_std_type" if m.has("norm_std_type") else None
+    mean, std = m.get("norm_mean_type"), m.get("norm_std_type")
+    legacy = ""
+    if mean_key is None and std_key is None and m.get("reward_norm") is not None:
+        norm = m.get("reward_norm")
+        shift, scale = m.flag("reward_shift"), m.flag("reward_scale")
+        mean, std = (None if scale else norm), (None if shift else norm)
+        mean_key = std_key = "reward_norm"
+        legacy = "an older ROLL key (now norm_mean_type / norm_std_type; ROLL at 8eb27cc ignores it)"
+        for key in ("reward_shift", "reward_scale"):
+            if m.has(key):
+                m.mapped(key, note=legacy)
+    targets: list[tuple[str, Any]] = []
+    if grpo:
+        for key in (mean_key, std_key):
+            if key:
+                m.left_out(key, "adv_estimator grpo overrides it with group")
+    else:
+        if mean in _MEAN:
+            targets.append(("curate.baseline", _MEAN[mean]))
+        if std in ("batch", "group", "running"):
+            targets.append(("curate.std_normalize", "batch" if std == "running" else std))
+        approx = "running" in (mean, std)
+        note = "ROLL's running statistics span all steps; here each round's data (approximation)" if approx else ""
+        if mean_key == std_key and mean_key:
+            m.mapped(mean_key, *targets, note=legacy or note)
+        else:
+            if mean_key:
+                m.mapped(mean_key, *[t for t in targets if t[0] == "curate.baseline"],
+                         note=note or ("" if mean else "no mean subtracted: curate.baseline 0"))
+            if std_key:
+                m.mapped(std_key, *[t for t in targets if t[0] == "curate.std_normalize"], note=note or ("" if std else "off"))
+    clip = m.number("reward_clip")
+    if clip:
+        m.mapped("reward_clip", ("curate.reward_clip", clip), note="clips the normalised reward, i.e. curate's A")
+    elif m.has("reward_clip"):
+        m.mapped("reward_clip", note="off, as topr's default")
+
+
+def _selection(m: Any) -> None:
+    if m.has("max_len_mask"):
+        on = m.flag("max_len_mask")
+        m.mapped("max_len_mask", *([("curate.drop_truncated", True)] if on else []),
+                 note="ROLL masks responses that fill the response length" if on else "off, as topr's default")
+    thresholds = ("difficulty_low_threshold", "difficulty_high_threshold")
+    if m.flag("difficulty_mask"):
+        n = m.number("num_return_sequences_in_group", 1, integer=True)
+        if n > 1:
+            low, high = m.number(thresholds[0], 0.0), m.number(thresholds[1], 1.0)
+            note = "ROLL keeps prompts whose mean score is strictly inside; with 0/1 scores that is the accuracy"
+            for key in ("difficulty_mask", *thresholds):
+                m.mapped(key, ("curate.keep_accuracy", [low, high]), note=note)
+        else:
+            for key in ("difficulty_mask", *thresholds):
+                m.left_out(key, "ROLL applies the difficulty mask only with num_return_sequences_in_group > 1")
+    else:
+        if m.has("difficulty_mask"):
+            m.mapped("difficulty_mask", note="off, as topr's default")
+        for key in thresholds:
+            if m.has(key):
+                m.left_out(key, "difficulty_mask is off")
+    for key, what in (
+        ("error_max_len_clip", "drops wrong answers longer than error_max_len_threshold"),
+        ("difficulty_loss_weight", "weights samples by prompt difficulty"),
+        ("length_loss_weight", "weights samples by length"),
+        ("whiten_rewards", "whitens token-level rewards"),
+    ):
+        if m.flag(key):
+            m.left_out(key, f"no topr equivalent: ROLL {what}")
+        elif m.has(key):
+            m.mapped(key, note="off, as here")
