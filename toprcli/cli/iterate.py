@@ -40,6 +40,7 @@ def iterate(
 
     from toprcli.config import IterateConfig, load_config, parse_override
     from toprcli.pipeline import Pipeline
+    from toprcli.shards import check_writable
 
     if config is None:
         config = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
@@ -47,6 +48,7 @@ def iterate(
     sets = dict(parse_override(s) for s in (set_ or []))
     overrides = {"run_dir": str(run_dir) if run_dir else None, "rounds": rounds}
     cfg = load_config(IterateConfig, config, overrides, sets=sets)
+    check_writable(cfg.run_dir)  # before anything is printed: a bad run dir is one error line
     err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False)
 
     seen: list[dict] = []

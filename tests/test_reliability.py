@@ -1,0 +1,163 @@
+"""Reliability edges: outputs that cannot be written, requests past the context, broken local
+files, and one writer per output. Every bad input: exit 2, one line, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_train_data import write_curated
+from typer.testing import CliRunner
+
+from toprcli.cli.main import app
+from toprcli.shards import read_manifest, read_table
+
+REPO = Path(__file__).resolve().parents[1]
+# As root, permission bits do not stop writes: drop the capabilities that bypass them (the
+# way a read-only mount or another user's directory stops a normal user).
+DROP_PRIVILEGES = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"] if os.geteuid() == 0 else []
+
+
+def one_error_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in text, text
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
+    """One valid input for every stage (samples, scored, curated) on the tiny model."""
+    root = tmp_path_factory.mktemp("inputs")
+    run = lambda *a: CliRunner().invoke(app, list(a))  # noqa: E731
+    r = run("generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "-o", str(root / "samples"), "--backend", "hf",
+            "--limit", "4", "--n", "2", "--max-new-tokens", "8")
+    assert r.exit_code == 0, r.output
+    assert run("score", "-s", str(root / "samples"), "-o", str(root / "scored")).exit_code == 0
+    assert run("curate", "--scored", str(root / "scored"), "--out", str(root / "train.parquet"), "--baseline", "0").exit_code == 0
+    return {"samples": root / "samples", "scored": root / "scored", "curated": root / "train.parquet", "model": tiny_model_dir,
+            "config": REPO / "configs" / "demo.yaml"}
+
+
+def _commands(i: dict[str, Path], out: Path) -> dict[str, list[str]]:
+    m = str(i["model"])
+    return {
+        "generate": ["generate", "-m", m, "-d", "builtin:arith", "-o", str(out), "--backend", "hf", "--limit", "2", "--n", "1", "--max-new-tokens", "4"],
+        "score": ["score", "-s", str(i["samples"]), "-o", str(out)],
+        "curate": ["curate", "--scored", str(i["scored"]), "--out", str(out) + ".parquet", "--baseline", "0"],
+        "train": ["train", "-m", m, "-d", str(i["curated"]), "-o", str(out), "--max-steps", "1", "--no-progress"],
+        "eval": ["eval", "--model", m, "--dataset", "builtin:arith", "--out", str(out), "--k", "1", "--limit", "2", "--max-new-tokens", "4", "--backend", "hf"],
+        "iterate": ["iterate", "--config", str(i["config"]), "--run-dir", str(out)],
+        "init-model": ["init-model", str(out)],
+        "report": ["report", str(out)],
+    }
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv cannot drop DAC override")
+@pytest.mark.parametrize("stage", ["generate", "score", "curate", "train", "eval", "iterate", "init-model"])
+def test_an_output_that_cannot_be_written_is_one_line(inputs, tmp_path, stage):
+    locked = tmp_path / "read-only"
+    locked.mkdir()
+    out = locked / "out"
+    locked.chmod(0o555)
+    try:
+        cmd = [*DROP_PRIVILEGES, sys.executable, "-m", "toprcli", *_commands(inputs, out)[stage]]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert res.returncode == 2, res.stderr[-3000:]
+        line = one_error_line(res.stderr)
+        assert "cannot write" in line and "permission denied" in line and str(locked) in line, line
+        assert list(locked.iterdir()) == []  # nothing half-written
+    finally:
+        locked.chmod(0o755)
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_shard(inputs, tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[1]))
+
+    monkeypatch.setattr(pq, "write_table", full)
+    out = tmp_path / "scored"
+    res = CliRunner().invoke(app, ["score", "-s", str(inputs["samples"]), "-o", str(out)])
+    assert res.exit_code == 2
+    line = one_error_line(res.stderr)
+    assert "no space left on device" in line and "free disk space" in line
+    assert not list(out.glob("shard-*")) and not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
+
+
+def test_max_new_tokens_past_the_context_is_refused_or_clipped_on_request(tiny_model_dir, tmp_path):
+    out = tmp_path / "s"
+    base = ["generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "-o", str(out), "--backend", "hf", "--limit", "3", "--n", "1"]
+    res = CliRunner().invoke(app, [*base, "--max-new-tokens", "100000"])
+    assert res.exit_code == 2
+    line = one_error_line(res.stderr)
+    assert "context of 512 tokens" in line and "longest" in line and "--clip-to-context" in line
+    assert not out.exists()
+    res = CliRunner().invoke(app, [*base, "--max-new-tokens", "100000", "--clip-to-context", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["clipped_to_context"]["prompts_clipped"] == 3 and summary["clipped_to_context"]["context"] == 512
+    assert read_manifest(out)["clipped_to_context"]["max_new_tokens_requested"] == 100000
+    lengths = [len(p) + len(c) for p, c in zip(*(read_table(out, [k]).column(0).to_pylist() for k in ("prompt_token_ids", "completion_token_ids")))]
+    assert max(lengths) <= 512
+
+
+@pytest.mark.parametrize("name, text, words", [
+    ("bad.jsonl", '{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": \n', ["bad.jsonl", "line 2", "not valid JSON"]),
+    ("bad.json", '[{"question": "1+1?", "answer": "2"},\n {"question": ]', ["bad.json", "line 2"]),
+    ("bad.csv", 'question,answer\n"1+1?",2\n"2+2?,4\n', ["bad.csv", "line 3"]),
+    ("bad.parquet", "not a parquet file", ["bad.parquet", "Parquet"]),
+])
+def test_a_broken_local_dataset_names_the_file_and_line(tiny_model_dir, tmp_path, name, text, words):
+    data = tmp_path / name
+    data.write_text(text)
+    out = tmp_path / "s"
+    res = CliRunner().invoke(app, ["generate", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--backend", "hf"])
+    assert res.exit_code == 2
+    line = one_error_line(res.stderr)
+    assert all(w in line for w in words) and "hub id" not in line, line
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_two_writers_on_one_output_one_fails_fast_the_other_completes(tiny_model_dir, tmp_path):
+    """Two `topr generate` processes on the same --out: the second stops at once naming the first;
+    the first completes; the output equals a single run's."""
+    args = [sys.executable, "-m", "toprcli", "generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--backend", "hf",
+            "--limit", "96", "--n", "8", "--shard-size", "8", "--max-new-tokens", "96", "--batch-size", "2", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "shared"
+    first = subprocess.Popen([*args, "--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lock = tmp_path / ".shared.lock"
+    deadline = time.monotonic() + 120
+    while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lock.exists(), "the first writer never took its lock"
+    t0 = time.monotonic()
+    second = subprocess.run([*args, "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2 and time.monotonic() - t0 < 60
+    line = one_error_line(second.stderr)
+    assert "is being written by pid" in line and str(first.pid) in line, line
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+    assert not lock.exists()  # released and removed
+    clean = tmp_path / "clean"
+    subprocess.run([*args, "--out", str(clean)], env=env, check=True, capture_output=True, timeout=300)
+    cols = ["prompt_id", "sample_index", "completion_token_ids", "behavior_logprobs"]
+    assert read_table(out, cols).to_pylist() == read_table(clean, cols).to_pylist()
+
+
+def test_a_stale_lock_of_a_killed_run_never_blocks(tiny_model_dir, tmp_path):
+    """A lock file left by a killed process holds no lock: the rerun proceeds and removes it."""
+    out = tmp_path / "policy"
+    (tmp_path / ".policy.lock").write_text("pid 999999 on elsewhere since 00:00:00 (topr train)")
+    data = write_curated(tmp_path / "train.parquet", n=8, policy=str(tiny_model_dir))
+    res = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--max-steps", "1", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / ".policy.lock").exists()
