@@ -46,7 +46,6 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from toprcli.errors import UserError
 
 Tensor = torch.Tensor
 LossFn = Callable[..., Tuple[Tensor, Dict[str, Tensor]]]
@@ -119,11 +118,11 @@ def list_losses() -> Dict[str, str]:
 
 
 def get_loss(name: str) -> LossSpec:
-    """The spec registered under ``name``; UserError listing the names otherwise."""
+    """The spec registered under ``name``; ValueError listing the names otherwise."""
     try:
         return LOSSES[name]
     except KeyError:
-        raise UserError(
+        raise ValueError(
             f"unknown loss {name!r} — choose one of: {', '.join(LOSSES)}"
         ) from None
 
@@ -131,7 +130,7 @@ def get_loss(name: str) -> LossSpec:
 def resolve_options(name: str, options: Mapping[str, Any]) -> Dict[str, Any]:
     """Defaults of loss ``name`` updated with ``options``.
 
-    An option the loss does not declare raises UserError naming the option, the
+    An option the loss does not declare raises ValueError naming the option, the
     loss and the options it does accept (so a typo or a PPO knob passed to TOPR
     never passes silently).
     """
@@ -139,7 +138,7 @@ def resolve_options(name: str, options: Mapping[str, Any]) -> Dict[str, Any]:
     for key in options:
         if key not in spec.options:
             accepted = ", ".join(f"{k}={v!r}" for k, v in spec.options.items()) or "none"
-            raise UserError(
+            raise ValueError(
                 f"option {key!r} does not apply to loss {name!r} — "
                 f"it accepts: {accepted}"
             )
@@ -192,7 +191,7 @@ def aggregate(
         scalar tensor
     """
     if mode not in AGGREGATIONS:
-        raise UserError(
+        raise ValueError(
             f"unknown aggregation {mode!r} — choose one of: {', '.join(AGGREGATIONS)}"
         )
     m = mask.to(per_token_loss.dtype)  # (B, T)
@@ -212,7 +211,7 @@ def aggregate(
     else:  # seq-mean-token-sum-norm
         n = float(m.shape[-1] if norm_length is None else norm_length)
         if not n > 0:
-            raise UserError(f"norm_length must be > 0, got {norm_length!r} — pass e.g. max_new_tokens")
+            raise ValueError(f"norm_length must be > 0, got {norm_length!r} — pass e.g. max_new_tokens")
         seq = tok_sum / n
     return _safe_div((w * seq).sum(), w.sum())
 
@@ -231,7 +230,7 @@ def sequence_log_ratio(logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor
 def _log_ratio(logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor, level: str) -> Tensor:
     """Detached log π/μ: (B, 1) sequence-level or (B, T) token-level (0 on pads)."""
     if level not in RATIO_LEVELS:
-        raise UserError(
+        raise ValueError(
             f"ratio_level must be one of {', '.join(RATIO_LEVELS)}, got {level!r}"
         )
     if level == "sequence":
@@ -266,7 +265,7 @@ def _as_float(value: Any) -> Optional[float]:
 
 def _check(cond: bool, loss: str, message: str) -> None:
     if not cond:
-        raise UserError(f"loss {loss!r}: {message}")
+        raise ValueError(f"loss {loss!r}: {message}")
 
 
 # --------------------------------------------------------------------------- #
@@ -466,7 +465,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     all three are off-policy estimates. Shapes: (B, T), (B, T) → (B, T).
     """
     if estimator not in KL_ESTIMATORS:
-        raise UserError(
+        raise ValueError(
             f"unknown kl_estimator {estimator!r} — choose one of: {', '.join(KL_ESTIMATORS)}"
         )
     d = logprobs - ref_logprobs
@@ -538,7 +537,7 @@ def policy_loss(
     spec = get_loss(name)
     opts = resolve_options(name, options)
     if aggregation not in AGGREGATIONS:
-        raise UserError(
+        raise ValueError(
             f"unknown aggregation {aggregation!r} — choose one of: {', '.join(AGGREGATIONS)}"
         )
     if logprobs.dim() != 2:
@@ -551,11 +550,11 @@ def policy_loss(
     _check_shape(advantages, shape[:1], "advantages")
     _check_shape(weights, shape[:1], "weights")
     if kl_coef and ref_logprobs is None:
-        raise UserError("kl_coef is set but no ref_logprobs were given — pass a reference policy or set kl_coef to 0")
+        raise ValueError("kl_coef is set but no ref_logprobs were given — pass a reference policy or set kl_coef to 0")
     if entropy_coef and entropy is None:
-        raise UserError("entropy_coef is set but no per-token entropy was given — pass entropy or set entropy_coef to 0")
+        raise ValueError("entropy_coef is set but no per-token entropy was given — pass entropy or set entropy_coef to 0")
     if adv_clip is not None and adv_clip != 0 and not float(adv_clip) > 0:
-        raise UserError(f"adv_clip must be > 0, got {adv_clip!r}")
+        raise ValueError(f"adv_clip must be > 0, got {adv_clip!r}")
 
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     m_bool = mask.bool()

@@ -169,19 +169,13 @@ def _with_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa.Ta
     return table.replace_schema_metadata(existing)
 
 
-def write_table_atomic(
-    path: str | os.PathLike[str],
-    table: pa.Table,
-    metadata: Mapping[str, Any] | None = None,
-    *,
-    row_group_size: int | None = None,
-) -> Path:
-    """Write ``table`` to ``path`` so that the file either exists whole or not at all."""
+def _write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
+    """``write(tmp)`` fills a temporary file next to ``path``; fsync, rename: ``path`` is whole or absent."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        pq.write_table(_with_metadata(table, metadata), tmp, row_group_size=row_group_size)
+        write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -190,6 +184,17 @@ def write_table_atomic(
             tmp.unlink()
     _fsync_dir(path.parent)
     return path
+
+
+def write_table_atomic(
+    path: str | os.PathLike[str],
+    table: pa.Table,
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    row_group_size: int | None = None,
+) -> Path:
+    """Write ``table`` to ``path`` so that the file either exists whole or not at all."""
+    return _write_atomic(path, lambda tmp: pq.write_table(_with_metadata(table, metadata), tmp, row_group_size=row_group_size))
 
 
 def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
@@ -221,20 +226,7 @@ def write_shard(
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` so that the file either exists whole or not at all."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-    return path
+    return _write_atomic(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:

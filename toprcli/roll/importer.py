@@ -22,6 +22,7 @@ from typing import Any
 
 from toprcli.roll import keys as K
 from toprcli.errors import UserError
+from toprcli.shards import write_text_atomic
 from toprcli.roll.interp import dotted, resolve
 from toprcli.roll.keys import reason_for
 from toprcli.roll.rules import apply_rules
@@ -239,18 +240,7 @@ def write_config(result: ImportResult, out: str | os.PathLike[str], source: str,
         raise UserError(f"{out} already exists — pass --overwrite or choose another --out")
     validate(result)
     text = to_yaml(result, source)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return out
+    return write_text_atomic(out, text)
 
 
 def unknown_error(result: ImportResult) -> UserError:

@@ -24,7 +24,7 @@ import torch
 from toprcli.config import TrainConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.generation.model_info import config_context_length, first_line
-from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, get_loss, policy_loss, resolve_options
+from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES, policy_loss, resolve_options
 from toprcli.sampling import Processing
 from toprcli.shards import (
     check_writable,
@@ -89,7 +89,14 @@ class Prepared:
 def resolve_loss(cfg: TrainConfig) -> LossSetup:
     """Split ``loss_options`` into generic and loss-specific options and validate both
     (unknown loss, option that does not apply, bad value) by running the loss once
-    on a one-token batch."""
+    on a one-token batch. The loss functions raise ValueError; here it is the user's."""
+    try:
+        return _resolve_loss(cfg)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _resolve_loss(cfg: TrainConfig) -> LossSetup:
     opts = dict(cfg.loss_options or {})
     generic = {k: opts.pop(k) for k in GENERIC_LOSS_OPTIONS if k in opts}
     resolve_options(cfg.loss, opts)
@@ -112,7 +119,7 @@ def resolve_loss(cfg: TrainConfig) -> LossSetup:
     if setup.ref_model and not setup.kl_coef:
         raise UserError("ref_model is set but kl_coef is 0 — set --kl-coef > 0 or drop --ref-model")
     one = torch.zeros(1, 1)
-    policy_loss(  # raises UserError for option values the loss rejects
+    policy_loss(  # raises ValueError for option values the loss rejects
         setup.name, one.clone().requires_grad_(), one, torch.ones(1), torch.ones(1, 1),
         aggregation=setup.aggregation, norm_length=setup.norm_length, adv_clip=setup.adv_clip,
         ref_logprobs=one if setup.kl_coef else None, kl_coef=setup.kl_coef, kl_estimator=setup.kl_estimator,
@@ -295,7 +302,7 @@ def prepare(cfg: TrainConfig) -> Prepared:
 
     data, policies, sampling = load_training_data(cfg.data, need_policy=cfg.recompute_behavior)
     processing, sampling_source = resolve_processing(cfg, sampling, cfg.data)
-    if processing.greedy and get_loss(loss.name).uses_behavior:
+    if processing.greedy and LOSSES[loss.name].uses_behavior:
         raise UserError(
             f"loss {loss.name!r} needs μ, but {cfg.data} has no sampling distribution (greedy decoding, temperature 0, "
             "or gold solutions) — regenerate with temperature > 0, or train with --loss sft"
