@@ -23,6 +23,8 @@ model (engine start excluded from the throughput numbers):
   every core), one engine per binding.
 
 Usage: python benchmarks/generate.py [--models tiny,bench,smollm2] [--binds auto,all] [--repeats 3] [--json out.json]
+"""
+
 from __future__ import annotations
 
 import argparse
@@ -130,7 +132,7 @@ def bench_model(name: str, work: Path, repeats: int, with_hf: bool, with_restart
 
     def toolkit(i: int) -> tuple[float, int]:
         t = time.perf_counter()
-        s = generate_samples(cfg(str(work / f"out-{preset}-vllm-{i}"), "vllm"), backend=be, examples=examples)
+        s = generate_samples(cfg(str(work / f"out-{name}-vllm-{i}"), "vllm"), backend=be, examples=examples)
         return time.perf_counter() - t, s["completion_tokens"]
 
     raw(True)  # warm-up (first batch pays one-off allocations)
@@ -162,7 +164,7 @@ def bench_model(name: str, work: Path, repeats: int, with_hf: bool, with_restart
     times = []
     for i in range(5):
         t = time.perf_counter()
-        generate_samples(cfg(str(work / f"out-{preset}-replay-{i}"), "vllm"), backend=replay, examples=examples)
+        generate_samples(cfg(str(work / f"out-{name}-replay-{i}"), "vllm"), backend=replay, examples=examples)
         times.append(time.perf_counter() - t)
     row["toolkit_only_s"] = round(statistics.median(times[1:]), 4)
     row["toolkit_only_pct"] = round(100 * row["toolkit_only_s"] / raw_s, 2)
@@ -190,7 +192,7 @@ def bench_model(name: str, work: Path, repeats: int, with_hf: bool, with_restart
         runs = []
         for i in range(max(1, repeats - 1)):
             t = time.perf_counter()
-            s = generate_samples(cfg(str(work / f"out-{preset}-hf-{i}"), "hf"), backend=hf, examples=examples)
+            s = generate_samples(cfg(str(work / f"out-{name}-hf-{i}"), "hf"), backend=hf, examples=examples)
             runs.append((time.perf_counter() - t, s["completion_tokens"]))
         hf_s, hf_tok = best(runs)
         row["topr_hf_tok_s"] = round(hf_tok / hf_s, 1)

@@ -134,7 +134,7 @@ def test_derive_seed_is_stable():
 # -- the stage ----------------------------------------------------------------
 
 
-def _cfg(model, out, **kw) -> GenerateConfig:
+def _cfg(model, out, **kw):
     base = dict(
         model=str(model), out=str(out), backend="hf", n=3, max_new_tokens=24, limit=10, shard_size=4,
         dataset=DatasetSpec(source="builtin:arith", size=10),

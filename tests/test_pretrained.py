@@ -23,7 +23,6 @@ from typer.testing import CliRunner
 from toprcli.cli.main import app
 from toprcli.errors import UserError
 from toprcli.models import pretrained
-from toprcli.models.gguf import import_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 SMOL = "smollm2-135m-instruct"

@@ -257,7 +257,7 @@ def score(cfg: ScoreConfig, progress: ProgressFn | None = None) -> ScoreResult:
     # Everything a user can get wrong is checked before anything is written.
     files = input_shards(samples)
     total_rows = _validate_inputs(files)
-    from toprcli.verifiers import Rewards, VerifierPool, resolve_verifier
+    from toprcli.verifiers import Rewards, resolve_verifier
 
     verifier = resolve_verifier(cfg.verifier, strict=cfg.strict)
     rewards = Rewards(cfg.reward_correct, cfg.reward_incorrect, cfg.reward_no_answer)

@@ -179,16 +179,6 @@ def loss_denominator(data: TokenData, rows: np.ndarray, aggregation: str) -> flo
     return float((w * (lens > 0)).sum())
 
 
-def whiten(adv: np.ndarray, has_tokens: np.ndarray) -> np.ndarray:
-    """(A − mean)/(std + 1e-8) over the rows with tokens (population std), as in ``policy_loss``."""
-    a = adv.astype(np.float64)
-    sel = a[has_tokens]
-    if len(sel) == 0:
-        return adv
-    mean, std = sel.mean(), sel.std()
-    return ((a - mean) / (std + 1e-8)).astype(np.float32)
-
-
 # -- one micro-batch --------------------------------------------------------------
 
 

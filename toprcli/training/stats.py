@@ -10,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from toprcli.training.distributed import DistContext, all_reduce
+from toprcli.training.distributed import all_reduce
 
 
 def behavior_gap(stored: np.ndarray, own: np.ndarray) -> dict[str, float]:

@@ -49,11 +49,11 @@ import torch
 
 from toprcli.config import TrainConfig, config_to_dict
 from toprcli.errors import UserError
-from toprcli.losses import policy_loss
+from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
 from toprcli.shards import output_lock, write_json_atomic, write_manifest
 from toprcli.training import checkpoint as ckpt
-from toprcli.training.batching import TokenData, collate, data_order, loss_denominator, plan_micro_batches, step_rows, whiten
+from toprcli.training.batching import TokenData, collate, data_order, loss_denominator, plan_micro_batches, step_rows
 from toprcli.training.distributed import DistContext, all_reduce, barrier, env_rank, init_distributed, shutdown
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
@@ -146,7 +146,7 @@ def _train(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) -> dic
             advantages = None
             if loss.whiten_advantages:
                 advantages = data.advantages.copy()
-                advantages[rows] = whiten(data.advantages[rows], has_tokens[rows])
+                advantages[rows] = whiten(torch.from_numpy(data.advantages[rows]).double(), torch.from_numpy(has_tokens[rows])).float().numpy()
             denominator = loss_denominator(data, rows, loss.aggregation)
             stats = StepStats()
             for mb_rows in plan_micro_batches(rows, data.seq_lens, ctx.world_size, cfg.micro_batch_tokens)[ctx.rank]:
