@@ -428,7 +428,9 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     meta = {"stage": "curate", **result.metadata(), "config": config, "sampling": sampling, "generation": generation}
     # An old manifest must never vouch for a new file (a kill between the two writes).
     manifest_path(out).unlink(missing_ok=True)
-    _write(out, inputs, keep, advantage_full, weight_full, meta, progress)
+    schema = _output_schema(inputs, meta)
+    tables = _kept_tables(inputs, keep, advantage_full, weight_full, schema, progress)
+    shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=_dictionary_columns(schema))
     result.wall_time_s = time.perf_counter() - t0
     shards.write_json_atomic(
         manifest_path(out),
@@ -562,65 +564,6 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     (measured) for a smaller file, so those are written plain.
     """
     return [f.name for f in schema if not pa.types.is_nested(f.type) and f.name != "completion"]
-
-
-def _write(out: Path, inputs: _Inputs, keep, advantage, weight, meta, progress: ProgressFn | None) -> None:
-    """Stream the kept rows into a temporary file, fsync, rename onto ``out``.
-
-    Reading/filtering runs in a helper thread while this thread encodes
-    Parquet (both release the GIL in Arrow), so the two overlap on 2+ cores.
-    """
-    import queue
-    import threading
-
-    schema = _output_schema(inputs, meta)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    handoff: queue.Queue = queue.Queue(maxsize=2)
-    stop = threading.Event()
-    done = object()
-
-    def hand_over(item: object) -> bool:
-        """Put ``item`` on the queue unless the writer has stopped; False when it has."""
-        while not stop.is_set():
-            try:
-                handoff.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for table in _kept_tables(inputs, keep, advantage, weight, schema, progress):
-                if not hand_over(table):
-                    return
-            hand_over(done)
-        except BaseException as e:  # re-raised in the writing thread
-            hand_over(e)
-
-    reader = threading.Thread(target=produce, name="curate-reader", daemon=True)
-    use_dictionary = _dictionary_columns(schema)
-    try:
-        with pq.ParquetWriter(tmp, schema, use_dictionary=use_dictionary) as writer:
-            reader.start()
-            while True:
-                item = handoff.get()
-                if item is done:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                writer.write_table(item, row_group_size=ROW_GROUP)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    finally:
-        stop.set()
-        if reader.is_alive():
-            reader.join()
-        if tmp.exists():
-            tmp.unlink()
-    shards._fsync_dir(out.parent)
 
 
 def _previous_result(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> CurateResult | None:

@@ -1,0 +1,63 @@
+"""The IO layer: the column contract, the shard store, and files written whole or not at all.
+
+Every other module reads and writes through here:
+
+- :mod:`toprcli.shards.schema`: the samples / scored / curated column contract and its validator;
+- :mod:`toprcli.shards.store`: shard files (atomic, so a shard that exists is complete), readers,
+  manifests, the streaming Parquet writer, file metadata such as the ``sampling`` record;
+- :mod:`toprcli.shards.files`: atomic text/JSON writes, directory swaps, writability checks,
+  one-writer locks, and permission/disk errors as one line.
+
+Callers use the package's names (``shards.write_shard``), so a test can patch one place.
+"""
+
+from toprcli.shards.files import (
+    check_writable,
+    output_error,
+    output_lock,
+    remove_stale_temporaries,
+    swap_dir_into_place,
+    write_json_atomic,
+    write_text_atomic,
+)
+from toprcli.shards.schema import (
+    CURATED_FIELDS,
+    CURATED_SCHEMA,
+    SAMPLES_FIELDS,
+    SAMPLES_SCHEMA,
+    SCHEMAS,
+    SCORED_FIELDS,
+    SCORED_SCHEMA,
+    VERDICTS,
+    conform,
+    validate_columns,
+)
+from toprcli.shards.store import (
+    MANIFEST_NAME,
+    METADATA_KEY,
+    SHARD_PATTERN,
+    complete_shards,
+    fingerprint,
+    iter_shards,
+    parquet_files,
+    read_file_metadata,
+    read_manifest,
+    read_schema,
+    read_table,
+    sampling_of,
+    shard_name,
+    versions,
+    write_manifest,
+    write_shard,
+    write_table_atomic,
+    write_table_stream,
+)
+
+__all__ = [
+    "CURATED_FIELDS", "CURATED_SCHEMA", "MANIFEST_NAME", "METADATA_KEY", "SAMPLES_FIELDS", "SAMPLES_SCHEMA", "SCHEMAS",
+    "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "check_writable", "complete_shards", "conform",
+    "fingerprint", "iter_shards", "output_error", "output_lock", "parquet_files", "read_file_metadata", "read_manifest",
+    "read_schema", "read_table", "remove_stale_temporaries", "sampling_of", "shard_name", "swap_dir_into_place",
+    "validate_columns", "versions", "write_json_atomic", "write_manifest", "write_shard", "write_table_atomic",
+    "write_table_stream", "write_text_atomic",
+]

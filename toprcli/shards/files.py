@@ -1,0 +1,180 @@
+"""Files written whole or not at all, and outputs that one process at a time may write.
+
+Every write in toprcli goes through here: a temporary name in the same
+directory, fsync, rename (:func:`write_text_atomic`, :func:`write_json_atomic`;
+Parquet tables in :mod:`toprcli.shards.store`), and whole directories built
+aside then swapped in (:func:`swap_dir_into_place`). Before a stage works it
+checks its output can be written (:func:`check_writable`) and takes the
+output's advisory lock (:func:`output_lock`); permission and disk errors become
+one line (:func:`output_error`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from toprcli.errors import UserError
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
+    """``write(tmp)`` fills a temporary file next to ``path``; fsync, rename: ``path`` is whole or absent."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+    return path
+
+
+def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Rename a completely written directory ``tmp`` to ``out``; an existing ``out`` is moved
+    aside first and deleted after, so ``out`` is never missing a whole version or half-written."""
+    tmp, out = Path(tmp), Path(out)
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    _fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` so that the file either exists whole or not at all."""
+    return _write_atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# -- output paths: writability and one writer at a time ------------------------------
+
+# errno values that mean "this output cannot be written here" (a user's problem, not a bug).
+_UNWRITABLE = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only file system"}
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def output_error(e: OSError, path: str | os.PathLike[str] | None = None) -> UserError | None:
+    """A UserError (one line: path, problem, fix) for a permission or disk error; None for other OSErrors."""
+    text = str(e)
+    code = e.errno if e.errno in _UNWRITABLE or e.errno in _FULL else None
+    if code is None:  # pyarrow reports some of these without errno
+        code = next((c for c, words in {**_UNWRITABLE, **_FULL}.items() if words in text.lower()), None)
+    if code is None:
+        return None
+    where = e.filename or path or "the output"
+    if code in _FULL:
+        return UserError(f"cannot write {where}: {_FULL[code]} — free disk space or choose an output on another disk")
+    return UserError(f"cannot write {where}: {_UNWRITABLE[code]} — choose a writable output path (or fix its permissions)")
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Fail before any work when ``path`` (a file or directory to be written) cannot be created there.
+
+    Probes with a temporary file in ``path`` if it is an existing directory, else in the nearest
+    existing parent, and removes it: nothing is left behind.
+    """
+    p = Path(path).absolute()
+    probe_dir = p if p.is_dir() else p.parent
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=".topr-write-probe-", dir=probe_dir)
+    except OSError as e:
+        err = output_error(e, probe_dir)
+        if err is None:
+            raise
+        raise UserError(f"cannot write {p}: {str(err).split(': ', 1)[1]}") from None
+    os.close(fd)
+    os.unlink(name)
+
+
+def _lock_path(path: Path, part: str) -> Path:
+    return path.parent / f".{path.name}.lock{part}"
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
+    """One writer at a time for ``path``: an exclusive advisory lock (``fcntl``) for the whole run.
+
+    A second writer fails at once with one line naming the process that holds the
+    lock. The lock file sits next to the output (``.<name>.lock<part>``) while the
+    run lasts and is removed at its end; the kernel drops the lock when its process
+    dies, so a killed run never blocks the rerun. ``part`` separates writers that
+    share an output on purpose (the shard ranges of data-parallel generation).
+    """
+    import fcntl  # POSIX only; toprcli runs on Linux
+
+    lock = _lock_path(Path(path).absolute(), part)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fh = open(lock, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise UserError(f"{path} is being written by {holder} — wait for it to finish, or write to another output") from None
+        try:  # the holder before us may have removed the file between our open and our lock: lock the new one
+            if os.fstat(fh.fileno()).st_ino == os.stat(lock).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        fh.close()
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')} ({' '.join(sys.argv[:3])[:120]})")
+        fh.flush()
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # still ours: we hold the lock on this inode
+        fh.close()
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
+    """Delete ``.tmp`` files a killed writer left behind; returns how many."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    n = 0
+    for entry in directory.iterdir():
+        if entry.name.endswith(".tmp"):
+            entry.unlink(missing_ok=True)
+            n += 1
+    return n

