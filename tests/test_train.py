@@ -366,7 +366,7 @@ def _bad_rows(kind: str, vocab: int = 101) -> dict:
         ("vocab", [], "outside the model's vocabulary"),
         ("long", [], "longer than the model's context"),
         ("length", [], "different length"),
-        ("ok", ["--loss", "nope"], "unknown loss 'nope'"),
+        ("ok", ["--loss", "nope"], "'nope' — expected a registered loss: 'topr'"),
         ("ok", ["--loss", "topr", "--loss-option", "clip_ratio=0.2"], "'clip_ratio' does not apply to loss 'topr'"),
         ("ok", ["--loss", "tis", "--loss-option", "lower=2", "--loss-option", "upper=1"], "lower"),
         ("nofile", [], "no such file"),

@@ -113,6 +113,9 @@ class Adafactor(torch.optim.Optimizer):
         return loss
 
 
+OPTIMIZERS = ("adafactor", "adamw")  # the names build_optimizer knows
+
+
 def build_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     if name == "adamw":
         # The fused CUDA kernel when every parameter is a plain CUDA tensor (not an FSDP2 DTensor shard).

@@ -24,7 +24,7 @@ import torch
 from toprcli.config import TrainConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.generation.model_info import config_context_length, first_line
-from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES, policy_loss, resolve_options
+from toprcli.losses import LOSSES, policy_loss, resolve_options
 from toprcli.sampling import Processing
 from toprcli.shards import (
     check_writable,
@@ -100,8 +100,6 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
     opts = dict(cfg.loss_options or {})
     generic = {k: opts.pop(k) for k in GENERIC_LOSS_OPTIONS if k in opts}
     resolve_options(cfg.loss, opts)
-    if cfg.aggregation not in AGGREGATIONS:
-        raise UserError(f"unknown aggregation {cfg.aggregation!r} — choose one of: {', '.join(AGGREGATIONS)}")
     setup = LossSetup(
         name=cfg.loss,
         aggregation=cfg.aggregation,
@@ -114,15 +112,14 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
         norm_length=generic.get("norm_length", cfg.norm_length),
         ref_model=cfg.ref_model,
     )
-    if setup.kl_estimator not in KL_ESTIMATORS:
-        raise UserError(f"unknown kl_estimator {setup.kl_estimator!r} — choose one of: {', '.join(KL_ESTIMATORS)}")
     if setup.ref_model and not setup.kl_coef:
         raise UserError("ref_model is set but kl_coef is 0 — set --kl-coef > 0 or drop --ref-model")
     one = torch.zeros(1, 1)
-    policy_loss(  # raises ValueError for option values the loss rejects
+    # One dry run validates everything the loss reads (names, aggregation, KL estimator, option values).
+    policy_loss(  # raises ValueError for what the loss rejects
         setup.name, one.clone().requires_grad_(), one, torch.ones(1), torch.ones(1, 1),
         aggregation=setup.aggregation, norm_length=setup.norm_length, adv_clip=setup.adv_clip,
-        ref_logprobs=one if setup.kl_coef else None, kl_coef=setup.kl_coef, kl_estimator=setup.kl_estimator,
+        ref_logprobs=one, kl_coef=setup.kl_coef, kl_estimator=setup.kl_estimator,
         entropy=one if setup.entropy_coef else None, entropy_coef=setup.entropy_coef, **setup.options,
     )
     return setup

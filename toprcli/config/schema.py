@@ -1,44 +1,28 @@
-"""Typed configs for every stage, YAML loading and CLI overrides, in one place.
+"""The config dataclasses: one per stage, the shared sampling and engine parts, the pipeline.
 
-Each stage has a dataclass whose defaults follow the paper (ARCHITECTURE.md §4:
-±1 rewards, 16 samples per prompt, temperature 1, 512 new tokens, Adafactor at
-a constant 5e-7, gradient clipping 1.0, one epoch). A YAML file may hold one
-stage's keys at top level, or a whole pipeline (the iterate config) with one
-section per stage; ``topr generate --config demo.yaml`` then reads the
-``generate:`` section. CLI options override the file.
-
-Validation is strict: an unknown key or a bad value raises :class:`ConfigError`
-(a :class:`UserError`, so the CLI prints one line and exits 2) naming the key,
-the value and what is allowed.
+Defaults follow the paper (ARCHITECTURE.md §4). Choice lists come from their
+registries (losses, aggregations, KL estimators, optimizers).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from toprcli.errors import UserError
-
-
-class ConfigError(UserError):
-    """A config key or value a user got wrong."""
-
-
-def _check(predicate, allowed: str) -> dict:
-    """Field metadata: a value check and the words that say what is allowed."""
-    return {"check": predicate, "allowed": allowed}
-
-
-POSITIVE = _check(lambda v: v > 0, "a number > 0")
-NON_NEGATIVE = _check(lambda v: v >= 0, "a number >= 0")
-AT_LEAST_ONE = _check(lambda v: v >= 1, "an integer >= 1")
-UNIT_OPEN = _check(lambda v: 0 < v < 1, "a number strictly between 0 and 1")
-UNIT_HALF_OPEN = _check(lambda v: 0 < v <= 1, "a number in (0, 1]")
+from toprcli.config.fields import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT_HALF_OPEN,
+    UNIT_OPEN,
+    ConfigError,
+    _check,
+    _from_dict,
+    choice,
+    config_to_dict,
+)
+from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
+from toprcli.training.optim import OPTIMIZERS
 
 
 # -- datasets -----------------------------------------------------------------
@@ -190,12 +174,10 @@ class TrainConfig:
     model: str = ""
     data: str = ""
     out: str = ""
-    loss: str = "topr"
+    loss: str = field(default="topr", metadata=choice(LOSSES, "a registered loss:"))
     loss_options: dict[str, Any] = field(default_factory=dict)
-    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        "seq-mean-token-mean"
-    )
-    optimizer: Literal["adafactor", "adamw"] = "adafactor"
+    aggregation: str = field(default="seq-mean-token-mean", metadata=choice(AGGREGATIONS))
+    optimizer: str = field(default="adafactor", metadata=choice(OPTIMIZERS))
     lr: float = field(default=5e-7, metadata=POSITIVE)
     weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
     schedule: Literal["constant", "cosine"] = "constant"
@@ -232,7 +214,7 @@ class TrainConfig:
     lora_target_modules: list[str] | None = None
     ref_model: str | None = None
     kl_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: str = field(default="k3", metadata=choice(KL_ESTIMATORS))
     entropy_coef: float = 0.0
     whiten_advantages: bool = False
     adv_clip: float | None = field(default=None, metadata=POSITIVE)
@@ -344,200 +326,3 @@ STAGES: dict[str, type] = {
     "eval": EvalConfig,
     "iterate": IterateConfig,
 }
-
-
-# -- conversion ---------------------------------------------------------------
-
-
-def _describe(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        parts = [_describe(a) for a in typing.get_args(tp) if a is not type(None)]
-        opt = type(None) in typing.get_args(tp)
-        return " or ".join(parts) + (" or null" if opt else "")
-    if origin is list:
-        return f"a list of {_describe(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return "a mapping"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
-
-
-_MISSING = object()
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    """Convert a YAML/CLI value to ``tp`` or return _MISSING when it does not fit."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin is Literal:
-        return value if value in typing.get_args(tp) else _MISSING
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None if type(None) in typing.get_args(tp) else _MISSING
-        for arg in typing.get_args(tp):
-            if arg is type(None):
-                continue
-            out = _coerce(arg, value, key)
-            if out is not _MISSING:
-                return out
-        return _MISSING
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            return _MISSING
-        (inner,) = typing.get_args(tp)
-        items = [_coerce(inner, v, key) for v in value]
-        return _MISSING if any(i is _MISSING for i in items) else items
-    if origin is dict:
-        return dict(value) if isinstance(value, dict) else _MISSING
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            return _MISSING
-        return _from_dict(tp, value, prefix=f"{key}.")
-    if tp is bool:
-        return value if isinstance(value, bool) else _MISSING
-    if tp is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
-    if tp is float:
-        if isinstance(value, bool):
-            return _MISSING
-        if isinstance(value, str):  # PyYAML reads 5e-7 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                return _MISSING
-        return float(value) if isinstance(value, (int, float)) else _MISSING
-    if tp is str:
-        return value if isinstance(value, str) else _MISSING
-    return value
-
-
-def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            nested = [n for n, tp in hints.items() if dataclasses.is_dataclass(tp) and key in {f.name for f in dataclasses.fields(tp)}]
-            if nested:
-                raise ConfigError(f"unknown config key '{prefix}{key}' — it lives in a section here: '{prefix}{nested[0]}.{key}'")
-            allowed = ", ".join(sorted(fields))
-            raise ConfigError(f"unknown config key '{prefix}{key}' — allowed keys here: {allowed}")
-    kwargs = {}
-    for name, value in data.items():
-        tp = hints[name]
-        out = _coerce(tp, value, prefix + name)
-        if out is _MISSING:
-            raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {_describe(tp)}")
-        check = fields[name].metadata.get("check")
-        if check is not None and out is not None and not check(out):
-            raise ConfigError(
-                f"bad value for '{prefix}{name}': {value!r} — expected {fields[name].metadata['allowed']}"
-            )
-        kwargs[name] = out
-    obj = cls(**kwargs)
-    if hasattr(obj, "check"):  # cross-field rules, one line each
-        obj.check()
-    return obj
-
-
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """The resolved config as plain data (what goes into ``_manifest.json``)."""
-    return dataclasses.asdict(cfg)
-
-
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"cannot set '{dotted}': '{p}' is not a mapping")
-    node[parts[-1]] = value
-
-
-def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p} — check the path")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{p}:{where} is not valid YAML ({getattr(e, 'problem', e)}) — fix the syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: a config file must be a mapping of keys to values, got {type(data).__name__}")
-    return data
-
-
-def stage_section(data: dict[str, Any], stage: str) -> dict[str, Any]:
-    """The part of a YAML document that configures ``stage``.
-
-    A pipeline config (one section per stage) gives the stage's section; a
-    single-stage file is used whole.
-    """
-    is_pipeline = any(k in data for k in STAGES if k != "iterate") or "warm_start" in data
-    if stage != "iterate" and is_pipeline:
-        section = data.get(stage, {})
-        if section is None:
-            return {}
-        if not isinstance(section, dict):
-            raise ConfigError(f"config section '{stage}' must be a mapping, got {section!r}")
-        return dict(section)
-    return dict(data)
-
-
-def load_config(
-    cls: type,
-    path: str | os.PathLike[str] | None = None,
-    overrides: dict[str, Any] | None = None,
-    *,
-    base: dict[str, Any] | None = None,
-    sets: dict[str, Any] | None = None,
-) -> Any:
-    """Build a stage config: defaults ← ``base`` ← YAML file ← overrides ← sets.
-
-    ``overrides`` maps (dotted) keys to values from typed CLI options; ``None``
-    values mean "not given on the command line" and are skipped. ``sets`` are
-    ``--set key=value`` pairs, applied as written (``null`` included).
-    """
-    stage = next(name for name, c in STAGES.items() if c is cls)
-    data: dict[str, Any] = dict(base or {})
-    if path is not None:
-        data.update(stage_section(read_yaml(path), stage))
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            _set_dotted(data, key, value)
-    for key, value in (sets or {}).items():
-        _set_dotted(data, key, value)
-    return _from_dict(cls, data)
-
-
-def default_config(stage: str) -> Any:
-    if stage not in STAGES:
-        raise ConfigError(f"unknown stage {stage!r} — choose one of: {', '.join(STAGES)}")
-    return STAGES[stage]()
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``key.sub=value`` with the value parsed as YAML (numbers, booleans, lists)."""
-    import yaml
-
-    if "=" not in text:
-        raise ConfigError(f"bad override {text!r} — write it as key=value, e.g. train.lr=1e-6")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value

@@ -1,0 +1,133 @@
+"""Typed configs for every stage, YAML loading and CLI overrides, in one place.
+
+Each stage has a dataclass whose defaults follow the paper (ARCHITECTURE.md §4:
+±1 rewards, 16 samples per prompt, temperature 1, 512 new tokens, Adafactor at
+a constant 5e-7, gradient clipping 1.0, one epoch). A YAML file may hold one
+stage's keys at top level, or a whole pipeline (the iterate config) with one
+section per stage; ``topr generate --config demo.yaml`` then reads the
+``generate:`` section. CLI options override the file.
+
+Validation is strict: an unknown key or a bad value raises :class:`ConfigError`
+(a :class:`UserError`, so the CLI prints one line and exits 2) naming the key,
+the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from toprcli.config.fields import ConfigError, _from_dict, config_to_dict
+from toprcli.config.schema import (
+    STAGES,
+    WARM_START_TRAIN,
+    CurateConfig,
+    DatasetSpec,
+    EngineConfig,
+    EvalConfig,
+    GenerateConfig,
+    IterateConfig,
+    SamplingConfig,
+    ScoreConfig,
+    TrainConfig,
+    WarmStartConfig,
+)
+
+__all__ = [
+    "STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig",
+    "GenerateConfig", "IterateConfig", "SamplingConfig", "ScoreConfig", "TrainConfig", "WarmStartConfig",
+    "config_to_dict", "default_config", "load_config", "parse_override", "read_yaml", "stage_section",
+]
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{p}' is not a mapping")
+    node[parts[-1]] = value
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p} — check the path")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{p}:{where} is not valid YAML ({getattr(e, 'problem', e)}) — fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a config file must be a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def stage_section(data: dict[str, Any], stage: str) -> dict[str, Any]:
+    """The part of a YAML document that configures ``stage``.
+
+    A pipeline config (one section per stage) gives the stage's section; a
+    single-stage file is used whole.
+    """
+    is_pipeline = any(k in data for k in STAGES if k != "iterate") or "warm_start" in data
+    if stage != "iterate" and is_pipeline:
+        section = data.get(stage, {})
+        if section is None:
+            return {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"config section '{stage}' must be a mapping, got {section!r}")
+        return dict(section)
+    return dict(data)
+
+
+def load_config(
+    cls: type,
+    path: str | os.PathLike[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+    sets: dict[str, Any] | None = None,
+) -> Any:
+    """Build a stage config: defaults ← ``base`` ← YAML file ← overrides ← sets.
+
+    ``overrides`` maps (dotted) keys to values from typed CLI options; ``None``
+    values mean "not given on the command line" and are skipped. ``sets`` are
+    ``--set key=value`` pairs, applied as written (``null`` included).
+    """
+    stage = next(name for name, c in STAGES.items() if c is cls)
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        data.update(stage_section(read_yaml(path), stage))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, key, value)
+    for key, value in (sets or {}).items():
+        _set_dotted(data, key, value)
+    return _from_dict(cls, data)
+
+
+def default_config(stage: str) -> Any:
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage {stage!r} — choose one of: {', '.join(STAGES)}")
+    return STAGES[stage]()
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key.sub=value`` with the value parsed as YAML (numbers, booleans, lists)."""
+    import yaml
+
+    if "=" not in text:
+        raise ConfigError(f"bad override {text!r} — write it as key=value, e.g. train.lr=1e-6")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
