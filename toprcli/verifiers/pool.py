@@ -30,7 +30,6 @@ first-call costs are never charged to a row's time limit.
 from __future__ import annotations
 
 import collections
-import contextlib
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -44,6 +43,7 @@ from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.verifiers.base import ERROR, TIMEOUT, Verdict, Verifier
+from toprcli.verifiers.worker import CHECK, EQUIVALENT, _worker_main
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_MEMORY_LIMIT_MB = 4096
@@ -52,7 +52,6 @@ MAX_START_FAILURES = 3  # consecutive workers dying before they are ready → gi
 _MAX_WAIT = 1.0  # the parent wakes at least this often (keeps Ctrl-C responsive)
 
 _STARTING, _IDLE, _BUSY = "starting", "idle", "busy"
-CHECK, EQUIVALENT = "check", "equivalent"  # what a worker runs on a chunk: Verifier.check or Verifier.equivalent
 
 
 def default_workers() -> int:
@@ -61,73 +60,6 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
-
-
-# -- the worker -------------------------------------------------------------------
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    out = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return out[:300]
-
-
-def _harden(memory_limit_mb: int | None) -> None:
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = "1"
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:  # die with the parent (the forkserver, which exits with our main process)
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-    if memory_limit_mb:
-        try:
-            import resource
-
-            limit = int(memory_limit_mb) * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        except (ImportError, ValueError, OSError):
-            pass
-
-
-def _worker_main(spec: str, options: dict, conn: Any, progress: Any, memory_limit_mb: int | None) -> None:
-    _harden(memory_limit_mb)
-    try:
-        from toprcli.verifiers.registry import resolve_verifier
-
-        verifier = resolve_verifier(spec, **options)
-        if verifier.warmup is not None:
-            verifier.warmup()
-    except BaseException as e:  # report anything, then exit
-        with contextlib.suppress(Exception):
-            conn.send(("init_error", _describe(e), isinstance(e, UserError)))
-        return
-    conn.send(("ready", os.getpid()))
-    ops = {CHECK: verifier.check, EQUIVALENT: verifier.equivalent}
-    now = time.monotonic
-    seq = 0
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        op, items = msg
-        fn = ops[op]
-        out = []
-        for item in items:
-            progress[1] = now()  # start time first, then the counter: see _Worker.current()
-            seq += 1
-            progress[0] = seq
-            try:
-                v = fn(*item)
-                out.append((v.verdict, v.extracted_answer, v.score, v.detail))
-            except BaseException as e:  # math-verify's TimeoutException is not an Exception
-                out.append((ERROR, None, None, _describe(e)))
-        conn.send(out)
 
 
 # -- the parent -------------------------------------------------------------------
@@ -212,7 +144,7 @@ class VerifierPool:
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             # Only takes effect if this process has not started its forkserver yet.
-            self._ctx.set_forkserver_preload(["toprcli.verifiers.pool", *verifier.preload])
+            self._ctx.set_forkserver_preload(["toprcli.verifiers.worker", *verifier.preload])
         self._workers: list[_Worker] = []
         self._start_failures = 0
         self._closed = False
