@@ -1,0 +1,133 @@
+"""The package's shape: arrows point one way and there are no import cycles (ARCHITECTURE.md §2).
+
+Walks every module's imports with ``ast`` (function-level ones included: a local
+import hides a cycle, it does not remove it) and checks them against the layers
+
+    cli → pipeline → stages → components → infrastructure → math
+
+A module may import its own layer or below. The math imports nothing of
+toprcli but other math (no config, no CLI, no file I/O, no UserError).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "toprcli"
+
+# Most specific prefix wins. Lower number = closer to the floor.
+LAYERS = {
+    "toprcli.errors": 0,
+    "toprcli.progress": 1,
+    "toprcli.sampling": 1,
+    "toprcli.losses": 1,
+    "toprcli.curation": 1,
+    "toprcli.evaluation": 1,
+    "toprcli.training.logprobs": 1,
+    "toprcli.training.optim": 1,  # optimizers and schedules: pure torch
+    "toprcli.config": 2,
+    "toprcli.shards": 2,
+    "toprcli.generation": 3,
+    "toprcli.verifiers": 3,
+    "toprcli.training": 3,
+    "toprcli.data": 3,
+    "toprcli.models": 3,
+    "toprcli.roll": 3,
+    "toprcli.stages": 4,
+    "toprcli.launch": 5,
+    "toprcli.pipeline": 5,
+    "toprcli.report": 5,
+    "toprcli.cli": 6,
+    "toprcli.__main__": 6,
+    "toprcli": 0,
+}
+MATH = 1
+NAMES = {0: "errors", 1: "math", 2: "infrastructure", 3: "components", 4: "stages", 5: "pipeline", 6: "cli"}
+
+
+def layer(module: str) -> int:
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return LAYERS[best]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for f in sorted(PACKAGE.rglob("*.py")):
+        parts = f.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = f
+    return out
+
+
+def imports(path: Path, name: str) -> set[str]:
+    """toprcli modules ``path`` imports (the target module, not the imported attribute)."""
+    tree = ast.parse(path.read_text())
+    known = modules()
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef) and child.name == "__getattr__" and node is tree:
+                continue  # PEP 562 lazy attributes: loaded on use, not at import
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name.startswith("toprcli"))
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: resolve against this package
+                    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+                    pkg = ".".join(pkg.split(".")[: len(pkg.split(".")) - child.level + 1])
+                    base = f"{pkg}.{base}" if base else pkg
+                if base.startswith("toprcli"):
+                    for a in child.names:  # `from toprcli.x import y`: y may be a submodule
+                        found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+            visit(child)
+
+    visit(tree)
+    found.discard(name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {name: imports(path, name) for name, path in modules().items()}
+
+
+def test_arrows_point_one_way():
+    wrong = []
+    for mod, deps in graph().items():
+        for dep in deps:
+            if layer(dep) > layer(mod):
+                wrong.append(f"{mod} ({NAMES[layer(mod)]}) imports {dep} ({NAMES[layer(dep)]})")
+            elif layer(mod) == MATH and layer(dep) != MATH:
+                wrong.append(f"{mod} (math) imports {dep}: the math imports only math")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_nothing_outside_cli_imports_the_cli():
+    users = [m for m, deps in graph().items() if layer(m) < layer("toprcli.cli") and any(d.startswith("toprcli.cli") for d in deps)]
+    assert not users
+
+
+def test_no_import_cycles():
+    g = graph()
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def walk(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for dep in sorted(g.get(node, ())):
+            if seen.get(dep) == 1:
+                cycles.append(" → ".join(path[path.index(dep):] + [dep]))
+            elif dep not in seen:
+                walk(dep, path + [dep])
+        seen[node] = 2
+
+    for m in sorted(g):
+        if m not in seen:
+            walk(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_module_is_over_450_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
+    assert not {n: c for n, c in long.items() if c > 450}
