@@ -81,7 +81,7 @@ def mix_table(results: dict[str, list[dict]]) -> str:
     for name, rows in results.items():
         for r in rows:
             if r.get("p") is not None:
-                lines.append(f"| {name} | {r['round']} | {r['p']:.3f} | {r.get('c', 0):.3f} | {r.get('p_tilde', 0):.3f} | {r.get('rows_out', '–')} |")
+                lines.append(f"| {name} | {r['round']} | {r['p']:.3f} | {r.get('c', 0):.3f} | {r.get('p_effective', 0):.3f} | {r.get('rows_out', '–')} |")
     return "\n".join(lines)
 
 

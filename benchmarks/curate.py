@@ -13,7 +13,7 @@ per-prompt success rate drawn from Beta(0.6, 1.2) (mean p ≈ 0.33, many
 all-wrong and some all-right prompts), rewards ±1.
 
 Each measurement runs the stage in a fresh subprocess (`curate()` of
-toprcli.curate_stage, exactly what the CLI calls); the child reports the
+toprcli.stages.curate, exactly what the CLI calls); the child reports the
 stage's wall time and its own peak RSS (``ru_maxrss``); the parent reports
 the process wall time including interpreter start-up and imports, and the
 1-minute load average before the run (other work on a shared machine slows
@@ -118,7 +118,7 @@ def make_scored(out_dir: Path, n_rows: int, seed: int = 0) -> None:
 def child(cfg_json: str) -> None:
     t0 = time.perf_counter()
     from toprcli.config import CurateConfig
-    from toprcli.curate_stage import curate
+    from toprcli.stages.curate import run as curate
 
     t1 = time.perf_counter()
     r1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -132,11 +132,11 @@ def child(cfg_json: str) -> None:
                 "stage_s": t2 - t1,
                 "stage_cpu_s": (r2.ru_utime - r1.ru_utime) + (r2.ru_stime - r1.ru_stime),
                 "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "rows_in": result.rows_in,
-                "rows_out": result.rows_out,
-                "c": result.c,
-                "p": result.p,
-                "p_effective": result.p_effective,
+                "rows_in": result["rows_in"],
+                "rows_out": result["rows_out"],
+                "c": result["c"],
+                "p": result["p"],
+                "p_effective": result["p_effective"],
             }
         )
     )

@@ -12,7 +12,7 @@ model (engine start excluded from the throughput numbers):
 
 - ``raw vLLM``: ``vllm.LLM.generate`` on the prompt token ids, logprobs=0,
   processed log-probs, per-request seeds: what the toolkit asks of the engine.
-- ``topr generate (vllm)``: ``generate_samples`` with the same engine: prompts
+- ``topr generate (vllm)``: the generate stage (``toprcli.stages.generate.run``) with the same engine: prompts
   rendered and tokenised, engine call, text decoding, Parquet shards, manifest.
   Overhead = toolkit wall / raw wall − 1 (best of --repeats, alternated).
 - ``raw vLLM, no seeds``: the per-request seed cost on this engine.
@@ -94,7 +94,8 @@ def _models(name: str, work: Path) -> tuple[Path, Path, object]:
 def bench_model(name: str, work: Path, repeats: int, with_hf: bool, with_restart: bool, bind: str = "auto") -> dict:
     from toprcli.config import EngineConfig, GenerateConfig, SamplingConfig
     from toprcli.data.datasets import load_examples
-    from toprcli.generate_stage import build_prompts, generate_samples
+    from toprcli.generation.prompts import build_prompts
+    from toprcli.stages.generate import run as generate_samples
     from toprcli.generation import PromptRequest, SamplingParams, derive_seed
     from toprcli.generation.base import BackendOptions
     from toprcli.generation.vllm_backend import VLLMBackend

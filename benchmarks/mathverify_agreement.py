@@ -17,7 +17,7 @@ row, ``answer`` = gold and ``completion`` = pred.
 
 Two scorers, one run:
 
-* ``topr score``: the real score stage (``toprcli.scoring.score``, what the
+* ``topr score``: the real score stage (``toprcli.stages.score.run``, what the
   CLI calls) with ``--verifier math`` on a samples Parquet file: worker pool,
   per-check deadlines, our screens. A case agrees when ``correct`` equals the
   expected verdict.
@@ -136,7 +136,7 @@ def topr_verdicts(cases: list[dict], workers: int | None, timeout: float) -> tup
 
     from toprcli import shards
     from toprcli.config import ScoreConfig
-    from toprcli.scoring import score
+    from toprcli.stages.score import run as score
 
     n = len(cases)
     table = pa.table(

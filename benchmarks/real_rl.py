@@ -59,7 +59,7 @@ def max_new(task: str) -> int:
 def probe(tasks: list[str], prompts: int, k: int, work: Path, temperature: float, top_p: float) -> list[dict]:
     from toprcli.config import EngineConfig, EvalConfig, SamplingConfig, _from_dict
     from toprcli.config import DatasetSpec
-    from toprcli.eval_stage import evaluate
+    from toprcli.stages import eval as eval_stage
     from toprcli.generation import open_backend
     from toprcli.models.pretrained import ensure_preset
 
@@ -75,7 +75,7 @@ def probe(tasks: list[str], prompts: int, k: int, work: Path, temperature: float
                              sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new(task), seed=7),
                              engine=engine, verifier="gsm8k")
             t0 = time.perf_counter()
-            m = evaluate(cfg, backend=backend)["metrics"]
+            m = eval_stage.run(cfg, backend=backend)["metrics"]
             rows.append({"task": task, "temperature": temperature, "top_p": top_p, "prompts": prompts, "k": k, "pass@1": m["pass@1"], f"maj@{k}": m["maj@k"],
                          "greedy": m.get("greedy_accuracy"), "invalid": m["invalid_rate"],
                          "mean_tokens": round(m["mean_completion_tokens"], 1), "wall_s": round(time.perf_counter() - t0)})
@@ -129,7 +129,7 @@ def table(rows: list[dict]) -> str:
     f = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
     for r in rows:
         lines.append(f"| {r['variant']} | {r['round']} | {f(r.get('pass@1'))} | {f(r.get('maj@k'))} | {f(r.get('greedy_accuracy'))} | "
-                     f"{f(r.get('invalid_rate'))} | {f(r.get('p'))} | {f(r.get('p_tilde'))} | {f(r.get('rows_out'))} |")
+                     f"{f(r.get('invalid_rate'))} | {f(r.get('p'))} | {f(r.get('p_effective'))} | {f(r.get('rows_out'))} |")
     return "\n".join(lines)
 
 

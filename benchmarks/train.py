@@ -297,18 +297,17 @@ def demo_warm_start(args) -> None:
 
     from toprcli.config import IterateConfig, TrainConfig
     from toprcli.models.tiny import build_tiny_model
-    from toprcli.pipeline import gold_training_set
-    from toprcli.training import train_policy
+    from toprcli.stages import train, warmstart
 
     with tempfile.TemporaryDirectory(prefix="topr-demo-") as tmp:
         tmp = Path(tmp)
         model = build_tiny_model(tmp / "tiny", seed=0)
         icfg = IterateConfig()
         icfg = replace(icfg, warm_start=replace(icfg.warm_start, examples=args.demo_examples))
-        data = gold_training_set(icfg, str(model), tmp / "gold.parquet")
+        data = warmstart.run(icfg, tokenizer=str(model), out=tmp / "gold.parquet").out
         cfg = TrainConfig(model=str(model), data=str(data), out=str(tmp / "policy"), loss="sft", optimizer="adamw", lr=2e-3,
                           batch_size=64, epochs=1.0, threads=args.threads)
-        s = train_policy(cfg, progress=False)
+        s = train.run(cfg)
         steps = [json.loads(x) for x in (tmp / "policy" / "metrics.jsonl").read_text().splitlines()]
         cpu = sum(r["step_cpu_s"] for r in steps)
         print(json.dumps({

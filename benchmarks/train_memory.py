@@ -207,7 +207,7 @@ def markdown(result: dict) -> str:
         if not rows:
             continue
         trees = [k[: -len("_peak_gib")] for k in rows[0] if k.endswith("_peak_gib")]
-        lines.append(f"| model | micro_batch_tokens | " + " | ".join(f"{t} peak GiB | {t} tok/s" for t in trees) + " |")
+        lines.append("| model | micro_batch_tokens | " + " | ".join(f"{t} peak GiB | {t} tok/s" for t in trees) + " |")
         lines.append("|---|---:|" + "---:|---:|" * len(trees))
         for r in rows:
             cells = " | ".join(f"{r.get(f'{t}_peak_gib', r.get(f'{t}_error', '–'))} | {r.get(f'{t}_tok_s', '–')}" for t in trees)

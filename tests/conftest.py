@@ -15,6 +15,8 @@ import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared" / "datasets" / "gsm8k"
+FIXTURES = REPO / "tests" / "fixtures"  # small data files the tests read (fixtures/README.md says what)
+KILLER = REPO / "tests" / "kill_after_checkpoint.py"  # runs `topr` and SIGKILLs it after a chosen checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +49,19 @@ def gen_config(**kw):
     return GenerateConfig(sampling=SamplingConfig(**sampling), engine=EngineConfig(**engine), **kw)
 
 
+def tiny_generate_config(model, out, **kw):
+    """A small generate config on builtin:arith (10 prompts, 3 samples, hf backend) with overrides."""
+    from toprcli.config import DatasetSpec
+
+    base = dict(
+        model=str(model), out=str(out), backend="hf", n=3, max_new_tokens=24, limit=10, shard_size=4,
+        dataset=DatasetSpec(source="builtin:arith", size=10),
+    )
+    base.update(kw)
+    return gen_config(**base)
+
+
+
 # -- killing a run at a chosen point (tests only; the product has no hooks) ------
 
 
@@ -71,6 +86,17 @@ def kill_after_checkpoint(monkeypatch):
         monkeypatch.setattr(ckpt, "save_checkpoint", save_then_die)
 
     return arm
+
+
+@pytest.fixture(scope="session")
+def hf_backend(tiny_model_dir):
+    """The hf backend serving the tiny model (float32, batch 8), shared by the session."""
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.hf_backend import HFBackend
+
+    backend = HFBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32", batch_size=8))
+    yield backend
+    backend.close()
 
 
 # -- the shared vLLM engine (tests marked @pytest.mark.vllm) -------------------

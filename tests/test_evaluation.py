@@ -51,7 +51,7 @@ def test_eval_metrics_by_hand():
         ["a", "a", "b", "b"],
         [True, False, False, False],
         ["4", "5", None, "9"],
-        ["correct", "incorrect", "no_answer", "incorrect"],
+        [False, False, True, False],  # invalid: no answer
         k=2,
     )
     assert m["pass@1"] == pytest.approx((0.5 + 0.0) / 2)
@@ -63,7 +63,7 @@ def test_eval_metrics_by_hand():
 
 def test_pass_at_k_with_fewer_samples_warns_and_counts_them():
     # a: 2 samples (1 correct), b: 3 samples (none correct); k = 3.
-    args = (["a", "a", "b", "b", "b"], [True, False, False, False, False], ["1", "2", "3", "4", "5"], ["x"] * 5)
+    args = (["a", "a", "b", "b", "b"], [True, False, False, False, False], ["1", "2", "3", "4", "5"], [False] * 5)
     with pytest.warns(FewerSamplesThanK, match=r"1 of 2 prompts have fewer than 3 samples \(as few as 2\)"):
         m = eval_metrics(*args, k=3)
     assert m["prompts_fewer_than_k"] == 1
@@ -76,10 +76,10 @@ def test_pass_at_k_with_fewer_samples_warns_and_counts_them():
 
 def test_vote_keys_replace_string_voting():
     pids, correct = ["a"] * 4, [True, True, False, False]
-    answers, verdicts = ["\\frac{1}{2}", "0.5", "3", "3"], ["correct"] * 2 + ["incorrect"] * 2
-    assert eval_metrics(pids, correct, answers, verdicts, k=4)["maj@4"] == 0.0
-    assert eval_metrics(pids, correct, answers, verdicts, k=4, vote_keys=[0, 0, 1, 1])["maj@4"] == 0.5
+    answers, invalid = ["\\frac{1}{2}", "0.5", "3", "3"], [False] * 4
+    assert eval_metrics(pids, correct, answers, invalid, k=4)["maj@4"] == 0.0
+    assert eval_metrics(pids, correct, answers, invalid, k=4, vote_keys=[0, 0, 1, 1])["maj@4"] == 0.5
     with pytest.raises(ValueError, match="vote keys"):
-        eval_metrics(pids, correct, answers, verdicts, k=4, vote_keys=[0, 0, 1])
+        eval_metrics(pids, correct, answers, invalid, k=4, vote_keys=[0, 0, 1])
     with pytest.raises(ValueError, match="k must be"):
-        eval_metrics(pids, correct, answers, verdicts, k=0)
+        eval_metrics(pids, correct, answers, invalid, k=0)

@@ -130,7 +130,7 @@ def test_micro_run_completes_with_every_artifact(reference):
     # The micro policy is barely trained: p̃ is the configured 0.5 when the round has both
     # outcomes, else the fallback baseline c = 0 applies (all negatives: p̃ = 0).
     expected = 0.5 if 0 < rows[1]["p"] < 1 else (0.0 if rows[1]["p"] == 0 else 1.0)
-    assert rows[1]["p_tilde"] == pytest.approx(expected, abs=1e-6)
+    assert rows[1]["p_effective"] == pytest.approx(expected, abs=1e-6)
 
 
 def test_rerun_of_a_finished_run_does_nothing(reference):
@@ -233,9 +233,9 @@ def test_iterate_trains_under_torchrun_and_resumes_after_a_kill(reference, tmp_p
 
 def test_engine_is_closed_before_training_and_reopened_after(reference, tmp_path, monkeypatch):
     """engine_handover: release on CPU: the hf engine is closed when training starts, reopened after."""
-    import toprcli.training as training
     from toprcli.config import IterateConfig, load_config
     from toprcli.pipeline import Pipeline
+    from toprcli.stages import train
 
     run_dir = tmp_path / "handover"
     run_dir.mkdir()
@@ -244,13 +244,13 @@ def test_engine_is_closed_before_training_and_reopened_after(reference, tmp_path
     cfg = load_config(IterateConfig, write_config(tmp_path, run_dir), sets={"engine_handover": "release"})
     pipeline = Pipeline(cfg)
     seen = []
-    real = training.train_policy
+    real = train.run
 
     def spy(tcfg, **kw):
         seen.append(pipeline.engine.backend)
         return real(tcfg, **kw)
 
-    monkeypatch.setattr(training, "train_policy", spy)
+    monkeypatch.setattr(train, "run", spy)
     pipeline.run()
     assert seen == [None]  # closed while training
     state = json.loads((run_dir / "state.json").read_text())["steps"]

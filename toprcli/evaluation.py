@@ -1,6 +1,6 @@
-"""Evaluation metrics: pass@k, maj@k, invalid rate — pure functions, no I/O.
+"""Evaluation metrics: pass@k, maj@k, invalid rate, and the measures of a verifier — pure functions, no I/O.
 
-The eval stage (``toprcli/eval_stage.py``) samples and scores; this module
+The eval stage (``toprcli/stages/eval.py``) samples and scores; this module
 only turns per-sample verdicts into numbers. Which answers vote together for
 maj@k is decided outside (:mod:`toprcli.verifiers.voting`, where the math
 verifier compares answers in its worker pool); here votes are keys.
@@ -53,23 +53,26 @@ def normalize_answer(answer: str | None) -> str | None:
     return format(value.normalize(), "f")
 
 
-def majority_vote_correct(keys: Sequence[Hashable | None], correct: Sequence[bool]) -> float:
+def majority_vote_correct(
+    keys: Sequence[Hashable | None], correct: Sequence[bool], weights: Sequence[float] | None = None
+) -> float:
     """maj@k of one prompt: is the most voted answer correct?
 
     ``keys``: one vote key per sample — samples with equal keys gave the same
     answer (:func:`normalize_answer` of the extracted answers, or cluster ids);
-    None: no answer, no vote. If none voted the prompt scores 0. A key is
-    correct if any of its samples is. Ties are broken uniformly at random *in
-    expectation*: with m keys tied for the most votes, of which j are correct,
-    the score is j/m. This is deterministic and unbiased, unlike first-seen
-    tie-breaking.
+    None: no answer, no vote. ``weights``: what each vote counts (a verifier's
+    score: weighted majority voting); default 1. If none voted the prompt
+    scores 0. A key is correct if any of its samples is. Ties are broken
+    uniformly at random *in expectation*: with m keys tied for the most votes,
+    of which j are correct, the score is j/m. This is deterministic and
+    unbiased, unlike first-seen tie-breaking.
     """
     votes: Counter[Hashable] = Counter()
     group_correct: dict[Hashable, bool] = defaultdict(bool)
-    for key, ok in zip(keys, correct):
+    for i, (key, ok) in enumerate(zip(keys, correct)):
         if key is None:
             continue
-        votes[key] += 1
+        votes[key] += 1 if weights is None else float(weights[i])
         group_correct[key] |= bool(ok)
     if not votes:
         return 0.0
@@ -82,7 +85,7 @@ def eval_metrics(
     prompt_ids: Sequence[str],
     correct: Sequence[bool],
     extracted: Sequence[str | None],
-    verdicts: Sequence[str],
+    invalid: Sequence[bool],
     k: int,
     vote_keys: Sequence[Hashable | None] | None = None,
 ) -> dict[str, float]:
@@ -94,7 +97,9 @@ def eval_metrics(
     :func:`normalize_answer` of ``extracted``). A prompt with n < k samples
     can only give pass@n and maj@n: those are used for it, counted in
     ``prompts_fewer_than_k`` and announced with a :class:`FewerSamplesThanK`
-    warning. The invalid rate is the share of samples with no extractable answer.
+    warning. The invalid rate is the share of samples flagged ``invalid`` (no
+    extractable answer: the ``no_answer`` verdict). All sequences are (N,), one
+    entry per sample.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -125,14 +130,14 @@ def eval_metrics(
             FewerSamplesThanK,
             stacklevel=2,
         )
-    invalid = sum(v == "no_answer" for v in verdicts) / len(verdicts)
+    invalid_rate = sum(bool(v) for v in invalid) / len(invalid)
     return {
         "prompts": len(groups),
         "samples": len(prompt_ids),
         "pass@1": float(np.mean(pass1)),
         f"pass@{k}": float(np.mean(passk)),
         f"maj@{k}": float(np.mean(majk)),
-        "invalid_rate": float(invalid),
+        "invalid_rate": float(invalid_rate),
         "prompts_fewer_than_k": len(short),
     }
 
@@ -140,3 +145,81 @@ def eval_metrics(
 def accuracy(correct: Iterable[bool]) -> float:
     values = [bool(c) for c in correct]
     return sum(values) / len(values) if values else math.nan
+
+
+# -- a verifier's measures ------------------------------------------------------------
+
+
+def best_of_k_correct(scores: Sequence[float], correct: Sequence[bool]) -> float:
+    """Best-of-k of one prompt: is the candidate the verifier scores highest correct?
+
+    Ties for the highest score count in expectation (j correct of m tied: j/m).
+    """
+    if len(scores) == 0:
+        return 0.0
+    s = np.asarray(scores, dtype=np.float64)
+    top = s == s.max()
+    return float(np.asarray(correct, dtype=bool)[top].mean())
+
+
+def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """Area under the ROC curve of ``scores`` for ``labels``: the chance that a random
+    positive outscores a random negative, ties counting half (Mann–Whitney U / n₊n₋).
+    NaN when one class is absent."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s), dtype=np.float64)
+    sorted_s = s[order]
+    # Average ranks over ties (1-based).
+    starts = np.flatnonzero(np.r_[True, sorted_s[1:] != sorted_s[:-1]])
+    ends = np.r_[starts[1:], len(s)]
+    for a, b in zip(starts, ends):
+        ranks[order[a:b]] = (a + b + 1) / 2.0
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def verifier_metrics(
+    prompt_ids: Sequence[str],
+    correct: Sequence[bool],
+    vote_keys: Sequence[Hashable | None],
+    scores: Sequence[float],
+    k: int,
+) -> dict[str, float]:
+    """How a verifier's scores of sampled candidates help (GenRM's measures; the paper's Table 2).
+
+    Per prompt, over its first ``k`` candidates (in the order given): best-of-k
+    (:func:`best_of_k_correct`), verifier-weighted majority vote
+    (:func:`majority_vote_correct` with the scores as weights) and plain maj@k
+    on the same candidates. Over every candidate: the verifier's accuracy (it
+    calls a candidate correct when its score ≥ 0.5) and the ROC AUC of its
+    scores. All sequences are (N,), one entry per candidate; scores in [0, 1].
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if not (len(prompt_ids) == len(correct) == len(vote_keys) == len(scores)):
+        raise ValueError("prompt_ids, correct, vote_keys and scores must have the same length")
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, pid in enumerate(prompt_ids):
+        groups[pid].append(i)
+    best, weighted, plain = [], [], []
+    for rows in groups.values():
+        first = rows[:k]
+        c = [bool(correct[i]) for i in first]
+        best.append(best_of_k_correct([scores[i] for i in first], c))
+        weighted.append(majority_vote_correct([vote_keys[i] for i in first], c, [scores[i] for i in first]))
+        plain.append(majority_vote_correct([vote_keys[i] for i in first], c))
+    y = np.asarray(correct, dtype=bool)
+    s = np.asarray(scores, dtype=np.float64)
+    return {
+        "candidates": len(s),
+        f"best_of_{k}_verifier": float(np.mean(best)),
+        f"weighted_maj@{k}": float(np.mean(weighted)),
+        f"candidates_maj@{k}": float(np.mean(plain)),
+        "candidates_pass@1": float(y.mean()),
+        "verifier_accuracy": float(((s >= 0.5) == y).mean()),
+        "verifier_auc": roc_auc(s, y),
+    }

@@ -26,6 +26,7 @@ from toprcli.errors import UserError
 from toprcli.shards import write_text_atomic
 from toprcli.training.distributed import DIE_WITH_PARENT, die_with_parent
 
+
 def write_stage_config(cfg: Any, path: Path) -> Path:
     """The stage's resolved config as a single-stage YAML file (what the child reads with --config)."""
     return write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

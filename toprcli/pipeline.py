@@ -20,16 +20,27 @@ last complete step with nothing lost or duplicated.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from toprcli.config import EngineConfig, IterateConfig, config_to_dict
+import yaml
+
+from toprcli.config import EngineConfig, IterateConfig, TrainConfig, config_to_dict
+from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
+from toprcli.generation import open_backend
+from toprcli.generation.base import cuda_available
+from toprcli.launch import generate_data_parallel, runs_in_child, train_in_child
+from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 from toprcli.progress import ProgressFn
-from toprcli.shards import check_writable, output_lock, read_manifest, write_json_atomic
+from toprcli.shards import check_writable, output_lock, read_file_metadata, read_manifest, write_json_atomic, write_text_atomic
+from toprcli.stages import curate, generate, score, train, warmstart
+from toprcli.stages import eval as eval_stage
 
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.yaml"
@@ -73,8 +84,6 @@ class EngineHolder:
         self.handover_s: dict[str, float] = {}
 
     def get(self, model: str) -> Any:
-        from toprcli.generation import open_backend
-
         t0 = time.perf_counter()
         reacquire = self.asleep or (self.backend is None and self.model is not None)
         if self.backend is None:
@@ -113,51 +122,12 @@ class State:
     """``state.json``: what finished when; for humans and `topr report`, never for deciding what to run."""
 
     def __init__(self, run_dir: Path):
-        import json
-
         self.path = run_dir / STATE_FILE
         self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"steps": {}}
 
     def record(self, key: str, wall_time_s: float, **info: Any) -> None:
         self.data["steps"][key] = {"wall_time_s": round(wall_time_s, 3), "finished_at": time.time(), **info}
         write_json_atomic(self.path, self.data)
-
-
-# -- the warm start -----------------------------------------------------------
-
-
-def gold_training_set(cfg: IterateConfig, tokenizer_dir: str, out: Path) -> Path:
-    """A curated-schema table of gold solutions: advantage 1, weight 1 (SFT data)."""
-    import pyarrow as pa
-    from transformers import AutoTokenizer
-
-    from toprcli.data.datasets import encode_prompt, load_examples, render_prompt
-    from toprcli.shards import CURATED_SCHEMA, write_table_atomic
-
-    spec = replace(cfg.generate.dataset, limit=None, size=max(cfg.warm_start.examples, 1))
-    examples = [e for e in load_examples(spec) if e.solution][: cfg.warm_start.examples]
-    if not examples:
-        raise UserError(f"dataset {spec.source!r} has no gold solutions for the warm start — disable warm_start or pick a dataset with answers")
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    rows: dict[str, list] = {f.name: [] for f in CURATED_SCHEMA}
-    for e in examples:
-        prompt = render_prompt(e, spec, tok)
-        completion = " " + e.solution.strip()
-        ids = list(tok(completion, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
-        row = {
-            "prompt_id": e.prompt_id, "prompt": prompt, "answer": e.answer,
-            "prompt_token_ids": encode_prompt(prompt, tok, spec), "sample_index": 0,
-            "completion": completion, "completion_token_ids": ids,
-            "behavior_logprobs": [0.0] * len(ids),  # unused by the sft loss
-            "finish_reason": "stop", "policy": "gold", "iteration": 0,
-            "reward": 1.0, "correct": True, "extracted_answer": e.answer, "verdict": "correct",
-            "advantage": 1.0, "weight": 1.0,
-        }
-        for k, v in row.items():
-            rows[k].append(v)
-    # Gold solutions were not sampled: no μ (temperature 0 marks "no distribution"; only sft trains on it).
-    meta = {"source": "gold solutions", "sampling": {"temperature": 0.0}}
-    return write_table_atomic(out, pa.Table.from_pydict(rows, schema=CURATED_SCHEMA), meta)
 
 
 # -- the loop -----------------------------------------------------------------
@@ -192,8 +162,6 @@ class Pipeline:
         return self.base_policy() if r == 0 else str(round_dir(self.run_dir, r) / "policy")
 
     def verifier(self) -> str:
-        from toprcli.data.datasets import default_verifier
-
         v = self.cfg.score.verifier
         return default_verifier(self.cfg.generate.dataset) if v == "auto" else v
 
@@ -206,7 +174,7 @@ class Pipeline:
             steps.append(Step("base/init-model", lambda: (run / "base" / "config.json").exists(), self._init_model))
         if cfg.warm_start.enabled:
             ws = run / "warmstart"
-            steps.append(Step("warmstart/gold", lambda: (ws / "gold.parquet").exists(), lambda: gold_training_set(cfg, self.initial_model(), ws / "gold.parquet")))
+            steps.append(Step("warmstart/gold", lambda: (ws / "gold.parquet").exists(), lambda: warmstart.run(cfg, tokenizer=self.initial_model(), out=ws / "gold.parquet")))
             steps.append(Step("warmstart/train", lambda: (ws / "policy" / "config.json").exists(), self._warm_start_train))
         steps.append(self._eval_step(0))
         for r in range(1, cfg.rounds + 1):
@@ -226,10 +194,6 @@ class Pipeline:
         return Step(f"round-{r:03d}/eval", lambda: (out / "eval.json").exists(), lambda: self._eval(r))
 
     def _init_model(self) -> None:
-        from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
-
-        import shutil
-
         target = self.run_dir / "base"
         if target.exists():  # a half-built dir (no config.json) from a killed run
             shutil.rmtree(target)
@@ -243,47 +207,36 @@ class Pipeline:
         )
         self._run_training(tcfg)
 
-    def _run_training(self, tcfg) -> None:
+    def _run_training(self, tcfg: TrainConfig) -> None:
         """Train in this process, or under torchrun / the configured launcher in a child process;
         the generation engine first gives its memory back when the run hands the device over."""
-        from toprcli.launch import runs_in_child, train_in_child
-        from toprcli.training import train_policy
-
         if self.handover:
             self.engine.release()
         if runs_in_child(tcfg):
             train_in_child(tcfg)
         else:
-            train_policy(tcfg, progress=self.progress)
+            train.run(tcfg, progress=self.progress)
 
     def _generate(self, r: int) -> None:
-        from toprcli.generate_stage import generate_samples
-
         gcfg = replace(self.cfg.generate, model=self.policy_after(r - 1), out=str(round_dir(self.run_dir, r) / "samples"), iteration=r)
         if gcfg.data_parallel_size > 1:  # one engine per process; this process's engine would hold memory for nothing
-            from toprcli.launch import generate_data_parallel
-
             self.engine.close()
             generate_data_parallel(gcfg)
             return
-        generate_samples(gcfg, backend=self.engine.get(gcfg.model), progress=self.progress)
+        generate.run(gcfg, backend=self.engine.get(gcfg.model), progress=self.progress)
 
     def _score(self, r: int) -> None:
-        from toprcli.scoring import score_dir
-
         d = round_dir(self.run_dir, r)
         scfg = replace(self.cfg.score, samples=str(d / "samples"), out=str(d / "scored"), verifier=self.verifier())
-        score_dir(scfg.samples, scfg.out, scfg, progress=self.progress)
+        score.run(scfg, progress=self.progress)
 
     def _curate(self, r: int) -> None:
-        from toprcli.curate_stage import curate
-
         d = round_dir(self.run_dir, r)
         earlier = [round_dir(self.run_dir, q) / "scored" for q in range(r - 1, max(0, r - 1 - self.cfg.replay_rounds), -1)]
         sources = [str(d / "scored")] + [str(p) for p in earlier]
         weights = [1.0] + [self.cfg.replay_weight] * len(earlier)
         ccfg = replace(self.cfg.curate, scored=sources, out=str(d / "train.parquet"), source_weights=weights if earlier else None)
-        curate(ccfg)
+        curate.run(ccfg, progress=self.progress)
 
     def _train(self, r: int) -> None:
         d = round_dir(self.run_dir, r)
@@ -292,30 +245,23 @@ class Pipeline:
         self._run_training(tcfg)
 
     def _eval(self, r: int) -> None:
-        from toprcli.eval_stage import evaluate
-
         policy = self.policy_after(r)
         ecfg = replace(self.cfg.eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
         if ecfg.verifier == "auto":
             ecfg = replace(ecfg, verifier=self.verifier())
         if ecfg.data_parallel_size > 1:
-            from toprcli.eval_stage import generation_passes
-            from toprcli.launch import generate_data_parallel
-
             self.engine.close()
-            for gcfg in generation_passes(ecfg):  # evaluate() then finds every pass generated
+            for gcfg in eval_stage.generation_passes(ecfg):  # the eval stage then finds every pass generated
                 generate_data_parallel(replace(gcfg, data_parallel_size=ecfg.data_parallel_size))
-            evaluate(ecfg, progress=self.progress)
+            eval_stage.run(ecfg, progress=self.progress)
             return
         backend = self.engine.get(policy) if ecfg.engine == self.cfg.generate.engine else None
-        evaluate(ecfg, backend=backend, progress=self.progress)
+        eval_stage.run(ecfg, backend=backend, progress=self.progress)
 
     # driving --------------------------------------------------------------
 
     def check_run_dir(self) -> None:
         """Refuse to resume a run dir that was started with a different config."""
-        import yaml
-
         resolved = config_to_dict(self.cfg)
         path = self.run_dir / CONFIG_FILE
         if path.exists():
@@ -328,10 +274,7 @@ class Pipeline:
                     "rerun with the original config, or pass a new --run-dir"
                 )
         else:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")  # written whole, then renamed
-            tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
-            tmp.replace(path)
+            write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
 
     def run(self) -> list[dict[str, Any]]:
         check_writable(self.run_dir)
@@ -361,9 +304,6 @@ def _wants_handover(cfg: IterateConfig) -> bool:
     """Whether the engine gives its device memory back before training (see EngineHolder)."""
     if cfg.engine_handover != "auto":
         return cfg.engine_handover == "release"
-    from toprcli.generation.base import cuda_available
-    from toprcli.launch import runs_in_child
-
     return cuda_available() or runs_in_child(cfg.train) or runs_in_child(cfg.warm_start_train())
 
 
@@ -381,22 +321,16 @@ def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
 
 def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
     """Per-round numbers gathered from the files a round wrote."""
-    import json
-
-    from toprcli.eval_stage import read_eval
-
     d = round_dir(Path(run_dir), r)
     out: dict[str, Any] = {"round": r}
-    ev = read_eval(d / "eval")
+    ev = eval_stage.read_eval(d / "eval")
     if ev is not None:
         m = ev["metrics"]
         out.update({"pass@1": m["pass@1"], "maj@k": m["maj@k"], "pass@k": m["pass@k"], "k": ev["k"], "invalid_rate": m["invalid_rate"], "greedy_accuracy": m.get("greedy_accuracy")})
     curated = d / "train.parquet"
     if curated.exists():
-        from toprcli.shards import read_file_metadata
-
         meta = read_file_metadata(curated)
-        for key, name in (("p", "p"), ("c", "c"), ("p_effective", "p_tilde"), ("rows_out", "rows_out")):
+        for key, name in (("p", "p"), ("c", "c"), ("p_effective", "p_effective"), ("rows_out", "rows_out")):
             if key in meta:
                 out[name] = meta[key]
     summary = d / "policy" / "train_summary.json"

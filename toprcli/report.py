@@ -14,6 +14,7 @@ from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.pipeline import round_dir, run_summary
+from toprcli.shards import complete_shards, read_table
 
 VERDICT_COLORS = {"correct": "#2e7d32", "incorrect": "#c62828", "no_answer": "#9e9e9e", "timeout": "#6a1b9a", "error": "#ef6c00"}
 
@@ -32,8 +33,6 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def _reward_stats(scored: Path) -> dict[str, Any]:
-    from toprcli.shards import complete_shards, read_table
-
     if not complete_shards(scored):
         return {}
     t = read_table(scored, columns=["reward", "verdict"])
@@ -76,7 +75,7 @@ def _fmt(v: Any) -> str:
 
 def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     cols = [("round", "round"), ("pass@1", "pass@1"), ("maj@k", "maj@k"), ("pass@k", "pass@k"), ("greedy", "greedy_accuracy"),
-            ("invalid", "invalid_rate"), ("p", "p"), ("c", "c"), ("p̃", "p_tilde"), ("train rows", "rows_out"), ("mean reward", "reward_mean")]
+            ("invalid", "invalid_rate"), ("p", "p"), ("c", "c"), ("p̃", "p_effective"), ("train rows", "rows_out"), ("mean reward", "reward_mean")]
     lines = [f"# Run report: {run_dir}", "", "| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(k)) for _, k in cols) + " |")
@@ -126,7 +125,7 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     _round_plot(rows, out / "accuracy.png", "Evaluation per round", "rate",
                 (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate")))
     _round_plot(rows, out / "mix.png", "Training mix per round", "share",
-                (("p", "raw positive share p"), ("p_tilde", "effective positive share p̃")))
+                (("p", "raw positive share p"), ("p_effective", "effective positive share p̃")))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     scored = [r for r in rows if r.get("verdicts")]

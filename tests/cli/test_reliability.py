@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train_data import write_curated
+from builders import write_curated
 from typer.testing import CliRunner
 
+from conftest import REPO
 from toprcli.cli.main import app
 from toprcli.shards import read_manifest, read_table
 
-REPO = Path(__file__).resolve().parents[1]
 # As root, permission bits do not stop writes: drop the capabilities that bypass them (the
 # way a read-only mount or another user's directory stops a normal user).
 DROP_PRIVILEGES = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"] if os.geteuid() == 0 else []

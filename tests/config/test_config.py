@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from conftest import REPO
 from toprcli.cli.main import app
 from toprcli.config import (
     ConfigError,
@@ -132,7 +133,6 @@ def test_resolved_config_is_plain_data():
 
 
 def test_shipped_configs_are_valid():
-    from pathlib import Path
 
-    for f in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+    for f in sorted((REPO / "configs").glob("*.yaml")):
         load_config(IterateConfig, f)

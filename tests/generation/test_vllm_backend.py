@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from test_generate import SETTINGS, _cfg, _prompts, check_backend_output
+from conftest import tiny_generate_config as _cfg
+from test_hf_backend import SETTINGS, _prompts, check_backend_output
 from toprcli.generation import PromptRequest, SamplingParams, derive_seed
 from toprcli.shards import complete_shards, read_file_metadata, read_table, validate_columns
 
@@ -34,7 +35,7 @@ def test_vllm_seeded_requests_do_not_depend_on_the_batch(vllm_backend):
 
 
 def test_vllm_stage_with_an_open_backend(vllm_backend, tiny_model_dir, tmp_path):
-    from toprcli.generate_stage import generate_samples
+    from toprcli.stages.generate import run as generate_samples
 
     cfg = _cfg(tiny_model_dir, tmp_path / "s", backend="vllm")
     s = generate_samples(cfg, backend=vllm_backend)
@@ -72,7 +73,7 @@ def test_vllm_load_weights_in_place(vllm_backend, tiny_model_dir, tmp_path):
 
 
 def test_vllm_stage_swaps_weights_to_the_configured_policy(vllm_backend, tiny_model_dir, tmp_path):
-    from toprcli.generate_stage import generate_samples
+    from toprcli.stages.generate import run as generate_samples
     from toprcli.models.tiny import build_tiny_model
 
     other = build_tiny_model(tmp_path / "policy-1", seed=2)

@@ -20,11 +20,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import REPO
 from toprcli.cli.main import app
 from toprcli.errors import UserError
 from toprcli.models import pretrained
 
-REPO = Path(__file__).resolve().parents[1]
 SMOL = "smollm2-135m-instruct"
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -1,6 +1,6 @@
 """`topr config import-roll` (toprcli/roll/: importer, rules, loss_rules, keys, interp).
 
-The fixtures in tests/data/roll/ are written for toprcli from the settings of two
+The fixtures in tests/fixtures/roll/ are written for toprcli from the settings of two
 alibaba/ROLL example configs (Apache-2.0, commit 8eb27cc); see their headers.
 """
 
@@ -13,6 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from conftest import FIXTURES
 from toprcli.cli.main import app
 from toprcli.config import IterateConfig, TrainConfig, load_config
 from toprcli.errors import UserError
@@ -20,7 +21,7 @@ from toprcli.roll.importer import LEFT_OUT, MAPPED, UNKNOWN, import_roll
 from toprcli.roll.interp import resolve
 from toprcli.roll.rules import device_count
 
-DATA = Path(__file__).parent / "data" / "roll"
+DATA = FIXTURES / "roll"
 OFFPOLICY = DATA / "rlvr_offpolicy_topr.yaml"
 EXAMPLE_TOPR = DATA / "example_topr.yaml"
 

@@ -1,4 +1,4 @@
-"""The curate stage end to end on small synthetic scored shards (toprcli/curate_stage.py, cli/curate.py)."""
+"""The curate stage end to end on small synthetic scored shards (toprcli/stages/curate.py, cli/curate.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from toprcli import curation as cu
 from toprcli import shards
 from toprcli.config import CurateConfig, ConfigError, load_config
-from toprcli.curate_stage import curate, manifest_path
+from toprcli.stages.curate import manifest_path
+from toprcli.stages.curate import run as curate
 from toprcli.errors import UserError
 
 
@@ -91,9 +92,9 @@ def test_positive_fraction_hits_target(tmp_path, p):
     w = t.column("weight").to_numpy()
     share = cu.effective_positive_share(adv, w)
     assert abs(share - 0.15) < 0.005
-    assert result.p_effective == pytest.approx(share)
-    assert result.c == pytest.approx(cu.closed_form_baseline(result.p, 0.15), abs=1e-9)
-    assert result.p == pytest.approx(np.mean(t.column("correct").to_numpy()))
+    assert result["p_effective"] == pytest.approx(share)
+    assert result["c"] == pytest.approx(cu.closed_form_baseline(result["p"], 0.15), abs=1e-9)
+    assert result["p"] == pytest.approx(np.mean(t.column("correct").to_numpy()))
     assert t.schema.field("advantage").type == pa.float32() and t.schema.field("weight").type == pa.float32()
     shards.validate_columns(t, "curated", "train.parquet")
 
@@ -103,9 +104,9 @@ def test_paper_example_c_0_7(tmp_path):
     correct = [True, False] * 8
     scored = write_scored(tmp_path / "s", scored_table([f"q{i // 4}" for i in range(16)], correct))
     result, t = run(tmp_path, scored, positive_fraction=0.15)
-    assert result.p == 0.5 and result.c == pytest.approx(0.7)
+    assert result["p"] == 0.5 and result["c"] == pytest.approx(0.7)
     np.testing.assert_allclose(t.column("advantage").to_numpy(), [0.3, -1.7] * 8, rtol=1e-6)
-    assert result.p_effective == pytest.approx(0.15)
+    assert result["p_effective"] == pytest.approx(0.15)
 
 
 def test_positive_fraction_with_non_binary_rewards(tmp_path):
@@ -121,11 +122,11 @@ def test_constant_and_default_baseline(tmp_path):
     scored = write_scored(tmp_path / "s", scored_table(["a", "a", "b", "b"], [True, False, False, False]))
     result, t = run(tmp_path, scored)  # default: c = 0, A = R
     np.testing.assert_array_equal(t.column("advantage").to_numpy(), [1, -1, -1, -1])
-    assert result.baseline == "constant" and result.c == 0.0 and result.p_effective == pytest.approx(0.25)
+    assert result["baseline"] == "constant" and result["c"] == 0.0 and result["p_effective"] == pytest.approx(0.25)
     result, t = run(tmp_path, scored, baseline=-0.5, overwrite=True)
     np.testing.assert_allclose(t.column("advantage").to_numpy(), [1.5, -0.5, -0.5, -0.5])
     # p̃ = 1.5 / (1.5 + 1.5) = 0.5 = closed form 0.25·1.5/(1 - 0.5·0.5)
-    assert result.p_effective == pytest.approx(0.5) == pytest.approx(cu.closed_form_share(0.25, -0.5))
+    assert result["p_effective"] == pytest.approx(0.5) == pytest.approx(cu.closed_form_share(0.25, -0.5))
 
 
 def test_group_baselines_hand_values(tmp_path):
@@ -133,11 +134,11 @@ def test_group_baselines_hand_values(tmp_path):
     scored = write_scored(tmp_path / "s", scored_table(["a", "a", "a", "a", "b"], [True, False, False, False, True]))
     result, t = run(tmp_path, scored, baseline="group-mean")
     np.testing.assert_allclose(t.column("advantage").to_numpy(), [1.5, -0.5, -0.5, -0.5, 0.0])
-    assert result.c is None and result.baseline == "group-mean"
+    assert result["c"] is None and result["baseline"] == "group-mean"
     result, t = run(tmp_path, scored, baseline="leave-one-out", overwrite=True)
     np.testing.assert_allclose(t.column("advantage").to_numpy(), [2.0, -2 / 3, -2 / 3, -2 / 3, 0.0], rtol=1e-6)
     # p̃ = 2 / (2 + 2) with the zero advantage counting as positive but massless
-    assert result.p_effective == pytest.approx(0.5) and result.positives == 2
+    assert result["p_effective"] == pytest.approx(0.5) and result["positives"] == 2
 
 
 def test_group_baseline_uses_all_samples_of_the_prompt(tmp_path):
@@ -156,7 +157,7 @@ def test_roll_style_normalisation_hand_values(tmp_path):
     result, t = run(tmp_path, scored, baseline="batch-mean", std_normalize="batch")
     sd = (1.5 / 5) ** 0.5
     np.testing.assert_allclose(t.column("advantage").to_numpy(), np.array([0.5, -0.5, -0.5, -0.5, 0.5, 0.5]) / (sd + 1e-6), rtol=1e-6)
-    assert result.baseline == "batch-mean" and result.c == pytest.approx(0.5)
+    assert result["baseline"] == "batch-mean" and result["c"] == pytest.approx(0.5)
     # GRPO: group mean and group std; prompt a: mean 1/4, std sqrt(0.75/3) = 0.5; prompt b has
     # std 0 and A = 0 (left unscaled, never divided by 1e-6)
     _, t = run(tmp_path, scored, baseline="group-mean", std_normalize="group", overwrite=True)
@@ -176,7 +177,7 @@ def test_keep_accuracy_uses_all_samples_and_is_strict(tmp_path):
     finish = ["stop"] * 4 + ["length"] + ["stop"] * 7
     scored = write_scored(tmp_path / "s", scored_table(pids, correct, finish=finish))
     result, t = run(tmp_path, scored, keep_accuracy=[0.25, 1.0])
-    assert set(t.column("prompt_id").to_pylist()) == {"b"} and result.dropped == {"outside keep_accuracy": 8}
+    assert set(t.column("prompt_id").to_pylist()) == {"b"} and result["dropped"] == {"outside keep_accuracy": 8}
     # b's accuracy counts its truncated (dropped) sample: 2/4, not 1/3
     result, t = run(tmp_path, scored, keep_accuracy=[0.4, 0.6], drop_truncated=True, overwrite=True)
     assert t.column("prompt_id").to_pylist() == ["b"] * 3
@@ -216,14 +217,14 @@ def test_options_compose(tmp_path):
     # truncated: row 4; duplicate: row 3 ("y" again); uniform: b and c; extra positives: rows 2, 5;
     # cap 2 leaves rows 0, 1 of prompt a.
     assert t.column("completion").to_pylist() == ["x", "y"]
-    assert result.dropped == {
+    assert result["dropped"] == {
         "truncated": 1,
         "duplicates": 1,
         "uniform-outcome prompts": 5,
         "extra positives": 2,
         "over max per prompt": 0,
     }
-    assert (result.rows_in, result.rows_out, result.prompts_in, result.prompts_out) == (11, 2, 3, 1)
+    assert (result["rows_in"], result["rows_out"], result["prompts_in"], result["prompts_out"]) == (11, 2, 3, 1)
     # each option alone
     _, t = run(tmp_path, scored, first_positive=True, overwrite=True)
     assert t.column("completion").to_pylist() == ["x", "y", "y", "z", "b1", "b2", "b3", "c1"]
@@ -245,7 +246,7 @@ def test_dedupe_is_per_prompt_and_exact(tmp_path):
 def test_subsample_is_seeded(tmp_path):
     scored = pm1_data(tmp_path, 0.5, n_prompts=20, n=8)
     r1, t1 = run(tmp_path, scored, subsample=50, seed=1)
-    assert r1.rows_out == 50 and r1.dropped["subsampled out"] == 110
+    assert r1["rows_out"] == 50 and r1["dropped"]["subsampled out"] == 110
     ids1 = list(zip(t1.column("prompt_id").to_pylist(), t1.column("sample_index").to_pylist()))
     _, t2 = run(tmp_path, scored, subsample=50, seed=1, overwrite=True)
     assert ids1 == list(zip(t2.column("prompt_id").to_pylist(), t2.column("sample_index").to_pylist()))
@@ -263,12 +264,12 @@ def test_replay_sources_weights_and_groups(tmp_path):
     assert t.column("policy").to_pylist() == ["pi1"] * 4 + ["pi0"] * 4
     np.testing.assert_allclose(t.column("weight").to_numpy(), [1.0] * 4 + [0.5] * 4)
     np.testing.assert_allclose(t.column("advantage").to_numpy(), [1, 1, -1, -1, 1.5, -0.5, -0.5, -0.5])
-    assert [(s.rows_in, s.rows_out, s.weight, s.iterations, s.policies) for s in result.sources] == [
+    assert [(s["rows_in"], s["rows_out"], s["weight"], s["iterations"], s["policies"]) for s in result["sources"]] == [
         (4, 4, 1.0, [1], ["pi1"]),
         (4, 4, 0.5, [0], ["pi0"]),
     ]
     # weighted p̃: positives 1+1 + 0.5·1.5 = 2.75; negatives 2 + 0.5·1.5 = 2.75
-    assert result.p_effective == pytest.approx(0.5)
+    assert result["p_effective"] == pytest.approx(0.5)
 
 
 def test_replay_positive_fraction_uses_weights(tmp_path):
@@ -277,7 +278,7 @@ def test_replay_positive_fraction_uses_weights(tmp_path):
     result, t = run(tmp_path, [new, old], positive_fraction=0.2, source_weights=[1.0, 0.25])
     w = t.column("weight").to_numpy()
     assert cu.effective_positive_share(t.column("advantage").to_numpy(), w) == pytest.approx(0.2, abs=1e-5)
-    assert result.p == pytest.approx(np.average(t.column("correct").to_numpy(), weights=w))
+    assert result["p"] == pytest.approx(np.average(t.column("correct").to_numpy(), weights=w))
 
 
 # -- output, metadata, resume ----------------------------------------------------
@@ -288,8 +289,8 @@ def test_metadata_manifest_and_resume(tmp_path):
     result, t = run(tmp_path, scored, positive_fraction=0.15)
     meta = shards.read_file_metadata(result.out)
     assert meta["stage"] == "curate" and meta["baseline"] == "positive-fraction"
-    assert meta["c"] == pytest.approx(result.c) and meta["p"] == pytest.approx(result.p)
-    assert meta["p_effective"] == pytest.approx(result.p_effective) and meta["target"] == 0.15
+    assert meta["c"] == pytest.approx(result["c"]) and meta["p"] == pytest.approx(result["p"])
+    assert meta["p_effective"] == pytest.approx(result["p_effective"]) and meta["positive_fraction"] == 0.15
     assert meta["sources"][0]["path"] == scored and meta["config"]["positive_fraction"] == 0.15
     manifest = json.loads(manifest_path(result.out).read_text())
     assert manifest["stage"] == "curate" and manifest["counts"]["rows_out"] == 40 and scored in manifest["inputs"]
@@ -297,13 +298,13 @@ def test_metadata_manifest_and_resume(tmp_path):
     # same inputs and settings again: nothing rewritten
     mtime = (tmp_path / "train.parquet").stat().st_mtime_ns
     again = curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.15))
-    assert again.skipped and again.c == pytest.approx(result.c) and again.rows_out == 40
+    assert again.skipped and again["c"] == pytest.approx(result["c"]) and again["rows_out"] == 40
     assert (tmp_path / "train.parquet").stat().st_mtime_ns == mtime
     # other settings: refuse, then overwrite
     with pytest.raises(UserError, match="already exists"):
         curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.2))
     r2 = curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.2, overwrite=True))
-    assert not r2.skipped and r2.p_effective == pytest.approx(0.2, abs=1e-6)
+    assert not r2.skipped and r2["p_effective"] == pytest.approx(0.2, abs=1e-6)
 
 
 def test_mixed_string_types_across_files(tmp_path):
@@ -371,7 +372,7 @@ def test_unreachable_fraction_can_fall_back_to_a_constant(tmp_path):
     scored = write_scored(tmp_path / "s", scored_table(["a"] * 4 + ["b"] * 4, [False] * 8))
     result, table = run(tmp_path, scored, positive_fraction=0.15, unreachable_baseline=0.0)
     assert table.column("advantage").to_pylist() == [-1.0] * 8  # A = R - 0
-    assert result.metadata()["c"] == 0.0 and "unreachable" in result.metadata()["baseline"]
+    assert result["c"] == 0.0 and "unreachable" in result["baseline"]
 
 
 def test_unreachable_after_filters_and_empty_selection(tmp_path):

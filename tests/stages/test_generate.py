@@ -1,6 +1,6 @@
-"""`topr generate` on the tiny model with the hf backend: contract, log-probs, resume, bad input.
+"""The generate stage on the tiny model (hf backend): shards, resume, data parallelism, bad input.
 
-The vLLM twin of the backend tests is tests/test_generate_vllm.py.
+The backends themselves are tested in tests/generation/.
 """
 
 from __future__ import annotations
@@ -11,140 +11,22 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from conftest import gen_config
-from toprcli.config import DatasetSpec
+from conftest import tiny_generate_config as _cfg
+from conftest import REPO
 from toprcli.errors import UserError
-from toprcli.generation import PromptRequest, SamplingParams, derive_seed
 from toprcli.shards import complete_shards, read_file_metadata, read_manifest, read_table, validate_columns
-
-REPO = Path(__file__).resolve().parents[1]
-
-# (temperature, top_k, top_p): plain, tempered, top-k, nucleus.
-SETTINGS = [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.0, 20, 1.0), (0.7, -1, 0.9)]
-
-
-def _prompts(n: int = 12) -> list[list[int]]:
-    # Varied lengths, so batches are left-padded.
-    return [[1] + [40 + (i * 7) % 50, 41, 42 + i % 5, 30] * (1 + i % 3) for i in range(n)]
-
-
-def check_backend_output(backend, model_dir, *, temperature, top_k, top_p, n=3, max_new_tokens=40):
-    """Shared by the hf and vLLM tests: contract of one generate call + log-prob gap to transformers.
-
-    Returns the mean absolute per-token gap between the stored log-probs and the
-    policy's own fp32 log-probs (same temperature / top-k / top-p) on the same tokens.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from toprcli.generation.hf_backend import processed_logprobs
-
-    params = SamplingParams(n=n, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
-    prompts = _prompts()
-    reqs = [PromptRequest(p, seed=derive_seed(0, 0, i)) for i, p in enumerate(prompts)]
-    results = backend.generate(reqs, params)
-    assert len(results) == len(prompts)
-    flat_p, flat_c, flat_l = [], [], []
-    for p, comps in zip(prompts, results):
-        assert len(comps) == n
-        for c in comps:
-            assert len(c.token_ids) == len(c.logprobs) >= 1
-            assert all(lp <= 0 for lp in c.logprobs)
-            assert c.finish_reason in ("stop", "length")
-            eos_at = [i for i, t in enumerate(c.token_ids) if t in backend.eos_token_ids]
-            if c.finish_reason == "stop":  # EOS kept, last, once
-                assert eos_at == [len(c.token_ids) - 1]
-            else:
-                assert eos_at == [] and len(c.token_ids) == max_new_tokens
-            flat_p.append(p)
-            flat_c.append(c.token_ids)
-            flat_l.append(c.logprobs)
-    net = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    ref = processed_logprobs(net, flat_p, flat_c, params)
-    gaps = [abs(a - b) for got, want in zip(flat_l, ref) for a, b in zip(got, want)]
-    mean_gap = sum(gaps) / len(gaps)
-    assert mean_gap <= 1e-4, f"mean |stored - recomputed| log-prob gap {mean_gap:.2e}"
-    assert max(gaps) <= 1e-3
-    return mean_gap
-
-
-@pytest.fixture(scope="module")
-def hf_backend(tiny_model_dir):
-    from toprcli.generation.base import BackendOptions
-    from toprcli.generation.hf_backend import HFBackend
-
-    backend = HFBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32", batch_size=8))
-    yield backend
-    backend.close()
-
-
-# -- backend ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
-def test_hf_backend_contract_and_logprobs(hf_backend, tiny_model_dir, temperature, top_k, top_p, capsys):
-    gap = check_backend_output(hf_backend, tiny_model_dir, temperature=temperature, top_k=top_k, top_p=top_p)
-    with capsys.disabled():
-        print(f"\n[hf] T={temperature} top_k={top_k} top_p={top_p}: mean log-prob gap {gap:.2e}")
-
-
-def test_hf_backend_seeded_batches_are_order_independent(hf_backend):
-    params = SamplingParams(n=2, max_new_tokens=16)
-    reqs = [PromptRequest(p, seed=derive_seed(7, 0, i)) for i, p in enumerate(_prompts(8))]
-    a = hf_backend.generate(reqs, params)
-    b = hf_backend.generate(reqs[::-1], params)[::-1]
-    assert [[c.token_ids for c in x] for x in a] == [[c.token_ids for c in x] for x in b]
-
-
-def test_hf_backend_caps_completions_at_the_context(tiny_model_dir):
-    from toprcli.generation.base import BackendOptions
-    from toprcli.generation.hf_backend import HFBackend
-
-    backend = HFBackend(BackendOptions(model=str(tiny_model_dir), max_model_len=30))
-    out = backend.generate([PromptRequest([1] + [40] * 20), PromptRequest([1] + [41] * 10)], SamplingParams(n=2, max_new_tokens=50))
-    for prompt_len, comps in ((21, out[0]), (11, out[1])):
-        for c in comps:
-            assert prompt_len + len(c.token_ids) <= 30
-
-
-def test_hf_backend_load_weights(tiny_model_dir, tmp_path):
-    from toprcli.generation.base import BackendOptions
-    from toprcli.generation.hf_backend import HFBackend
-    from toprcli.models.tiny import build_tiny_model
-
-    other = build_tiny_model(tmp_path / "other", seed=1)
-    backend = HFBackend(BackendOptions(model=str(tiny_model_dir), batch_size=4))
-    rec = backend.load_weights(str(other))
-    assert rec["mode"] == "inplace" and backend.model == str(other)
-    check_backend_output(backend, other, temperature=1.0, top_k=-1, top_p=1.0, n=2, max_new_tokens=16)
-
-
-def test_derive_seed_is_stable():
-    assert derive_seed(0, 0, "p1") == derive_seed(0, 0, "p1")
-    assert derive_seed(0, 0, "p1") != derive_seed(0, 1, "p1")
-    assert 0 <= derive_seed("x") < 2**31 - 2**16
 
 
 # -- the stage ----------------------------------------------------------------
 
 
-def _cfg(model, out, **kw):
-    base = dict(
-        model=str(model), out=str(out), backend="hf", n=3, max_new_tokens=24, limit=10, shard_size=4,
-        dataset=DatasetSpec(source="builtin:arith", size=10),
-    )
-    base.update(kw)
-    return gen_config(**base)
-
-
 def test_stage_writes_contract_shards_and_resumes(tiny_model_dir, tmp_path):
-    from toprcli.generate_stage import generate_samples
+    from toprcli.stages.generate import run as generate_samples
 
     out = tmp_path / "samples"
     cfg = _cfg(tiny_model_dir, out)
@@ -189,7 +71,7 @@ def test_stage_writes_contract_shards_and_resumes(tiny_model_dir, tmp_path):
 
 
 def test_stage_is_reproducible_and_data_parallel_split_matches(tiny_model_dir, tmp_path):
-    from toprcli.generate_stage import generate_samples
+    from toprcli.stages.generate import run as generate_samples
 
     generate_samples(_cfg(tiny_model_dir, tmp_path / "one"))
     # Two "processes" (shard ranges 0 of 2 and 1 of 2) into one directory.
@@ -207,7 +89,7 @@ def test_stage_is_reproducible_and_data_parallel_split_matches(tiny_model_dir, t
 
 def test_stage_accepts_examples_and_an_open_backend(hf_backend, tiny_model_dir, tmp_path):
     from toprcli.data.datasets import Example
-    from toprcli.generate_stage import generate_samples
+    from toprcli.stages.generate import run as generate_samples
 
     examples = [Example(prompt_id=f"p{i}", question=f"What is {i} + 1?", answer=str(i + 1)) for i in range(3)]
     cfg = _cfg(tiny_model_dir, tmp_path / "s", n=2, limit=None)
@@ -339,7 +221,7 @@ def test_sigkill_mid_run_then_rerun_has_exactly_n_per_prompt(tiny_model_dir, tmp
 @pytest.mark.slow
 def test_data_parallel_generation_writes_the_rows_of_one_process(tiny_model_dir, tmp_path):
     """generate.data_parallel_size 2: two processes, one engine each, disjoint shards — same rows."""
-    from toprcli.generate_stage import generate_samples
+    from toprcli.stages.generate import run as generate_samples
     from toprcli.launch import generate_data_parallel
 
     generate_samples(_cfg(tiny_model_dir, tmp_path / "one"))

@@ -19,12 +19,12 @@ import torch
 from conftest import GSM8K_DIR, gen_config
 
 from toprcli.config import CurateConfig, DatasetSpec, ScoreConfig, TrainConfig
-from toprcli.curate_stage import curate
-from toprcli.generate_stage import generate_samples
+from toprcli.stages.curate import run as curate
+from toprcli.stages.generate import run as generate_samples
 from toprcli.sampling import Processing
-from toprcli.scoring import score
+from toprcli.stages.score import run as score
 from toprcli.shards import read_file_metadata, read_table
-from toprcli.training import train_policy
+from toprcli.stages.train import run as train_policy
 
 pytestmark = pytest.mark.real_model
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,12 +12,18 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from test_verifiers import gsm8k_rows
+from builders import gsm8k_rows
 from toprcli import shards
 from toprcli.cli.score import score as score_cmd
 from toprcli.config import ScoreConfig
 from toprcli.errors import UserError
-from toprcli.scoring import score_dir
+from toprcli.stages.score import run as score
+
+
+def score_dir(samples, out, cfg: ScoreConfig):
+    """The score stage on ``samples`` into ``out`` with the other settings of ``cfg``."""
+    return score(replace(cfg, samples=str(samples), out=str(out)))
+
 
 
 def samples_table(items: list[tuple[str, str, str | None]], n: int = 1, iteration: int = 0) -> pa.Table:
@@ -60,7 +67,7 @@ def gsm_samples(tmp_path):
 def test_score_dir_writes_scored_shards_with_passthrough(gsm_samples, tmp_path):
     out = tmp_path / "scored"
     res = score_dir(gsm_samples, out, ScoreConfig(workers=1, reward_no_answer=0.0))
-    assert res.rows == 160 and res.prompts == 40 and res.shards_scored == 2 and res.shards_skipped == 0
+    assert res["rows"] == 160 and res["prompts"] == 40 and res["shards_scored"] == 2 and res["shards_skipped"] == 0
     files = shards.complete_shards(out)
     assert list(files) == [0, 1]
     for i, path in files.items():
@@ -78,9 +85,9 @@ def test_score_dir_writes_scored_shards_with_passthrough(gsm_samples, tmp_path):
     assert t.column("verdict").to_pylist() == ["correct" if c else "incorrect" for c in correct]
     assert t.column("reward").to_pylist() == [1.0 if c else -1.0 for c in correct]
     # pass-rate distribution: prompt i has i % 5 of its 4 samples correct (4 → all)
-    assert res.pass_counts == {4: {0: 8, 1: 8, 2: 8, 3: 8, 4: 8}}
-    assert (res.prompts_none_correct, res.prompts_some_correct, res.prompts_all_correct) == (8, 24, 8)
-    assert res.accuracy == pytest.approx(sum(correct) / 160)
+    assert res["pass_rate"]["histogram"] == {"4": {"0": 8, "1": 8, "2": 8, "3": 8, "4": 8}}
+    assert (res["pass_rate"]["none_correct"], res["pass_rate"]["some_correct"], res["pass_rate"]["all_correct"]) == (8, 24, 8)
+    assert res["accuracy"] == pytest.approx(sum(correct) / 160)
     manifest = shards.read_manifest(out)
     assert manifest["stage"] == "score" and manifest["counts"]["rows"] == 160
     assert manifest["summary"]["pass_rate"]["histogram"]["4"]["0"] == 8
@@ -94,15 +101,15 @@ def test_rerun_skips_and_settings_change_needs_overwrite(gsm_samples, tmp_path):
     (out / shards.shard_name(1)).unlink()
     (out / shards.MANIFEST_NAME).unlink()
     res = score_dir(gsm_samples, out, ScoreConfig(workers=1))
-    assert (res.shards_scored, res.shards_skipped) == (1, 1)
+    assert (res["shards_scored"], res["shards_skipped"]) == (1, 1)
     assert (out / shards.shard_name(0)).stat().st_mtime_ns == mtimes[out / shards.shard_name(0)]
-    assert shards.read_manifest(out) is not None and res.rows == 160
+    assert shards.read_manifest(out) is not None and res["rows"] == 160
     res = score_dir(gsm_samples, out, ScoreConfig(workers=1))
-    assert (res.shards_scored, res.shards_skipped) == (0, 2)
+    assert (res["shards_scored"], res["shards_skipped"]) == (0, 2)
     with pytest.raises(UserError, match="other settings"):
         score_dir(gsm_samples, out, ScoreConfig(workers=1, reward_incorrect=0.0))
     res = score_dir(gsm_samples, out, ScoreConfig(workers=1, reward_incorrect=0.0, overwrite=True))
-    assert res.shards_scored == 2
+    assert res["shards_scored"] == 2
     assert set(shards.read_table(out).column("reward").to_pylist()) == {1.0, 0.0}
 
 
@@ -118,7 +125,7 @@ def test_plugin_rows_and_float_rewards(tmp_path, monkeypatch):
     t = shards.read_table(tmp_path / "o")
     assert t.column("verdict").to_pylist() == ["incorrect", "correct", "no_answer"]
     assert t.column("reward").to_pylist() == pytest.approx([-0.1, 0.1, -0.5])
-    assert res.verdicts["no_answer"] == 1
+    assert res["verdicts"]["no_answer"] == 1
 
 
 def test_timeouts_and_errors_get_the_incorrect_reward(tmp_path, monkeypatch):
@@ -131,7 +138,7 @@ def test_timeouts_and_errors_get_the_incorrect_reward(tmp_path, monkeypatch):
     t = shards.read_table(tmp_path / "o")
     assert t.column("verdict").to_pylist() == ["correct", "timeout", "error"]
     assert t.column("reward").to_pylist() == [1.0, -2.0, -2.0]
-    assert res.worker_stats["timeouts"] == 1 and any("ValueError" in e for e in res.error_examples)
+    assert res["worker_stats"]["timeouts"] == 1 and any("ValueError" in e for e in res["error_examples"])
 
 
 # -- bad input: one line, nothing written ---------------------------------------

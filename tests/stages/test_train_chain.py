@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-from test_train_data import write_curated
+from builders import write_curated
 
 from conftest import gen_config
 from toprcli.config import CurateConfig, DatasetSpec, ScoreConfig, TrainConfig
-from toprcli.curate_stage import curate
-from toprcli.generate_stage import generate_samples
-from toprcli.scoring import score
-from toprcli.training import train_policy
+from toprcli.stages.curate import run as curate
+from toprcli.stages.generate import run as generate_samples
+from toprcli.stages.score import run as score
+from toprcli.stages.train import run as train_policy
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-from test_train_data import write_curated
+from builders import write_curated
 
+from conftest import KILLER as KILLER_SCRIPT
 from toprcli.config import TrainConfig
-from toprcli.training import train_policy
+from toprcli.stages.train import run as train_policy
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +54,7 @@ def _train_args(model: Path, data: Path, out: Path, opts: dict) -> list[str]:
     return args
 
 
-KILLER = str(Path(__file__).with_name("kill_after_checkpoint.py"))
+KILLER = str(KILLER_SCRIPT)
 
 
 def _torchrun(args: list[str], env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:

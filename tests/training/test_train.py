@@ -18,14 +18,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from conftest import Killed
-from test_train_data import curated_rows, write_curated
+from builders import curated_rows, write_curated
 from typer.testing import CliRunner
 
 from toprcli.cli.main import app
 from toprcli.config import TrainConfig
 from toprcli.errors import UserError
 from toprcli.losses import AGGREGATIONS, policy_loss
-from toprcli.training import train_policy
+from toprcli.stages.train import run as train_policy
 from toprcli.training.batching import (
     TokenData,
     collate,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from test_verifiers import gsm8k_rows, shifted_pairs
+from builders import gsm8k_rows, shifted_pairs
 from toprcli.errors import UserError
 from toprcli.verifiers import VerifierPool
 

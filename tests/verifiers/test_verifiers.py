@@ -1,42 +1,19 @@
 """Verifiers as plain functions (in-process): gsm8k, math, exact/regex, plugins, registry, rewards.
 
-Isolation (worker processes, hard time limits) is tested in test_verifier_pool.py.
+Isolation (worker processes, hard time limits) is tested in test_pool.py.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 
+from builders import gsm8k_rows, shifted_pairs
 from toprcli.errors import UserError
 from toprcli.verifiers import Rewards, Verdict, resolve_verifier, reward_of
 from toprcli.verifiers import gsm8k
 from toprcli.verifiers import math_verifier as mv
-
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "gsm8k" / "test.jsonl"
-
-
-def gsm8k_rows() -> list[dict]:
-    if not GSM8K_TEST.exists():
-        pytest.skip(f"{GSM8K_TEST} not present")
-    return [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
-
-
-def shifted_pairs(rows: list[dict]) -> list[tuple[str, str]]:
-    """(completion of problem i, answer of the next problem whose gold number differs)."""
-    pairs = []
-    n = len(rows)
-    for i, r in enumerate(rows):
-        g = gsm8k.gold_number(r["answer"])
-        j = (i + 1) % n
-        while gsm8k.gold_number(rows[j]["answer"]) == g:
-            j = (j + 1) % n
-        pairs.append((r["answer"], rows[j]["answer"]))
-    return pairs
-
 
 # -- gsm8k ----------------------------------------------------------------------
 

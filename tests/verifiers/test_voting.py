@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
 
-from test_verifiers import gsm8k_rows
+from builders import gsm8k_rows
+from conftest import FIXTURES
 from toprcli import shards
 from toprcli.config import EvalConfig, ScoreConfig
-from toprcli.eval_stage import _sampled_metrics
 from toprcli.evaluation import eval_metrics, normalize_answer
-from toprcli.scoring import score_dir
+from toprcli.stages.eval import _sampled_metrics
+from toprcli.stages.score import run as score
 from toprcli.verifiers import VerifierPool, resolve_verifier
 from toprcli.verifiers import math_verifier as mv
 from toprcli.verifiers import voting
 from toprcli.verifiers.voting import CORRECT_KEY, vote_keys
 
-DATA = Path(__file__).resolve().parent / "data"
+
+def score_dir(samples, out, cfg: ScoreConfig):
+    """The score stage on ``samples`` into ``out`` with the other settings of ``cfg``."""
+    return score(replace(cfg, samples=str(samples), out=str(out)))
+
+
+DATA = FIXTURES
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +41,7 @@ def test_equivalent_answers_share_a_vote(math_pool):
     answers = ["\\frac{1}{2}", "0.5", "3", "3"]
     correct = [mv.check(f"The answer is $\\boxed{{{a}}}$.", "1/2").correct for a in answers]
     assert correct == [True, True, False, False]
-    pids, verdicts = ["p"] * 4, ["correct", "correct", "incorrect", "incorrect"]
+    pids, verdicts = ["p"] * 4, [False] * 4  # verdicts: invalid flags (none)
     keys = vote_keys(math_pool.verifier, pids, answers, correct, 4, pool=math_pool)
     assert keys[0] == keys[1] == CORRECT_KEY and keys[2] == keys[3] != CORRECT_KEY
     assert eval_metrics(pids, correct, answers, verdicts, 4, vote_keys=keys)["maj@4"] == 0.5
@@ -44,7 +51,7 @@ def test_equivalent_answers_share_a_vote(math_pool):
 def test_equivalent_wrong_answers_share_a_vote(math_pool):
     # 0.3 and 3/10 are one wrong answer with two votes: it beats the single right one.
     answers, correct = ["\\frac{1}{2}", "0.3", "\\frac{3}{10}", "7"], [True, False, False, False]
-    pids, verdicts = ["p"] * 4, ["correct"] + ["incorrect"] * 3
+    pids, verdicts = ["p"] * 4, [False] * 4
     keys = vote_keys(math_pool.verifier, pids, answers, correct, 4, pool=math_pool)
     assert keys[1] == keys[2] and len({keys[0], keys[1], keys[3]}) == 3
     assert eval_metrics(pids, correct, answers, verdicts, 4, vote_keys=keys)["maj@4"] == 0.0
@@ -76,7 +83,7 @@ def test_clustering_stops_when_nothing_left_can_win_or_tie():
     keys = vote_keys(math, ["p"] * 6, answers, correct, 6, pool=pool)
     assert pool.pairs == [("b", "d"), ("b", "c"), ("b", "e")]
     assert keys[1] == keys[2] == keys[3] and len({keys[0], keys[1], keys[4], keys[5]}) == 4
-    assert eval_metrics(["p"] * 6, correct, answers, ["x"] * 6, 6, vote_keys=keys)["maj@6"] == 0.0
+    assert eval_metrics(["p"] * 6, correct, answers, [False] * 6, 6, vote_keys=keys)["maj@6"] == 0.0
     # Single votes all round: every pair that could still tie is compared.
     pool = RecordingPool(value)
     keys = vote_keys(math, ["p"] * 4, ["b", "c", "d", "e"], [False] * 4, 4, pool=pool)
@@ -119,7 +126,7 @@ def test_gsm8k_votes_are_unchanged_and_start_no_pool(monkeypatch):
             pids.append(f"p{i}")
             answers.append(a)
             correct.append(a is not None and normalize_answer(a) == normalize_answer(gold))
-    verdicts = ["correct" if c else ("no_answer" if a is None else "incorrect") for a, c in zip(answers, correct)]
+    verdicts = [a is None for a in answers]  # invalid: no answer
     keys = vote_keys("gsm8k", pids, answers, correct, 4)
     assert keys == [normalize_answer(a) if i < 4 else None for a, i in zip(answers, _index_in_prompt(pids))]
     with pytest.warns(UserWarning):  # some prompts have fewer than 4 samples
@@ -185,7 +192,7 @@ def test_real_smollm2_completions_score_like_math_verify_and_vote_by_equivalence
     assert len(rows) == 64
     shards.write_shard(tmp_path / "samples", 0, samples_table(rows))
     result = score_dir(tmp_path / "samples", tmp_path / "scored", ScoreConfig(verifier="math", workers=1))
-    assert result.verdicts["error"] == 0 and result.verdicts["timeout"] == 0
+    assert result["verdicts"]["error"] == 0 and result["verdicts"]["timeout"] == 0
     scored = shards.read_table(tmp_path / "scored").to_pylist()
     scored.sort(key=lambda r: (r["prompt_id"], r["sample_index"]))
     # Same verdicts as math-verify alone, except where it misreads a bare gold: it reads
@@ -201,7 +208,7 @@ def test_real_smollm2_completions_score_like_math_verify_and_vote_by_equivalence
     m = _sampled_metrics(cfg, table)
     by_string = eval_metrics(
         [r["prompt_id"] for r in scored], [r["correct"] for r in scored], [r["extracted_answer"] for r in scored],
-        [r["verdict"] for r in scored], 4,
+        [r["verdict"] == "no_answer" for r in scored], 4,
     )
     assert by_string["maj@4"] == pytest.approx(0.75 / 16)
     assert m["maj@4"] == pytest.approx(0.5 / 16)

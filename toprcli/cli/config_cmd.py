@@ -79,7 +79,8 @@ def import_roll(
     import json
 
     from toprcli.config import read_yaml
-    from toprcli.roll.importer import UNKNOWN, import_roll as run_import, unknown_error, write_config
+    from toprcli.roll.importer import UNKNOWN, unknown_error, write_config
+    from toprcli.roll.importer import import_roll as run_import
 
     if out.exists() and not overwrite:  # before any work, so nothing is half done
         from toprcli.errors import UserError

@@ -76,7 +76,7 @@ def curate(
     import json
 
     from toprcli.config import CurateConfig, load_config
-    from toprcli.curate_stage import curate as run_curate
+    from toprcli.stages import curate as curate_stage
 
     dirs = [str(p) for p in (scored or []) + (more_scored or [])]
     overrides = {
@@ -97,38 +97,39 @@ def curate(
     cfg = load_config(CurateConfig, config, overrides)
 
     with progress_bars(not json_out, transient=True) as progress:
-        result = run_curate(cfg, progress=progress)
+        result = curate_stage.run(cfg, progress=progress)
 
     if json_out:
-        typer.echo(json.dumps({**result.metadata(), "out": result.out, "skipped": result.skipped, "wall_time_s": result.wall_time_s}))
+        typer.echo(json.dumps(result.as_dict()))
         return
+    s = result.summary
     title = f"{'already curated' if result.skipped else 'curated'} → {result.out}"
     rows = [
-        ("rows in", f"{result.rows_in:,}"),
-        ("rows out", f"{result.rows_out:,}"),
-        ("prompts in / out", f"{result.prompts_in:,} / {result.prompts_out:,}"),
-        *[(f"dropped: {k}", f"{v:,}") for k, v in result.dropped.items()],
-        ("baseline", result.baseline),
-        ("c", "per prompt" if result.c is None else result.c),
-        ("p (share correct)", result.p),
-        ("p̃ (effective positive share)", result.p_effective),
+        ("rows in", f"{s['rows_in']:,}"),
+        ("rows out", f"{s['rows_out']:,}"),
+        ("prompts in / out", f"{s['prompts_in']:,} / {s['prompts_out']:,}"),
+        *[(f"dropped: {k}", f"{v:,}") for k, v in s["dropped"].items()],
+        ("baseline", s["baseline"]),
+        ("c", "per prompt" if s["c"] is None else s["c"]),
+        ("p (share correct)", s["p"]),
+        ("p̃ (effective positive share)", s["p_effective"]),
     ]
-    if result.target is not None:
-        rows.append(("p̃ target", result.target))
+    if s["positive_fraction"] is not None:
+        rows.append(("p̃ target (--positive-fraction)", s["positive_fraction"]))
     rows += [
-        ("positives kept (A ≥ 0)", f"{result.positives:,}"),
-        ("negatives kept (A < 0)", f"{result.negatives:,}"),
+        ("positives kept (A ≥ 0)", f"{s['positives']:,}"),
+        ("negatives kept (A < 0)", f"{s['negatives']:,}"),
         ("wall time (s)", round(result.wall_time_s, 2)),
     ]
     console.print(summary_table(title, rows))
-    if len(result.sources) > 1 or result.sources[0].weight != 1.0:
+    if len(s["sources"]) > 1 or s["sources"][0]["weight"] != 1.0:
         console.print(
             grid_table(
                 "sources",
                 ["scored", "weight", "iterations", "rows in", "rows out", "positives"],
                 [
-                    (s.path, s.weight, ",".join(map(str, s.iterations)), f"{s.rows_in:,}", f"{s.rows_out:,}", f"{s.positives:,}")
-                    for s in result.sources
+                    (src["path"], src["weight"], ",".join(map(str, src["iterations"])), f"{src['rows_in']:,}", f"{src['rows_out']:,}", f"{src['positives']:,}")
+                    for src in s["sources"]
                 ],
             )
         )

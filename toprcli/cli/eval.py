@@ -42,7 +42,7 @@ def eval_command(
       [bold]topr eval --model meta-llama/Meta-Llama-3-8B-Instruct --dataset openai/gsm8k --out eval/base --chat-template[/]
     """
     from toprcli.config import EvalConfig, load_config
-    from toprcli.eval_stage import evaluate
+    from toprcli.stages import eval as eval_stage
 
     cfg = load_config(
         EvalConfig,
@@ -60,7 +60,7 @@ def eval_command(
     if not cfg.model:
         raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
     with progress_bars(transient=True) as progress:
-        result = evaluate(cfg, progress=progress)
+        result = eval_stage.run(cfg, progress=progress).summary
     m = result["metrics"]
     rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("pass@1", m["pass@1"]), (f"pass@{cfg.k}", m["pass@k"]),
             (f"maj@{cfg.k}", m["maj@k"]), ("invalid rate", m["invalid_rate"]), ("mean completion tokens", m["mean_completion_tokens"])]

@@ -56,7 +56,7 @@ def generate(
       [bold]topr generate -m models/smollm2 -d ../shared/datasets/gsm8k/test.jsonl -o runs/s1 --chat-template --n 4 --top-k 50[/]
     """
     from toprcli.config import GenerateConfig, load_config
-    from toprcli.generate_stage import generate_samples
+    from toprcli.stages import generate as generate_stage
 
     overrides = {
         "model": model,
@@ -100,7 +100,7 @@ def generate(
                    "shards_written": manifest["counts"]["shards"], "shards_skipped": 0, "wall_time_s": manifest["wall_time_s"]}
     else:
         with progress_bars(not as_json) as progress:
-            summary = generate_samples(cfg, progress=progress)
+            summary = generate_stage.run(cfg, progress=progress).summary
     if as_json:
         typer.echo(json.dumps(summary, sort_keys=True))
         return

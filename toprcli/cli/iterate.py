@@ -15,7 +15,7 @@ ROUND_COLUMNS = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "t
 def round_rows(rows: list[dict]) -> list[list]:
     return [
         [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"),
-         r.get("p"), r.get("p_tilde"), r.get("rows_out"), r.get("wall_time_s")]
+         r.get("p"), r.get("p_effective"), r.get("rows_out"), r.get("wall_time_s")]
         for r in rows
     ]
 

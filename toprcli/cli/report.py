@@ -30,7 +30,7 @@ def report(
         return
     cols = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "mean reward")
     console.print(grid_table(f"run {run_dir}", cols, [
-        [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"), r.get("p"), r.get("p_tilde"), r.get("reward_mean")]
+        [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"), r.get("p"), r.get("p_effective"), r.get("reward_mean")]
         for r in rows
     ]))
     console.print(f"wrote {out}/summary.md and {out}/{{accuracy,mix,rewards,loss}}.png", highlight=False)

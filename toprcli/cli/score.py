@@ -73,7 +73,7 @@ def score(
     import json
 
     from toprcli.config import ScoreConfig, load_config
-    from toprcli.scoring import score as run_score
+    from toprcli.stages import score as score_stage
 
     overrides = {
         "samples": str(samples) if samples is not None else None,
@@ -90,29 +90,31 @@ def score(
     }
     cfg = load_config(ScoreConfig, config, overrides)
     with progress_bars(not json_out, transient=True) as progress:
-        result = run_score(cfg, progress=progress)
+        result = score_stage.run(cfg, progress=progress)
 
     if json_out:
-        typer.echo(json.dumps(result.summary()))
+        typer.echo(json.dumps(result.as_dict()))
         return
-    v = result.verdicts
+    s = result.summary
+    v, passes = s["verdicts"], s["pass_rate"]
     rows = [
-        ("rows", f"{result.rows:,}"),
-        ("prompts", f"{result.prompts:,}"),
-        ("shards scored / skipped", f"{result.shards_scored} / {result.shards_skipped}"),
-        ("accuracy", result.accuracy),
-        ("mean reward", result.mean_reward),
+        ("rows", f"{s['rows']:,}"),
+        ("prompts", f"{s['prompts']:,}"),
+        ("shards scored / skipped", f"{s['shards_scored']} / {s['shards_skipped']}"),
+        ("accuracy", s["accuracy"]),
+        ("mean reward", s["mean_reward"]),
         *[(f"verdict: {k}", f"{v.get(k, 0):,}") for k in ("correct", "incorrect", "no_answer", "timeout", "error")],
-        ("prompts with 0 correct", f"{result.prompts_none_correct:,}"),
-        ("prompts with some correct", f"{result.prompts_some_correct:,}"),
-        ("prompts with all correct", f"{result.prompts_all_correct:,}"),
+        ("prompts with 0 correct", f"{passes['none_correct']:,}"),
+        ("prompts with some correct", f"{passes['some_correct']:,}"),
+        ("prompts with all correct", f"{passes['all_correct']:,}"),
     ]
-    if result.rows_per_s:
-        rows.append(("rows/s", f"{result.rows_per_s:,.0f}"))
+    if s["rows_per_s"]:
+        rows.append(("rows/s", f"{s['rows_per_s']:,.0f}"))
     rows.append(("wall time (s)", round(result.wall_time_s, 2)))
     console.print(summary_table(f"scored → {result.out} ({cfg.verifier})", rows))
     # Pass-rate distribution: how many prompts have k of n samples correct.
-    for n, hist in result.pass_counts.items():
+    for n_text, hist_text in passes["histogram"].items():
+        n, hist = int(n_text), {int(k): c for k, c in hist_text.items()}
         console.print(
             grid_table(
                 f"pass counts (n={n})",
@@ -120,5 +122,5 @@ def score(
                 [(f"{k}/{n}", f"{hist.get(k, 0):,}", f"{hist.get(k, 0) / max(1, sum(hist.values())):.1%}") for k in range(n + 1)],
             )
         )
-    for line in result.error_examples:
+    for line in s["error_examples"]:
         console.print(f"[dim]{line}[/]", highlight=False)

@@ -95,9 +95,8 @@ def train(
         overrides[f"loss_options.{key}"] = value
     cfg = load_config(TrainConfig, config, overrides)
 
-    from toprcli.training import train_policy
-
     from toprcli.launch import runs_in_child, train_in_child
+    from toprcli.stages import train as train_stage
     from toprcli.training.distributed import env_world_size
 
     if runs_in_child(cfg) and env_world_size() == 1:  # launch the ranks (their output goes to <out>.train.log)
@@ -105,7 +104,7 @@ def train(
         summary = train_in_child(cfg)
     else:
         with progress_bars(progress and env_rank() == 0) as bars:
-            summary = train_policy(cfg, progress=bars)
+            summary = train_stage.run(cfg, progress=bars).summary
     if env_rank() != 0:
         return
     if json_out:

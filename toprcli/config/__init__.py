@@ -31,12 +31,13 @@ from toprcli.config.schema import (
     SamplingConfig,
     ScoreConfig,
     TrainConfig,
+    VerifierDataConfig,
     WarmStartConfig,
 )
 
 __all__ = [
     "STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig",
-    "GenerateConfig", "IterateConfig", "SamplingConfig", "ScoreConfig", "TrainConfig", "WarmStartConfig",
+    "GenerateConfig", "IterateConfig", "SamplingConfig", "ScoreConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig",
     "config_to_dict", "default_config", "load_config", "parse_override", "read_yaml", "stage_section",
 ]
 

@@ -24,7 +24,6 @@ from toprcli.config.fields import (
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
 
-
 # -- datasets -----------------------------------------------------------------
 
 
@@ -35,13 +34,14 @@ class DatasetSpec:
     ``source`` is a hub id (``openai/gsm8k``), a local ``.jsonl``/``.json``/
     ``.parquet``/``.csv`` file, or ``builtin:arith``. ``preset`` picks the
     column mapping, gold-answer rule and instruction (``gsm8k``, ``math``,
-    ``arith``); ``auto`` infers it from the source.
+    ``arith``, ``verification`` — what ``topr verifier-data`` writes); ``auto``
+    infers it from the source.
     """
 
     source: str = "builtin:arith"
     config_name: str | None = None
     split: str = "train"
-    preset: Literal["auto", "gsm8k", "math", "arith", "none"] = "auto"
+    preset: Literal["auto", "gsm8k", "math", "arith", "verification", "none"] = "auto"
     question_column: str | None = None
     answer_column: str | None = None
     id_column: str | None = None
@@ -170,6 +170,20 @@ class CurateConfig:
 
 
 @dataclass
+class VerifierDataConfig:
+    """``topr verifier-data``: scored completions → a verification dataset (question + candidate → Yes/No)."""
+
+    scored: list[str] = field(default_factory=list)
+    out: str = ""
+    # Equal numbers of correct and incorrect candidates (the larger class is subsampled, seeded).
+    balance: bool = False
+    max_per_question: int | None = field(default=None, metadata=AT_LEAST_ONE)  # candidates per question, seeded choice
+    dedupe: bool = True  # one row per distinct (question, candidate text)
+    seed: int = 0
+    overwrite: bool = False
+
+
+@dataclass
 class TrainConfig:
     model: str = ""
     data: str = ""
@@ -246,12 +260,30 @@ class EvalConfig:
     shard_size: int = field(default=64, metadata=AT_LEAST_ONE)
     iteration: int = field(default=0, metadata=NON_NEGATIVE)
     data_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)  # engines (processes) sharing the prompts
+    # A generative verifier (trained on `topr verifier-data` with the `judge` verifier) scores each of the
+    # k samples: best-of-k and verifier-weighted maj@k, and its accuracy, invalid-verdict rate and AUC.
+    verifier_model: str | None = None
+    # p-yes: P(Yes) / (P(Yes) + P(No)) at the verdict position (direct verifiers); sampled: the share of Yes
+    # among `verifier_samples` sampled verdicts (verifiers that write a rationale first).
+    verifier_mode: Literal["p-yes", "sampled"] = "p-yes"
+    verifier_samples: int = field(default=4, metadata=AT_LEAST_ONE)
+    verifier_max_new_tokens: int = field(default=64, metadata=AT_LEAST_ONE)  # sampled mode: tokens per verdict
+    # Render verification prompts with the verifier's chat template (as its training data was rendered).
+    verifier_chat_template: bool = False
+    # A scored dir of another policy's samples whose candidates `model` itself judges, as a verifier: what
+    # `topr iterate` evaluates each round when the policy it trains is a verifier (exclusive with verifier_model).
+    candidates: str | None = None
 
     def check(self) -> None:
         if self.sampling.temperature == 0:
             raise ConfigError(
                 "bad value for 'sampling.temperature': 0 — eval samples k completions per prompt; "
                 "use a temperature > 0 (the greedy pass is separate: greedy: true)"
+            )
+        if self.verifier_model and self.candidates:
+            raise ConfigError(
+                "verifier_model and candidates both given — verifier_model judges this eval's samples with another model; "
+                "candidates judges other samples with this model: choose one"
             )
 
 
@@ -322,6 +354,7 @@ STAGES: dict[str, type] = {
     "generate": GenerateConfig,
     "score": ScoreConfig,
     "curate": CurateConfig,
+    "verifier_data": VerifierDataConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
     "iterate": IterateConfig,

@@ -24,30 +24,30 @@ Conventions
 """
 
 from toprcli.curation.baselines import (
-    closed_form_share,
-    closed_form_baseline,
-    positive_share,
-    effective_positive_share,
-    solve_baseline,
     advantages,
+    closed_form_baseline,
+    closed_form_share,
+    effective_positive_share,
     encode,
     group_ids,
     group_mean_baseline,
-    leave_one_out_baseline,
-    reward_std,
     group_reward_std,
+    leave_one_out_baseline,
+    positive_share,
+    reward_std,
     scale_advantages,
+    solve_baseline,
 )
 from toprcli.curation.selection import (
     accuracy_range_mask,
-    rank_in_group,
-    mixed_outcome_mask,
-    first_positive_mask,
     cap_per_group_mask,
-    first_occurrence_mask,
-    string_fingerprint,
-    duplicate_candidates,
     dedupe_mask,
+    duplicate_candidates,
+    first_occurrence_mask,
+    first_positive_mask,
+    mixed_outcome_mask,
+    rank_in_group,
+    string_fingerprint,
     subsample_indices,
 )
 

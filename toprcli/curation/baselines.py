@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-
 # -- the baseline ↔ composition identity --------------------------------------
 
 

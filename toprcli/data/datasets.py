@@ -12,13 +12,16 @@ local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, and ``builtin:arith``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toprcli.config import DatasetSpec
+from toprcli.data.arith import arith_problems
 from toprcli.errors import UserError
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -85,6 +88,16 @@ PRESETS: dict[str, Preset] = {
         chat_instruction=MATH_INSTRUCTION + "\n\n{question}",
         verifier="math",
     ),
+    # What `topr verifier-data` writes: the question is the whole verification text (the problem,
+    # the candidate solution, the request for a verdict), the answer the label Yes/No.
+    "verification": Preset(
+        name="verification",
+        question_columns=("question",),
+        answer_columns=("answer",),
+        template="{question}\nVerdict:",
+        chat_instruction="{question}",
+        verifier="judge",
+    ),
     "none": Preset(
         name="none",
         question_columns=("question", "problem", "prompt", "input", "instruction"),
@@ -96,6 +109,25 @@ PRESETS: dict[str, Preset] = {
 }
 
 _GSM8K_GOLD = re.compile(r"####\s*(.+?)\s*$", re.S)
+
+
+@functools.lru_cache(maxsize=64)
+def _stage_of_file(path: str, mtime_ns: int) -> str | None:
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        return json.loads(meta.get(b"toprcli", b"{}")).get("stage")
+    except Exception:  # not a toprcli file, or not readable: loading it reports the real problem
+        return None
+
+
+def _written_by(source: str) -> str | None:
+    """The toprcli stage that wrote a local Parquet file (its ``toprcli`` metadata), else None."""
+    path = Path(source).expanduser()
+    if path.suffix.lower() != ".parquet" or not path.is_file():
+        return None
+    return _stage_of_file(str(path), path.stat().st_mtime_ns)
 
 
 def gsm8k_gold(raw: str) -> str:
@@ -129,6 +161,8 @@ def resolve_preset(spec: DatasetSpec) -> Preset:
     src = spec.source.lower()
     if src.startswith("builtin:arith"):
         return PRESETS["arith"]
+    if _written_by(spec.source) == "verifier-data":
+        return PRESETS["verification"]
     name = Path(src).name if Path(spec.source).exists() else src
     if "gsm8k" in src or "gsm8k" in name:
         return PRESETS["gsm8k"]
@@ -147,8 +181,6 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
         name = src.split(":", 1)[1]
         if name != "arith":
             raise UserError(f"unknown built-in dataset {src!r} — the built-in dataset is 'builtin:arith'")
-        from toprcli.data.arith import arith_problems
-
         n = spec.limit if spec.limit is not None else spec.size
         return arith_problems(spec.split, n, seed=spec.seed, level=spec.level)
 
@@ -287,7 +319,7 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
             f"columns are: {', '.join(columns)}; set dataset.question_column"
         )
     a_col = _pick_column(columns, spec.answer_column, preset.answer_columns, "answer", spec.source)
-    id_col = _pick_column(columns, spec.id_column, ("id",) if preset.name == "arith" else (), "id", spec.source)
+    id_col = _pick_column(columns, spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec.source)
 
     questions = [str(r[q_col]) for r in rows]
     ids = [str(r[id_col]) for r in rows] if id_col else prompt_ids(questions, spec.split)

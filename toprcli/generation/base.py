@@ -135,6 +135,11 @@ class GenerationBackend(Protocol):
         """``params.n`` completions for each request, in request order."""
         ...
 
+    def continuation_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
+        """log P(continuation | prompt) of each pair: the sum of its tokens' log-probs under the
+        model's own distribution (temperature 1, no truncation). Scores a verifier's verdicts."""
+        ...
+
     def reseed(self, seed: int) -> None:
         """Reset the sampler's global random state (requests without their own seed)."""
         ...

@@ -31,7 +31,6 @@ import time
 from typing import Any
 
 from toprcli.errors import UserError
-from toprcli.generation.model_info import config_context_length, first_line
 from toprcli.generation.base import (
     BackendOptions,
     Completion,
@@ -43,6 +42,7 @@ from toprcli.generation.base import (
     derive_seed,
     resolve_dtype,
 )
+from toprcli.generation.model_info import config_context_length, first_line, same_architecture
 
 
 class HFBackend:
@@ -124,8 +124,6 @@ class HFBackend:
         mode = "restart"
         if not force_restart and self.net is not None:
             try:
-                from toprcli.generation.vllm_backend import same_architecture
-
                 if same_architecture(self.model, str(model_dir)):
                     new = self._auto_model.from_pretrained(str(model_dir), dtype=getattr(self._torch, self.dtype))
                     self.net.load_state_dict(new.state_dict())
@@ -173,6 +171,37 @@ class HFBackend:
             if progress is not None:
                 progress(ProgressEvent(done_prompts, done_prompts * params.n, done_tokens))
         return results  # type: ignore[return-value]
+
+    def continuation_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
+        """Σ log P(continuation tokens | prompt) per pair, batched (left padding, logits of the last positions only)."""
+        import torch
+
+        if self.net is None:
+            raise RuntimeError("the hf backend is closed")
+        seqs = [list(p) + list(c) for p, c in zip(prompts, continuations)]
+        out = [0.0] * len(seqs)
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+        bs = max(1, self.options.batch_size)
+        with torch.inference_mode():
+            for start in range(0, len(order), bs):
+                idx = order[start : start + bs]
+                width = max(len(seqs[i]) for i in idx)
+                keep = max(len(continuations[i]) for i in idx)
+                ids = torch.full((len(idx), width), self.pad_token_id, dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for row, i in enumerate(idx):
+                    ids[row, width - len(seqs[i]) :] = torch.tensor(seqs[i], dtype=torch.long)
+                    mask[row, width - len(seqs[i]) :] = 1
+                ids, mask = ids.to(self.device), mask.to(self.device)
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions from the mask
+                logits = self.net(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep + 1).logits
+                logq = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, keep, V): predicts the last `keep` tokens
+                for row, i in enumerate(idx):
+                    c = len(continuations[i])
+                    if c:
+                        targets = torch.tensor(continuations[i], device=self.device)
+                        out[i] = float(logq[row, keep - c :].gather(1, targets[:, None]).sum())
+        return out
 
     def _generate_batch(self, batch: list[PromptRequest], params: SamplingParams) -> list[list[Completion]]:
         """``params.n`` samples of each prompt: one KV-cached decoding loop over the whole batch.

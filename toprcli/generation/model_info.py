@@ -8,6 +8,7 @@ nothing.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,12 @@ from toprcli.errors import UserError
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Keys under which model configs give their context length, most specific first.
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+# Config keys that must match for an in-place weight reload to be valid.
+ARCH_KEYS = (
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings",
+    "max_position_embeddings", "rope_parameters", "rope_scaling", "rope_theta",
+)
 
 
 def first_line(e: BaseException) -> str:
@@ -73,3 +80,22 @@ def context_length(model: str, override: int | None = None) -> int | None:
     if override is not None:
         return int(override)
     return config_context_length(load_config(model))
+
+
+def model_config_json(model: str) -> dict[str, Any]:
+    """A local model dir's config.json as written ({} when absent or unreadable, e.g. a hub id)."""
+    p = Path(model) / "config.json"
+    if p.is_file():
+        try:
+            return json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+    return {}
+
+
+def same_architecture(a: str, b: str) -> bool:
+    """Whether two model dirs have the same architecture and shapes (in-place reload is valid)."""
+    ca, cb = model_config_json(a), model_config_json(b)
+    if not ca or not cb:
+        return False
+    return all(ca.get(k) == cb.get(k) for k in ARCH_KEYS)

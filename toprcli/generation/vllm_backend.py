@@ -40,15 +40,12 @@ guard (the engine starts worker processes).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from toprcli.errors import UserError
-from toprcli.generation.model_info import config_context_length
 from toprcli.generation.base import (
     BackendOptions,
     Completion,
@@ -59,14 +56,9 @@ from toprcli.generation.base import (
     cuda_available,
     resolve_dtype,
 )
+from toprcli.generation.model_info import config_context_length, model_config_json, same_architecture
 
 EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
-# Config keys that must match for an in-place weight reload to be valid.
-_ARCH_KEYS = (
-    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings",
-    "max_position_embeddings", "rope_parameters", "rope_scaling", "rope_theta",
-)
 
 
 def cpu_kv_cache_bytes() -> int:
@@ -152,24 +144,6 @@ class _TqdmAdapter:
         pass
 
 
-def _model_config(model: str) -> dict[str, Any]:
-    p = Path(model) / "config.json"
-    if p.is_file():
-        try:
-            return json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
-    return {}
-
-
-def same_architecture(a: str, b: str) -> bool:
-    """Whether two model dirs have the same architecture and shapes (in-place reload is valid)."""
-    ca, cb = _model_config(a), _model_config(b)
-    if not ca or not cb:
-        return False
-    return all(ca.get(k) == cb.get(k) for k in _ARCH_KEYS)
-
-
 class VLLMBackend:
     """One ``vllm.LLM`` engine, with sampled-token log-probs and in-place weight reload."""
 
@@ -229,7 +203,7 @@ class VLLMBackend:
             # prefill) kills the engine ("CPU Generator does not use offset": the runner
             # rewinds the request's generator with a CUDA-only call). Without chunked
             # prefill no prompt is split; the step budget must then hold a whole prompt.
-            ctx = o.max_model_len or config_context_length(_model_config(model)) or 4096
+            ctx = o.max_model_len or config_context_length(model_config_json(model)) or 0  # unknown: the floor below
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(4096, int(ctx))
             if o.gpu_memory_utilization is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -259,7 +233,7 @@ class VLLMBackend:
         gen_cfg = getattr(mc, "hf_config", None)
         if getattr(tok, "eos_token_id", None) is not None:
             eos.add(int(tok.eos_token_id))
-        for src in (_model_config(model).get("eos_token_id"), getattr(gen_cfg, "eos_token_id", None)):
+        for src in (model_config_json(model).get("eos_token_id"), getattr(gen_cfg, "eos_token_id", None)):
             if isinstance(src, int):
                 eos.add(src)
             elif isinstance(src, (list, tuple)):
@@ -365,6 +339,21 @@ class VLLMBackend:
                 raise RuntimeError(f"vLLM returned {len(comps)} completions, expected {params.n}")
             result.append(comps)
         return result
+
+    def continuation_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
+        """Σ log P(continuation tokens | prompt) per pair, from vLLM's prompt log-probs of prompt + continuation
+        (one generated token each, discarded; prefix caching shares the prompt between continuations)."""
+        if self.llm is None:
+            raise RuntimeError("the vLLM backend is closed")
+        if not prompts:
+            return []
+        sp = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompts, continuations)], sp, use_tqdm=False)
+        out = []
+        for o, p, c in zip(outputs, prompts, continuations):
+            entries = o.prompt_logprobs[len(p) :]  # position j scores token j of prompt + continuation
+            out.append(float(sum(e[t].logprob for e, t in zip(entries, c))))
+        return out
 
     def reseed(self, seed: int) -> None:
         if self.llm is not None:

@@ -12,7 +12,6 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
-
 Tensor = torch.Tensor
 LossFn = Callable[..., Tuple[Tensor, Dict[str, Tensor]]]
 

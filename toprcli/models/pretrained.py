@@ -36,6 +36,7 @@ from pathlib import Path
 
 from toprcli.errors import UserError
 from toprcli.models.gguf import CARD, import_gguf, sha256_file
+from toprcli.shards import swap_dir_into_place
 
 # Bump when the directory import_gguf writes changes, so caches built by an older toprcli are rebuilt.
 CACHE_FORMAT = 1
@@ -146,7 +147,6 @@ def copy_preset(name: str, out: str | os.PathLike[str], *, overwrite: bool = Fal
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"model output dir {out} already exists and is not empty — pass --overwrite or choose another dir")
     source = ensure_preset(name, progress=progress)
-    from toprcli.shards import swap_dir_into_place
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

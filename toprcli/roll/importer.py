@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toprcli.roll import keys as K
+from toprcli.config import ConfigError, IterateConfig, load_config
 from toprcli.errors import UserError
-from toprcli.shards import write_text_atomic
+from toprcli.roll import keys as K
 from toprcli.roll.interp import dotted, resolve
 from toprcli.roll.keys import reason_for
 from toprcli.roll.rules import apply_rules
+from toprcli.shards import write_text_atomic
 
 MAPPED, LEFT_OUT, UNKNOWN = "mapped", "left out", "unknown"
 
@@ -223,8 +224,6 @@ def to_yaml(result: ImportResult, source: str) -> str:
 
 def validate(result: ImportResult) -> Any:
     """The imported config as an :class:`IterateConfig` (a ConfigError names any bad key)."""
-    from toprcli.config import ConfigError, IterateConfig, load_config
-
     try:
         return load_config(IterateConfig, base=result.config)
     except ConfigError as e:

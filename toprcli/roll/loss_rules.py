@@ -13,7 +13,6 @@ from typing import Any
 from toprcli.errors import UserError
 from toprcli.roll import keys as K
 
-
 # -- the loss ---------------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from toprcli.shards.files import (
     output_lock,
     remove_stale_temporaries,
     swap_dir_into_place,
+    write_atomic,
     write_json_atomic,
     write_text_atomic,
 )
@@ -58,6 +59,6 @@ __all__ = [
     "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "check_writable", "complete_shards", "conform",
     "fingerprint", "iter_shards", "output_error", "output_lock", "parquet_files", "read_file_metadata", "read_manifest",
     "read_schema", "read_table", "remove_stale_temporaries", "sampling_of", "shard_name", "swap_dir_into_place",
-    "validate_columns", "versions", "write_json_atomic", "write_manifest", "write_shard", "write_table_atomic",
+    "validate_columns", "versions", "write_atomic", "write_json_atomic", "write_manifest", "write_shard", "write_table_atomic",
     "write_table_stream", "write_text_atomic",
 ]

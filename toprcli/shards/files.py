@@ -40,7 +40,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
+def write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
     """``write(tmp)`` fills a temporary file next to ``path``; fsync, rename: ``path`` is whole or absent."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,7 @@ def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` so that the file either exists whole or not at all."""
-    return _write_atomic(path, lambda tmp: Path(tmp).write_text(text))
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:

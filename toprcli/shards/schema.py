@@ -41,6 +41,7 @@ SAMPLES_SCHEMA = pa.schema(SAMPLES_FIELDS)
 SCORED_SCHEMA = pa.schema(SCORED_FIELDS)
 CURATED_SCHEMA = pa.schema(CURATED_FIELDS)
 SCHEMAS = {"samples": SAMPLES_SCHEMA, "scored": SCORED_SCHEMA, "curated": CURATED_SCHEMA}
+# The values of the `verdict` column (toprcli.verifiers names them CORRECT, INCORRECT, ...).
 VERDICTS = ("correct", "incorrect", "no_answer", "timeout", "error")
 # Which stage writes each kind, so an error can say how to make the file.
 _PRODUCER = {"samples": "topr generate", "scored": "topr score", "curated": "topr curate"}

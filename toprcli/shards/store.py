@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from toprcli.errors import UserError
-from toprcli.shards.files import _fsync_dir, _write_atomic, write_json_atomic
+from toprcli.shards.files import _fsync_dir, write_atomic, write_json_atomic
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{5,})\.parquet$")
 MANIFEST_NAME = "_manifest.json"
@@ -60,7 +60,7 @@ def write_table_atomic(
     row_group_size: int | None = None,
 ) -> Path:
     """Write ``table`` to ``path`` so that the file either exists whole or not at all."""
-    return _write_atomic(path, lambda tmp: pq.write_table(_with_metadata(table, metadata), tmp, row_group_size=row_group_size))
+    return write_atomic(path, lambda tmp: pq.write_table(_with_metadata(table, metadata), tmp, row_group_size=row_group_size))
 
 
 def write_shard(

@@ -44,18 +44,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from toprcli import curation as cu
 from toprcli import shards
 from toprcli.config import CurateConfig, config_to_dict
 from toprcli.errors import UserError
-from toprcli.progress import ProgressFn
+from toprcli.progress import ProgressFn, report
+from toprcli.shards.scored_inputs import ROW_GROUP, ScoredInputs, dictionary_columns
+from toprcli.stages import StageResult
 
+STAGE = "curate"
 GROUP_BASELINES = {"group-mean": "group-mean", "mean": "group-mean", "leave-one-out": "leave-one-out", "loo": "leave-one-out"}
-OUT_COLUMNS = ("advantage", "weight")
-ROW_GROUP = 65_536
-READ_BUFFER = 1 << 22
+ADDED = [pa.field("advantage", pa.float32(), nullable=False), pa.field("weight", pa.float32(), nullable=False)]
 
 
 def manifest_path(out: str | os.PathLike[str]) -> Path:
@@ -77,16 +77,14 @@ class SourceStats:
 
 
 @dataclass
-class CurateResult:
-    """What a curate run produced (also the manifest's ``counts`` and file metadata)."""
+class CurateCounts:
+    """What a curate run produced: the result's summary, the manifest's ``counts`` and the file metadata."""
 
-    out: str
-    manifest: str
     baseline: str  # "constant", "positive-fraction", "group-mean" or "leave-one-out"
     c: float | None  # the constant baseline; None for group baselines
     p: float  # weighted share of `correct` rows in the kept set (±1 rewards: the closed form's p)
-    p_effective: float  # Σ_{A≥0} w|A| / Σ w|A| over the kept rows (NaN when every A = 0)
-    target: float | None  # the requested positive fraction
+    p_effective: float  # Σ_{A≥0} w|A| / Σ w|A| over the kept rows (NaN, stored as null, when every A = 0)
+    positive_fraction: float | None  # the requested p̃ (None: the baseline was given)
     rows_in: int
     rows_out: int
     prompts_in: int
@@ -96,11 +94,9 @@ class CurateResult:
     correct: int
     dropped: dict[str, int]
     sources: list[SourceStats]
-    wall_time_s: float = 0.0
-    skipped: bool = False  # True when --out already held this exact result
 
-    def metadata(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("out", "manifest", "skipped", "wall_time_s")}
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
         d["sources"] = [s.__dict__ for s in self.sources]
         return _json_safe(d)
 
@@ -179,122 +175,10 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
     return kind, c, [float(w) for w in weights]
 
 
-# -- pass 1: light columns -----------------------------------------------------
-
-
-@dataclass
-class _Inputs:
-    files: list[Path]
-    file_rows: np.ndarray  # (F,) rows per file
-    file_source: np.ndarray  # (F,) source index per file
-    schemas: list[pa.Schema]
-
-
-def _resolve_inputs(paths: list[str]) -> _Inputs:
-    files, rows, src, schemas = [], [], [], []
-    seen: dict[Path, str] = {}
-    for s, path in enumerate(paths):
-        for f in shards.parquet_files(path):
-            real = f.resolve()
-            if real in seen:
-                raise UserError(f"{f}: given twice (also via {seen[real]}) — list each scored directory once")
-            seen[real] = path
-            try:
-                meta = pq.ParquetFile(f).metadata
-            except (pa.ArrowInvalid, OSError) as e:
-                raise UserError(f"{f}: not a readable Parquet file ({e}) — regenerate it with `topr score`") from None
-            schema = meta.schema.to_arrow_schema()
-            shards.validate_columns(schema, "scored", f)
-            files.append(f)
-            rows.append(meta.num_rows)
-            src.append(s)
-            schemas.append(schema)
-    return _Inputs(files, np.asarray(rows, dtype=np.int64), np.asarray(src, dtype=np.int64), schemas)
-
-
-def _input_sampling(inputs: _Inputs, paths: list[str]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """The sampling distribution every input was drawn from, and each source's generation record.
-
-    The trainer computes log π under the distribution μ was sampled from, and one
-    training set holds one such distribution: inputs that disagree on it (or where
-    only some files record it) are refused, naming both settings.
-    """
-    from toprcli.sampling import Processing
-
-    first: tuple[Path, dict[str, Any] | None] | None = None
-    per_source: dict[str, Any] = {}
-    for f, s in zip(inputs.files, inputs.file_source):
-        meta = shards.read_file_metadata(f)
-        sampling = shards.sampling_of(meta)
-        per_source.setdefault(paths[s], {"sampling": sampling, "generation": meta.get("generation")})
-        if first is None:
-            first = (f, sampling)
-            continue
-        f0, s0 = first
-        same = (s0 is None and sampling is None) or (
-            s0 is not None and sampling is not None and Processing.from_mapping(s0) == Processing.from_mapping(sampling)
-        )
-        if not same:
-            def show(x: dict[str, Any] | None) -> str:
-                return "no sampling record" if x is None else ", ".join(f"{k} {v}" for k, v in Processing.from_mapping(x).as_dict().items())
-
-            raise UserError(
-                f"the inputs were sampled from different distributions ({f0}: {show(s0)}; {f}: {show(sampling)}) — "
-                "a training set holds one sampling distribution; curate them separately (or regenerate with the same settings)"
-            )
-    return (first[1] if first else None), per_source
-
-
-def _read_light(inputs: _Inputs, cfg: CurateConfig, progress: ProgressFn | None) -> dict[str, Any]:
-    cols = ["prompt_id", "policy", "iteration", "sample_index", "reward", "correct"]
-    if cfg.drop_truncated:
-        cols.append("finish_reason")
-    parts: dict[str, list] = {c: [] for c in cols}
-    fps: list[np.ndarray] = []
-    for i, f in enumerate(inputs.files):
-        t = pq.ParquetFile(f, buffer_size=READ_BUFFER).read(columns=cols + (["completion"] if cfg.dedupe else []))
-        for c in cols:
-            parts[c].extend(t.column(c).chunks)
-        if cfg.dedupe:
-            fps.append(cu.string_fingerprint(t.column("completion")))
-        del t
-        if progress:
-            progress("curate: reading ids and rewards", i + 1, len(inputs.files))
-    light: dict[str, Any] = {}
-    for c in cols:
-        t = _type_of(inputs, c)
-        light[c] = pa.chunked_array([ch if ch.type.equals(t) else ch.cast(t) for ch in parts[c]], type=t)
-    light["fingerprint"] = np.concatenate(fps) if fps else None
-    return light
-
-
-def _type_of(inputs: _Inputs, column: str) -> pa.DataType:
-    types = {s.field(column).type for s in inputs.schemas}
-    if len(types) == 1:
-        return types.pop()
-    return pa.large_string() if column in ("prompt_id", "policy", "finish_reason") else types.pop()
-
-
-def _numpy(col: pa.ChunkedArray, dtype) -> np.ndarray:
-    return col.to_numpy().astype(dtype, copy=False)
-
-
-def _candidate_strings(inputs: _Inputs, rows: np.ndarray) -> pa.ChunkedArray:
-    """The ``completion`` of the given global rows (ascending), reading only files that hold some."""
-    starts = np.concatenate([[0], np.cumsum(inputs.file_rows)])
-    out = []
-    for i, f in enumerate(inputs.files):
-        lo, hi = np.searchsorted(rows, [starts[i], starts[i + 1]])
-        if hi > lo:
-            col = pq.ParquetFile(f).read(columns=["completion"]).column("completion")
-            out.append(col.take(pa.array(rows[lo:hi] - starts[i])).combine_chunks().cast(pa.large_string()))
-    return pa.chunked_array(out, type=pa.large_string())
-
-
 # -- the run -------------------------------------------------------------------
 
 
-def curate(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> CurateResult:
+def run(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> StageResult:
     """Run the curate stage for ``cfg``; raises :class:`UserError` (and writes nothing) on bad input,
     an output that cannot be written, or one another process is writing."""
     kind, c_const, weights = _check_options(cfg)
@@ -304,10 +188,10 @@ def curate(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> CurateRe
         return _curate(cfg, kind, c_const, weights, progress)
 
 
-def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[float], progress: ProgressFn | None) -> CurateResult:
+def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[float], progress: ProgressFn | None) -> StageResult:
     t0 = time.perf_counter()
     out = Path(cfg.out)
-    inputs = _resolve_inputs(list(cfg.scored))
+    inputs = ScoredInputs.open(list(cfg.scored))
     config = config_to_dict(cfg)
     fingerprints = {p: shards.fingerprint(p) for p in cfg.scored}
 
@@ -320,8 +204,8 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         if not cfg.overwrite:
             raise UserError(f"{out} already exists (from other inputs or settings) — pass --overwrite or choose another --out")
 
-    sampling, generation = _input_sampling(inputs, list(cfg.scored))
-    n_total = int(inputs.file_rows.sum())
+    sampling, generation = inputs.sampling(list(cfg.scored))
+    n_total = inputs.rows
     if n_total == 0:
         raise UserError(f"the scored inputs hold no rows ({', '.join(cfg.scored)}) — check that `topr score` finished")
     light = _read_light(inputs, cfg, progress)
@@ -350,45 +234,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     elif cfg.std_normalize == "group":
         std = cu.group_reward_std(reward, groups, n_groups)
 
-    # -- selection: each step narrows `keep` --------------------------------
-    keep = np.ones(n_total, dtype=bool)
-    dropped: dict[str, int] = {}
-
-    def narrow(name: str, mask_fn: Callable[[np.ndarray], np.ndarray]) -> None:
-        idx = np.flatnonzero(keep)
-        mask = mask_fn(idx)
-        keep[idx[~mask]] = False
-        dropped[name] = int((~mask).sum())
-
-    if cfg.drop_truncated:
-        truncated = pc.equal(light["finish_reason"], "length").to_numpy(zero_copy_only=False)
-        narrow("truncated", lambda idx: ~truncated[idx].astype(bool))
-    if cfg.dedupe:
-
-        def dedupe(idx: np.ndarray) -> np.ndarray:
-            cand = cu.duplicate_candidates(groups[idx], light["fingerprint"][idx])
-            strings = _candidate_strings(inputs, idx[cand])
-            return cu.dedupe_mask(groups[idx], strings, sample_index[idx], candidates=cand)
-
-        narrow("duplicates", dedupe)
-    if cfg.drop_uniform_prompts:
-        narrow("uniform-outcome prompts", lambda idx: cu.mixed_outcome_mask(correct[idx], groups[idx]))
-    if cfg.keep_accuracy is not None:
-        # Accuracy from all scored samples of the prompt, like ROLL's difficulty mask.
-        in_range = cu.accuracy_range_mask(correct, groups, *cfg.keep_accuracy, n_groups)
-        narrow("outside keep_accuracy", lambda idx: in_range[idx])
-    if cfg.first_positive:
-        narrow("extra positives", lambda idx: cu.first_positive_mask(correct[idx], groups[idx], sample_index[idx]))
-    if cfg.max_per_prompt is not None:
-        narrow("over max per prompt", lambda idx: cu.cap_per_group_mask(groups[idx], cfg.max_per_prompt, sample_index[idx]))
-    if cfg.subsample is not None:
-
-        def sub(idx: np.ndarray) -> np.ndarray:
-            mask = np.zeros(len(idx), dtype=bool)
-            mask[cu.subsample_indices(len(idx), cfg.subsample, cfg.seed)] = True
-            return mask
-
-        narrow("subsampled out", sub)
+    keep, dropped = _select(cfg, inputs, light, correct, groups, n_groups, sample_index)
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
         raise UserError(f"no rows left after selection ({_fmt_dropped(dropped)}) — relax the filters")
@@ -416,8 +262,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         adv = cu.scale_advantages(adv, std[kept] if isinstance(std, np.ndarray) else std, cfg.reward_clip)
     w32 = w_k.astype(np.float32)
 
-    result = _summarise(cfg, kind, c_const, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped)
-    result.out, result.manifest = str(out), str(manifest_path(out))
+    counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped)
 
     # -- pass 2: stream the kept rows out ----------------------------------------
     advantage_full = np.zeros(n_total, dtype=np.float32)
@@ -425,34 +270,96 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     advantage_full[kept] = adv
     weight_full[kept] = w32
     del light, reward, correct, sample_index, groups, row_source, row_weight, group_c
-    meta = {"stage": "curate", **result.metadata(), "config": config, "sampling": sampling, "generation": generation}
+    summary = counts.as_dict()
+    meta = {"stage": STAGE, **summary, "config": config, "sampling": sampling, "generation": generation}
     # An old manifest must never vouch for a new file (a kill between the two writes).
     manifest_path(out).unlink(missing_ok=True)
-    schema = _output_schema(inputs, meta)
-    tables = _kept_tables(inputs, keep, advantage_full, weight_full, schema, progress)
-    shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=_dictionary_columns(schema))
-    result.wall_time_s = time.perf_counter() - t0
+    schema = inputs.output_schema(ADDED, meta)
+    tables = inputs.stream_kept(keep, {"advantage": advantage_full, "weight": weight_full}, schema,
+                                progress=lambda i, n: report(progress, "curate: writing", i, n))
+    shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=dictionary_columns(schema))
+    wall = time.perf_counter() - t0
     shards.write_json_atomic(
         manifest_path(out),
         {
-            "stage": "curate",
+            "stage": STAGE,
             "config": config,
             "inputs": fingerprints,
-            "counts": result.metadata(),
+            "counts": summary,
             "output": str(out),
-            "wall_time_s": result.wall_time_s,
+            "wall_time_s": wall,
             "versions": shards.versions(),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
     )
-    return result
+    return StageResult(STAGE, str(out), {**summary, "manifest": str(manifest_path(out))}, wall_time_s=wall)
+
+
+def _select(cfg: CurateConfig, inputs: ScoredInputs, light: dict[str, Any], correct: np.ndarray, groups: np.ndarray,
+            n_groups: int, sample_index: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    """The selection options in order, each narrowing the rows the previous ones kept: (keep (N,), dropped counts)."""
+    n_total = len(correct)
+    keep = np.ones(n_total, dtype=bool)
+    dropped: dict[str, int] = {}
+
+    def narrow(name: str, mask_fn: Callable[[np.ndarray], np.ndarray]) -> None:
+        idx = np.flatnonzero(keep)
+        mask = mask_fn(idx)
+        keep[idx[~mask]] = False
+        dropped[name] = int((~mask).sum())
+
+    if cfg.drop_truncated:
+        truncated = pc.equal(light["finish_reason"], "length").to_numpy(zero_copy_only=False)
+        narrow("truncated", lambda idx: ~truncated[idx].astype(bool))
+    if cfg.dedupe:
+
+        def dedupe(idx: np.ndarray) -> np.ndarray:
+            cand = cu.duplicate_candidates(groups[idx], light["fingerprint"][idx])
+            strings = inputs.column_at("completion", idx[cand])
+            return cu.dedupe_mask(groups[idx], strings, sample_index[idx], candidates=cand)
+
+        narrow("duplicates", dedupe)
+    if cfg.drop_uniform_prompts:
+        narrow("uniform-outcome prompts", lambda idx: cu.mixed_outcome_mask(correct[idx], groups[idx]))
+    if cfg.keep_accuracy is not None:
+        # Accuracy from all scored samples of the prompt, like ROLL's difficulty mask.
+        in_range = cu.accuracy_range_mask(correct, groups, *cfg.keep_accuracy, n_groups)
+        narrow("outside keep_accuracy", lambda idx: in_range[idx])
+    if cfg.first_positive:
+        narrow("extra positives", lambda idx: cu.first_positive_mask(correct[idx], groups[idx], sample_index[idx]))
+    if cfg.max_per_prompt is not None:
+        narrow("over max per prompt", lambda idx: cu.cap_per_group_mask(groups[idx], cfg.max_per_prompt, sample_index[idx]))
+    if cfg.subsample is not None:
+
+        def sub(idx: np.ndarray) -> np.ndarray:
+            mask = np.zeros(len(idx), dtype=bool)
+            mask[cu.subsample_indices(len(idx), cfg.subsample, cfg.seed)] = True
+            return mask
+
+        narrow("subsampled out", sub)
+    return keep, dropped
+
+
+def _read_light(inputs: ScoredInputs, cfg: CurateConfig, progress: ProgressFn | None) -> dict[str, Any]:
+    """Pass 1: the columns every decision needs; with ``dedupe``, an 8-byte fingerprint of each completion."""
+    cols = ["prompt_id", "policy", "iteration", "sample_index", "reward", "correct"]
+    if cfg.drop_truncated:
+        cols.append("finish_reason")
+    derived = {"fingerprint": ("completion", cu.string_fingerprint)} if cfg.dedupe else None
+    light = inputs.read_light(cols, derived=derived, progress=lambda i, n: report(progress, "curate: reading ids and rewards", i, n))
+    light.setdefault("fingerprint", None)
+    return light
+
+
+def _numpy(col: pa.ChunkedArray, dtype) -> np.ndarray:
+    return col.to_numpy().astype(dtype, copy=False)
 
 
 def _fmt_dropped(dropped: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in dropped.items()) or "no filters"
 
 
-def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped) -> CurateResult:
+def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped) -> CurateCounts:
     src_k = row_source[kept]
     n_src = len(cfg.scored)
     rows_in = np.bincount(row_source, minlength=n_src)
@@ -474,14 +381,12 @@ def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correc
             )
         )
     positives = int((adv >= 0).sum())
-    return CurateResult(
-        out="",
-        manifest="",
+    return CurateCounts(
         baseline=kind,
         c=c,
         p=cu.positive_share(correct[kept], w32),
         p_effective=cu.effective_positive_share(adv, w32),
-        target=cfg.positive_fraction,
+        positive_fraction=cfg.positive_fraction,
         rows_in=int(len(keep)),
         rows_out=int(len(kept)),
         prompts_in=int(groups.max(initial=-1)) + 1,
@@ -494,79 +399,7 @@ def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correc
     )
 
 
-def _output_schema(inputs: _Inputs, meta: dict[str, Any]) -> pa.Schema:
-    schemas = [pa.schema([f for f in s if f.name not in OUT_COLUMNS]) for s in inputs.schemas]
-    try:
-        schema = pa.unify_schemas(schemas, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise UserError(f"the scored inputs have incompatible columns ({e}) — curate them separately") from None
-    schema = schema.append(pa.field("advantage", pa.float32(), nullable=False))
-    schema = schema.append(pa.field("weight", pa.float32(), nullable=False))
-    return schema.with_metadata({shards.METADATA_KEY: json.dumps(meta, sort_keys=True, default=str).encode()})
-
-
-def _conform(batch: pa.Table, schema: pa.Schema) -> pa.Table:
-    cols = []
-    for f in schema:
-        if f.name in batch.column_names:
-            col = batch.column(f.name)
-            cols.append(col if col.type.equals(f.type) else col.cast(f.type))
-        else:
-            cols.append(pa.nulls(batch.num_rows, f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
-def _kept_tables(inputs: _Inputs, keep, advantage, weight, schema: pa.Schema, progress: ProgressFn | None):
-    """Yield the output in tables of exactly ROW_GROUP rows (the last one shorter), input order."""
-    starts = np.concatenate([[0], np.cumsum(inputs.file_rows)])
-    pending: list[pa.Table] = []
-    n_pending = 0
-    for i, f in enumerate(inputs.files):
-        lo = int(starts[i])
-        if keep[lo : int(starts[i + 1])].any():
-            columns = [n for n in inputs.schemas[i].names if n not in OUT_COLUMNS]
-            # Single-threaded decode: this runs in the reader thread while the main thread
-            # encodes, a balanced two-stage pipeline (Arrow's pool would compete with it).
-            # A read buffer streams a big row group page by page instead of loading it whole
-            # (a 1M-row row group: ~0.4 GiB less peak memory, and faster).
-            reader = pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
-            batches = reader.iter_batches(batch_size=ROW_GROUP, columns=columns, use_threads=False)
-            for batch in batches:
-                hi = lo + batch.num_rows
-                mask = keep[lo:hi]
-                if mask.any():
-                    t = pa.Table.from_batches([batch])
-                    t = t.append_column("advantage", pa.array(advantage[lo:hi], pa.float32()))
-                    t = t.append_column("weight", pa.array(weight[lo:hi], pa.float32()))
-                    if not mask.all():
-                        t = t.filter(pa.array(mask))
-                    pending.append(_conform(t, schema))
-                    n_pending += t.num_rows
-                    if n_pending >= ROW_GROUP:
-                        whole = pa.concat_tables(pending)
-                        n_full = (n_pending // ROW_GROUP) * ROW_GROUP
-                        for k in range(0, n_full, ROW_GROUP):
-                            yield whole.slice(k, ROW_GROUP)
-                        pending, n_pending = [whole.slice(n_full)], n_pending - n_full
-                lo = hi
-        if progress:
-            progress("curate: writing", i + 1, len(inputs.files))
-    if n_pending:
-        yield pa.concat_tables(pending)
-
-
-def _dictionary_columns(schema: pa.Schema) -> list[str]:
-    """Columns that get dictionary pages: the flat ones except ``completion``.
-
-    Dictionaries pay off for repeated values (prompt text and ids, policy,
-    verdict). They do not for unique texts (``completion``), and for the list
-    columns (token ids, log-probs) they cost ~20% more CPU for the whole stage
-    (measured) for a smaller file, so those are written plain.
-    """
-    return [f.name for f in schema if not pa.types.is_nested(f.type) and f.name != "completion"]
-
-
-def _previous_result(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> CurateResult | None:
+def _previous_result(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> StageResult | None:
     """The earlier result when ``out`` was made from these exact inputs and settings (a resumed run)."""
     mpath = manifest_path(out)
     if not (out.is_file() and mpath.is_file()):
@@ -581,8 +414,4 @@ def _previous_result(out: Path, config: dict[str, Any], fingerprints: dict[str, 
     }
     if not same_config or manifest.get("inputs") != fingerprints:
         return None
-    counts = dict(manifest["counts"])
-    counts["sources"] = [SourceStats(**s) for s in counts["sources"]]
-    counts["p_effective"] = counts["p_effective"] if counts["p_effective"] is not None else float("nan")
-    counts["p"] = counts["p"] if counts["p"] is not None else float("nan")
-    return CurateResult(out=str(out), manifest=str(mpath), skipped=True, wall_time_s=0.0, **counts)
+    return StageResult(STAGE, str(out), {**manifest["counts"], "manifest": str(mpath)}, skipped=True)

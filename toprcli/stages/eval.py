@@ -2,9 +2,11 @@
 
 Reads a policy and a prompt dataset. Writes, under ``OUT``:
 ``samples/`` and ``scored/`` (k samples per prompt), ``greedy/samples`` and
-``greedy/scored`` (one greedy completion per prompt, when ``greedy`` is on), and
-``eval.json`` last — its presence means the evaluation is complete. A killed
-eval resumes through the shard stores of generate and score.
+``greedy/scored`` (one greedy completion per prompt, when ``greedy`` is on),
+with a generative verifier (``verifier_model`` or ``candidates``) ``verified/``
+(and ``judge/`` when verdicts are sampled; :mod:`toprcli.stages.eval_judge`),
+and ``eval.json`` last — its presence means the evaluation is complete. A
+killed eval resumes through the shard stores of generate and score.
 """
 
 from __future__ import annotations
@@ -17,12 +19,21 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from toprcli import shards
 from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, config_to_dict
+from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
-from toprcli.progress import ProgressFn
 from toprcli.evaluation import accuracy, eval_metrics
-from toprcli.shards import check_writable, output_lock, read_manifest, read_table, write_json_atomic
+from toprcli.generation import open_backend
+from toprcli.progress import ProgressFn
+from toprcli.stages import StageResult
+from toprcli.stages import generate as generate_stage
+from toprcli.stages import score as score_stage
+from toprcli.stages.eval_judge import VERIFIED, judge
+from toprcli.verifiers import NO_ANSWER
+from toprcli.verifiers.voting import vote_keys
 
+STAGE = "eval"
 EVAL_FILE = "eval.json"
 
 
@@ -64,24 +75,25 @@ def read_eval(out: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def evaluate(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Run (or resume) an evaluation and return the metrics written to ``eval.json``."""
+def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, progress: ProgressFn | None = None) -> StageResult:
+    """Run (or resume) an evaluation; the result's summary is what ``eval.json`` holds.
+
+    ``backend``: an open generation backend to use (it is not closed), else one is
+    opened for ``cfg.engine`` and closed at the end.
+    """
     if not cfg.out:
         raise UserError("eval needs an output directory — pass --out DIR")
     out = Path(cfg.out)
     done = read_eval(out)
     if done is not None:
-        return done
-    check_writable(out)
-    with output_lock(out):  # one writer per output
-        return _evaluate(cfg, out, backend, examples, progress)
+        return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
+    shards.check_writable(out)
+    with shards.output_lock(out):  # one writer per output
+        result = _evaluate(cfg, out, backend, examples, progress)
+    return StageResult(STAGE, str(out), result, wall_time_s=result["wall_time_s"])
 
 
 def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, progress: ProgressFn | None) -> dict[str, Any]:
-    from toprcli.data.datasets import default_verifier, load_examples
-    from toprcli.generate_stage import generate_samples
-    from toprcli.scoring import score_dir
-
     if cfg.verifier == "auto":
         cfg = replace(cfg, verifier=default_verifier(cfg.dataset))
     if examples is None:
@@ -91,17 +103,18 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
     if cfg.greedy:
         runs.append(("greedy", out / "greedy", True))
     tables = {}
-    # One engine serves the sampled and the greedy pass (opening one costs tens of seconds).
+    judging = bool(cfg.verifier_model or cfg.candidates)
+    # One engine serves the sampled and the greedy pass, and the verifier's (opening one costs tens of seconds).
     own_backend = None
-    if backend is None and any(read_manifest(where / "samples") is None for _, where, _ in runs):
-        from toprcli.generation import open_backend
-
+    pending = [shards.read_manifest(where / "samples") is None for _, where, _ in runs] + [judging and shards.read_manifest(out / VERIFIED) is None]
+    if backend is None and any(pending):
         backend = own_backend = open_backend(cfg.engine, cfg.model, seed=cfg.sampling.seed)
     try:
         for name, where, greedy in runs:
-            generate_samples(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)
-            score_dir(where / "samples", where / "scored", score_config(cfg, where / "samples", where / "scored"), progress=progress)
-            tables[name] = read_table(where / "scored", columns=["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"])
+            generate_stage.run(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)
+            score_stage.run(score_config(cfg, where / "samples", where / "scored"), progress=progress)
+            tables[name] = shards.read_table(where / "scored", columns=["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"])
+        judged = judge(cfg, out, backend, progress) if judging else {}
     finally:
         if own_backend is not None:
             own_backend.close()
@@ -116,7 +129,8 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
     if "greedy" in tables:
         g = tables["greedy"]
         metrics["greedy_accuracy"] = accuracy(g.column("correct").to_pylist())
-        metrics["greedy_invalid_rate"] = float(np.mean([v == "no_answer" for v in g.column("verdict").to_pylist()]))
+        metrics["greedy_invalid_rate"] = float(np.mean([v == NO_ANSWER for v in g.column("verdict").to_pylist()]))
+    metrics.update(judged)
     result = {
         "model": cfg.model,
         "dataset": cfg.dataset.source,
@@ -127,15 +141,14 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         "config": config_to_dict(cfg),
         "wall_time_s": time.perf_counter() - t0,
     }
-    write_json_atomic(out / EVAL_FILE, result)
+    shards.write_json_atomic(out / EVAL_FILE, result)
     return result
 
 
 def _sampled_metrics(cfg: EvalConfig, t: Any) -> dict[str, Any]:
     """pass@1/pass@k/maj@k of the sampled pass; answers vote together when the verifier finds them equivalent."""
-    from toprcli.verifiers.voting import vote_keys
-
     prompt_ids, correct = t.column("prompt_id").to_pylist(), t.column("correct").to_pylist()
     extracted = t.column("extracted_answer").to_pylist()
     keys = vote_keys(cfg.verifier, prompt_ids, extracted, correct, cfg.k, workers=cfg.workers, timeout=cfg.timeout)
-    return eval_metrics(prompt_ids, correct, extracted, t.column("verdict").to_pylist(), k=cfg.k, vote_keys=keys)
+    invalid = [v == NO_ANSWER for v in t.column("verdict").to_pylist()]
+    return eval_metrics(prompt_ids, correct, extracted, invalid, k=cfg.k, vote_keys=keys)

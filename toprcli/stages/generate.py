@@ -49,101 +49,17 @@ from typing import Any
 
 import pyarrow as pa
 
+from toprcli import shards
 from toprcli.config import GenerateConfig, SamplingConfig, config_to_dict
-from toprcli.data.datasets import encode_prompt, load_examples, render_prompt
 from toprcli.errors import UserError
 from toprcli.generation import open_backend, resolve_backend_name
 from toprcli.generation.base import GenerationBackend, ProgressEvent, PromptRequest, SamplingParams, derive_seed
 from toprcli.generation.model_info import check_model, context_length, load_tokenizer
+from toprcli.generation.prompts import Prompt, build_prompts, check_room, drop_long
 from toprcli.progress import ProgressFn, report
-from toprcli.shards import (
-    SAMPLES_SCHEMA,
-    check_writable,
-    complete_shards,
-    output_lock,
-    fingerprint,
-    read_file_metadata,
-    remove_stale_temporaries,
-    write_json_atomic,
-    write_manifest,
-    write_shard,
-)
+from toprcli.stages import StageResult
 
 STAGE = "generate"
-
-
-@dataclass(frozen=True)
-class Prompt:
-    prompt_id: str
-    prompt: str
-    answer: str | None
-    token_ids: list[int]
-
-
-# -- planning -----------------------------------------------------------------
-
-
-def build_prompts(cfg: GenerateConfig, examples: list | None, tokenizer: Any) -> list[Prompt]:
-    """Examples (given or loaded from ``cfg.dataset``, first ``cfg.limit``) rendered and tokenised."""
-    spec = cfg.dataset
-    if examples is None:
-        if cfg.limit is not None and spec.limit is None:
-            spec = dataclasses.replace(spec, limit=cfg.limit)
-        examples = load_examples(spec)
-    if cfg.limit is not None:
-        examples = examples[: cfg.limit]
-    if not examples:
-        raise UserError(f"dataset {cfg.dataset.source!r} has no examples — check the source, split and --limit")
-    prompts = []
-    for ex in examples:
-        text = render_prompt(ex, cfg.dataset, tokenizer)
-        prompts.append(Prompt(ex.prompt_id, text, ex.answer, encode_prompt(text, tokenizer, cfg.dataset)))
-    return prompts
-
-
-def drop_long(prompts: list[Prompt], context: int | None, skip_long: bool) -> tuple[list[Prompt], list[Prompt]]:
-    """Split off prompts that leave no room for a completion; an error unless ``skip_long``."""
-    if context is None:
-        return prompts, []
-    long = [p for p in prompts if len(p.token_ids) >= context]
-    if long and not skip_long:
-        named = ", ".join(f"{p.prompt_id} ({len(p.token_ids)} tokens)" for p in long[:5])
-        more = f" and {len(long) - 5} more" if len(long) > 5 else ""
-        raise UserError(
-            f"{len(long)} of {len(prompts)} prompts do not fit the model's context of {context} tokens: {named}{more} "
-            "— pass --skip-long to drop them, or raise --max-model-len if the model allows"
-        )
-    keep = [p for p in prompts if len(p.token_ids) < context]
-    if not keep:
-        raise UserError(f"all {len(prompts)} prompts are longer than the model's context of {context} tokens — use shorter prompts or a longer-context model")
-    return keep, long
-
-
-def check_room(prompts: list[Prompt], context: int | None, max_new_tokens: int, clip: bool) -> dict[str, Any] | None:
-    """max_new_tokens must fit after every prompt, or be clipped on request (then say how much).
-
-    Returns None when every request is honoured, else what was clipped (for the
-    manifest and the summary).
-    """
-    if context is None or not prompts:
-        return None
-    longest = max(prompts, key=lambda p: len(p.token_ids))
-    short = [p for p in prompts if len(p.token_ids) + max_new_tokens > context]
-    if not short:
-        return None
-    if not clip:
-        raise UserError(
-            f"max_new_tokens {max_new_tokens} does not fit the model's context of {context} tokens after "
-            f"{len(short)} of {len(prompts)} prompts (longest: {longest.prompt_id}, {len(longest.token_ids)} tokens, "
-            f"leaves {context - len(longest.token_ids)}) — lower --max-new-tokens, or pass --clip-to-context to cut "
-            "those completions at the context"
-        )
-    return {
-        "prompts_clipped": len(short),
-        "context": context,
-        "max_new_tokens_requested": max_new_tokens,
-        "max_new_tokens_min_effective": context - len(longest.token_ids),
-    }
 
 
 def sampling_params(sampling: SamplingConfig, n: int) -> SamplingParams:
@@ -182,7 +98,7 @@ def _ids_digest(prompts: list[Prompt]) -> str:
 
 def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], blocks: list[list[Prompt]]) -> None:
     for index, path in done.items():
-        meta = read_file_metadata(path)
+        meta = shards.read_file_metadata(path)
         old = meta.get("run_key")
         if old != key:
             diff = [k for k in key if (old or {}).get(k) != key[k]] if isinstance(old, dict) else ["(no run key)"]
@@ -216,14 +132,14 @@ class _Plan:
     params: SamplingParams
 
 
-def generate_samples(
+def run(
     cfg: GenerateConfig,
     *,
     backend: GenerationBackend | None = None,
     examples: list | None = None,
     progress: ProgressFn | None = None,
-) -> dict[str, Any]:
-    """Generate ``cfg.n`` completions per prompt into ``cfg.out``; returns a summary dict.
+) -> StageResult:
+    """Generate ``cfg.n`` completions per prompt into ``cfg.out``.
 
     ``backend``: an open backend to use (it is not closed; if it serves another
     model than ``cfg.model`` its weights are swapped with ``load_weights``);
@@ -231,15 +147,16 @@ def generate_samples(
     pre-loaded list of :class:`~toprcli.data.datasets.Example` (else
     ``cfg.dataset`` is loaded). Every bad input raises :class:`UserError` before
     the engine starts and before anything is written; so does an output that
-    cannot be written or that another process is writing. The summary has
-    prompts, completions, mean/max completion length, finish reasons, tokens/s
-    and shard counts (this run's shards; counts of all shards are in the manifest).
+    cannot be written or that another process is writing. The result's summary
+    has prompts, completions, mean/max completion length, finish reasons,
+    tokens/s and shard counts (this run's shards; counts of all shards are in
+    the manifest); ``skipped`` when every shard of this process was complete.
     """
     t_start = time.perf_counter()
     plan = _plan(cfg, backend, examples)
-    check_writable(plan.out)
+    shards.check_writable(plan.out)
     part = f".part-{cfg.shard_index}-of-{cfg.num_shards}" if cfg.num_shards > 1 else ""
-    with output_lock(plan.out, part):  # one writer per output (per shard range when data-parallel)
+    with shards.output_lock(plan.out, part):  # one writer per output (per shard range when data-parallel)
         return _write(cfg, plan, backend, progress, t_start)
 
 
@@ -265,13 +182,13 @@ def _plan(cfg: GenerateConfig, backend: GenerationBackend | None, examples: list
     blocks = [prompts[i : i + cfg.shard_size] for i in range(0, len(prompts), cfg.shard_size)]
     mine = [j for j in range(len(blocks)) if j % cfg.num_shards == cfg.shard_index]
     key = _run_key(cfg, backend_name)
-    done = complete_shards(out)
+    done = shards.complete_shards(out)
     _check_existing(out, done, key, blocks)
     todo = [j for j in mine if j not in done]
     return _Plan(out, tokenizer, prompts, long, clipped, backend_name, blocks, mine, todo, key, params)
 
 
-def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, progress: ProgressFn | None, t_start: float) -> dict[str, Any]:
+def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, progress: ProgressFn | None, t_start: float) -> StageResult:
     out = plan.out
     summary: dict[str, Any] = {
         "out": str(out),
@@ -289,7 +206,7 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
     own_backend = False
     if plan.todo:
         out.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(out)
+        shards.remove_stale_temporaries(out)
         if backend is None:
             backend = open_backend(cfg.engine, str(cfg.model), seed=cfg.sampling.seed)
             own_backend = True
@@ -306,7 +223,7 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
     wall = time.perf_counter() - t_start
     summary["wall_time_s"] = round(wall, 3)
     _write_manifests(cfg, out, plan.key, plan.blocks, plan.mine, summary, engine_info, wall, plan.long)
-    return summary
+    return StageResult(STAGE, str(out), summary, skipped=not plan.todo, wall_time_s=wall)
 
 
 class _Stats:
@@ -388,7 +305,7 @@ def _run_shards(
         gen_s = time.perf_counter() - t0
         table, shard_stats = _shard_table(block, results, tokenizer, cfg, str(cfg.model))
         shard_stats.update(index=j, generate_s=round(gen_s, 4), prompt_ids_sha=_ids_digest(block))
-        write_shard(out, j, table, metadata={"stage": STAGE, "generation": gen_meta, "sampling": gen_meta["sampling"], "run_key": key, "shard": shard_stats})
+        shards.write_shard(out, j, table, metadata={"stage": STAGE, "generation": gen_meta, "sampling": gen_meta["sampling"], "run_key": key, "shard": shard_stats})
         stats.add(shard_stats)
         base_prompts += len(block)
         base_comps += shard_stats["completions"]
@@ -398,11 +315,13 @@ def _run_shards(
 
 
 def _shard_table(block: list[Prompt], results: list, tokenizer: Any, cfg: GenerateConfig, policy: str) -> tuple[pa.Table, dict[str, Any]]:
-    cols: dict[str, list] = {f.name: [] for f in SAMPLES_SCHEMA}
+    cols: dict[str, list] = {f.name: [] for f in shards.SAMPLES_SCHEMA}
+    questions: list[str | None] = []
     all_ids = []
     finish: Counter[str] = Counter()
     for p, comps in zip(block, results):
         for i, c in enumerate(comps):
+            questions.append(p.question)
             cols["prompt_id"].append(p.prompt_id)
             cols["prompt"].append(p.prompt)
             cols["answer"].append(p.answer)
@@ -416,7 +335,8 @@ def _shard_table(block: list[Prompt], results: list, tokenizer: Any, cfg: Genera
             all_ids.append(c.token_ids)
             finish[c.finish_reason] += 1
     cols["completion"] = tokenizer.batch_decode(all_ids, skip_special_tokens=True) if all_ids else []
-    table = pa.table(cols, schema=SAMPLES_SCHEMA)
+    # Beyond the contract: the question before rendering, which a generative verifier is shown.
+    table = pa.table(cols, schema=shards.SAMPLES_SCHEMA).append_column(pa.field("question", pa.string()), pa.array(questions, pa.string()))
     lengths = [len(x) for x in all_ids]
     stats = {
         "prompts": len(block),
@@ -446,7 +366,7 @@ def _write_manifests(
     config["engine"]["backend_resolved"] = key["backend"]
     inputs = {"model": str(cfg.model), "dataset": cfg.dataset.source}
     if Path(str(cfg.model)).is_dir():
-        inputs["model_fingerprint"] = fingerprint(cfg.model)
+        inputs["model_fingerprint"] = shards.fingerprint(cfg.model)
     extra = {
         "engine": engine_info,
         "clipped_to_context": summary.get("clipped_to_context"),
@@ -454,19 +374,19 @@ def _write_manifests(
         "skipped_long_ids": [p.prompt_id for p in long[:100]],
     }
     if cfg.num_shards > 1:
-        write_json_atomic(
+        shards.write_json_atomic(
             out / f"_manifest.part-{cfg.shard_index:03d}-of-{cfg.num_shards:03d}.json",
             {"stage": STAGE, "config": config, "shards": mine, "summary": summary, **extra},
         )
-    done = complete_shards(out)
+    done = shards.complete_shards(out)
     if any(j not in done for j in range(len(blocks))):
         return
     agg = _Stats()
     for j in range(len(blocks)):
-        agg.add(read_file_metadata(done[j]).get("shard", {}) | {"index": j})
+        agg.add(shards.read_file_metadata(done[j]).get("shard", {}) | {"index": j})
     counts = agg.as_dict()
     counts.update(shards=len(blocks), skipped_long=len(long))
-    write_manifest(
+    shards.write_manifest(
         out,
         stage=STAGE,
         config=config,

@@ -30,13 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from toprcli import shards
 from toprcli.config import ScoreConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
+from toprcli.stages import StageResult
+from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, resolve_verifier, reward_of
 
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
 VERIFY_SLICE = 8192  # rows turned into Python strings at a time (bounds memory on huge shards)
@@ -47,8 +51,8 @@ _SCORE_KEYS = ("verifier", "strict", "reward_correct", "reward_incorrect", "rewa
 
 
 @dataclass
-class ScoreResult:
-    """What a score run produced (also written to ``_manifest.json``)."""
+class ScoreCounts:
+    """What a score run counted: the result's summary and the manifest's."""
 
     out: str
     rows: int = 0
@@ -155,8 +159,6 @@ def score_table(
 
     Existing score columns are replaced; every other column passes through.
     """
-    from toprcli.verifiers import ERROR, TIMEOUT, reward_of
-
     n = table.num_rows
     rewards_out: list[float] = []
     correct_out: list[bool] = []
@@ -186,18 +188,13 @@ def score_table(
 # -- summary --------------------------------------------------------------------
 
 
-def summarize(table: pa.Table, result: ScoreResult) -> None:
+def summarize(table: pa.Table, result: ScoreCounts) -> None:
     """Accuracy, verdict counts, mean reward and per-prompt pass counts of scored rows."""
-    import numpy as np
-    import pyarrow.compute as pc
-
     result.rows = table.num_rows
     if table.num_rows == 0:
         return
     counts = pc.value_counts(table.column("verdict")).to_pylist()
     by = {c["values"]: c["counts"] for c in counts}
-    from toprcli.verifiers import VERDICTS
-
     result.verdicts = {v: int(by.get(v, 0)) for v in VERDICTS}
     correct = table.column("correct").to_numpy(zero_copy_only=False).astype(bool)
     result.accuracy = float(correct.mean())
@@ -227,20 +224,7 @@ def summarize(table: pa.Table, result: ScoreResult) -> None:
 # -- the stage ------------------------------------------------------------------
 
 
-def score_dir(
-    samples_dir: str | Path,
-    out_dir: str | Path,
-    cfg: ScoreConfig | None = None,
-    progress: ProgressFn | None = None,
-) -> ScoreResult:
-    """Score ``samples_dir`` into ``out_dir`` with ``cfg`` (its samples/out fields are ignored)."""
-    import dataclasses
-
-    cfg = dataclasses.replace(cfg or ScoreConfig(), samples=str(samples_dir), out=str(out_dir))
-    return score(cfg, progress=progress)
-
-
-def score(cfg: ScoreConfig, progress: ProgressFn | None = None) -> ScoreResult:
+def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     """Run the score stage described by ``cfg``; see the module docstring.
 
     ``progress``: a :data:`~toprcli.progress.ProgressFn` (task "score"), or None.
@@ -257,8 +241,6 @@ def score(cfg: ScoreConfig, progress: ProgressFn | None = None) -> ScoreResult:
     # Everything a user can get wrong is checked before anything is written.
     files = input_shards(samples)
     total_rows = _validate_inputs(files)
-    from toprcli.verifiers import Rewards, resolve_verifier
-
     verifier = resolve_verifier(cfg.verifier, strict=cfg.strict)
     rewards = Rewards(cfg.reward_correct, cfg.reward_incorrect, cfg.reward_no_answer)
     settings = _settings(cfg)
@@ -278,10 +260,8 @@ def score(cfg: ScoreConfig, progress: ProgressFn | None = None) -> ScoreResult:
         return _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0)
 
 
-def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0) -> ScoreResult:
-    from toprcli.verifiers import VerifierPool
-
-    result = ScoreResult(out=str(out), shards_skipped=len(files) - len(todo))
+def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0) -> StageResult:
+    result = ScoreCounts(out=str(out), shards_skipped=len(files) - len(todo))
     skipped_rows = sum(pq.read_metadata(files[i]).num_rows for i in files if i not in todo)
 
     report, close_bar = _progress(progress, total_rows, skipped_rows)
@@ -332,7 +312,7 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
         wall_time_s=result.wall_time_s,
         summary=result.summary(),
     )
-    return result
+    return StageResult("score", str(out), result.summary(), skipped=not todo, wall_time_s=result.wall_time_s)
 
 
 _SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "verdict")

@@ -1,24 +1,10 @@
 """Training: the off-policy trainer loop, token-budget batching, log-probs, checkpoints, FSDP2, LoRA.
 
-Entry points: :func:`train_policy` (``topr train`` and the pipeline call it) and
-:func:`prepare` (every check before anything is written). They are loaded on
-first use (PEP 562), so that importing a leaf such as ``toprcli.training.optim``
-(the config reads its optimizer names) does not pull in the trainer and, with it,
-the config itself.
+The stage that runs it (checks, output files, the lock) is :mod:`toprcli.stages.train`;
+here are its parts: :mod:`~toprcli.training.prepare` (every check before anything is
+written), :mod:`~toprcli.training.trainer` (the loop), :mod:`~toprcli.training.model`
+(loading, precision, FSDP2 placement, log π), :mod:`~toprcli.training.logprobs` and
+:mod:`~toprcli.training.optim` (pure torch), :mod:`~toprcli.training.batching`,
+:mod:`~toprcli.training.stats`, :mod:`~toprcli.training.checkpoint`,
+:mod:`~toprcli.training.distributed`, :mod:`~toprcli.training.lora`.
 """
-
-from __future__ import annotations
-
-__all__ = ["prepare", "train_policy"]
-
-
-def __getattr__(name: str):
-    if name == "train_policy":
-        from toprcli.training.trainer import train_policy
-
-        return train_policy
-    if name == "prepare":
-        from toprcli.training.prepare import prepare
-
-        return prepare
-    raise AttributeError(f"module 'toprcli.training' has no attribute {name!r}")

@@ -38,6 +38,7 @@ import torch
 
 from toprcli.errors import UserError
 from toprcli.sampling import Processing
+from toprcli.training.checkpoint import quiet_hf
 from toprcli.training.distributed import DistContext, broadcast_object, shard_model
 from toprcli.training.logprobs import chunked_logprobs, completion_index, default_chunk_size, scatter_completion
 from toprcli.training.lora import apply_lora, check_lora_targets, lora_config
@@ -148,8 +149,6 @@ def _disable_dropout(model: torch.nn.Module) -> None:
 
 def _load_lm(model: str, dtype: torch.dtype, *, on_meta: bool) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from toprcli.training.checkpoint import quiet_hf
 
     with quiet_hf():
         if not on_meta:

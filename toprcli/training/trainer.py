@@ -1,25 +1,10 @@
-"""`topr train`: off-policy training of a policy on a curated training set.
+"""The training loop: batch → log π → loss → step → log, read top to bottom.
 
-Reads: a policy (HF model dir or hub id) and a curated training set (a Parquet
-file or shard dir with ``CURATED_SCHEMA`` columns: token ids, ``behavior_logprobs``
-= log μ, ``advantage``, ``weight``; and its ``sampling`` metadata, the
-distribution μ was drawn from).
-
-Writes ``<out>/``: the new policy in HF format (safetensors + tokenizer,
-loadable by transformers and vLLM; LoRA merged; float32 weights unless
-``save_dtype`` says otherwise), ``metrics.jsonl`` (one line per optimizer
-step), ``train_summary.json``, ``_manifest.json`` and ``tb/`` with
-``--tensorboard``. While running, everything lives in ``<out>.partial/``
-(with ``checkpoints/`` and, when μ or a reference is recomputed,
-``precomputed.npz``); the directory is renamed to ``<out>`` only when the
-policy is complete, so ``<out>`` never holds a partial policy.
-
-Re-running:
-* ``<out>`` complete: error, unless ``overwrite`` (train again, replace it at
-  the end) or ``resume`` (nothing to do; the saved summary is returned).
-* ``<out>.partial`` left by a killed run: ``resume`` continues from its latest
-  checkpoint (same config and data required) and ends with the same weights as
-  an uninterrupted run; without ``resume`` it is discarded and training starts over.
+:func:`train_loop` trains a prepared run (:mod:`toprcli.training.prepare`: every
+check done, the data loaded) in one process or as one rank under ``torchrun``
+(FSDP2), and leaves the new policy in ``<out>.partial/``; the train stage
+(:mod:`toprcli.stages.train`) owns the run's files around it (the lock, the
+summary and manifest, the rename to ``<out>``).
 
 log π is computed under the data's sampling distribution (temperature,
 min-p, top-k, top-p; :mod:`toprcli.sampling`), so at step 0 π/μ = 1 for every
@@ -47,17 +32,17 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from toprcli.config import TrainConfig, config_to_dict
+from toprcli.config import TrainConfig
 from toprcli.errors import UserError
 from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
-from toprcli.shards import output_lock, write_json_atomic, write_manifest
+from toprcli.shards import write_atomic
 from toprcli.training import checkpoint as ckpt
 from toprcli.training.batching import TokenData, collate, data_order, loss_denominator, plan_micro_batches, step_rows
-from toprcli.training.distributed import DistContext, all_reduce, barrier, env_rank, init_distributed, shutdown
+from toprcli.training.distributed import DistContext, all_reduce, barrier
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
-from toprcli.training.prepare import SUMMARY_NAME, Prepared, finished_summary, prepare, same_model
+from toprcli.training.prepare import Prepared, same_model
 from toprcli.training.stats import StepStats, add_gap, behavior_gap
 
 METRICS_NAME = "metrics.jsonl"
@@ -65,34 +50,12 @@ PRECOMPUTED_NAME = "precomputed.npz"
 PAD_ID = 0  # padding is never attended to (causal attention, right padding) nor scored
 
 
-def train_policy(cfg: TrainConfig, *, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Train ``cfg.model`` on ``cfg.data`` with loss ``cfg.loss``; write the policy to ``cfg.out``.
+def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) -> dict[str, Any]:
+    """Train ``prep`` (this rank's part under torchrun); returns the run's summary.
 
-    Works as one process or under ``torchrun`` (FSDP2; every rank calls this).
-    Returns the summary (also ``<out>/train_summary.json``). Raises
-    :class:`UserError` for bad input before any output directory exists.
+    Writes into ``prep.partial``: checkpoints (``save_every``), ``metrics.jsonl``
+    and, at the end, the policy. Resumes from the latest checkpoint with ``resume``.
     """
-    done = finished_summary(cfg)
-    if done is not None:  # resume of a finished run: nothing to do
-        return done
-    prep = prepare(cfg)
-    # One writer per output: rank 0 holds the lock for the whole run (its peers write only their shards).
-    lock = output_lock(prep.out) if env_rank() == 0 else contextlib.nullcontext()
-    with lock:
-        threads_before = torch.get_num_threads()
-        ctx = init_distributed()
-        try:
-            if cfg.threads:
-                torch.set_num_threads(cfg.threads)
-            elif ctx.distributed and ctx.device.type == "cpu":
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_world_size))
-            return _train(prep, ctx, progress if ctx.is_main else None)
-        finally:
-            torch.set_num_threads(threads_before)
-            shutdown(ctx)
-
-
-def _train(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) -> dict[str, Any]:
     cfg, loss, data, partial = prep.cfg, prep.loss, prep.data, prep.partial
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)  # same on every rank: identical LoRA init before sharding
@@ -210,11 +173,7 @@ def _train(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) -> dic
     )
     resumed = None if resume_from is None else int(resume_from.name.split("-")[1])
     state["peak_memory"] = _peak_memory(ctx)
-    summary = _summary(prep, ctx, state, last, policy, params, precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
-    if ctx.is_main:
-        _finish(prep, summary)
-    barrier(ctx)
-    return summary
+    return _summary(prep, ctx, state, last, policy, params, precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
 
 
 # -- before the first step ------------------------------------------------------------
@@ -256,9 +215,11 @@ def _precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autoca
         ref = precomputed["ref"] = score_dataset(ref_policy, data, ctx, token_budget=cfg.micro_batch_tokens, autocast=autocast)
         del ref_policy
     if precomputed and ctx.is_main:
-        tmp = prep.partial / f".{PRECOMPUTED_NAME}.tmp.npz"
-        np.savez(tmp, **precomputed)
-        os.replace(tmp, prep.partial / PRECOMPUTED_NAME)
+        def save(tmp) -> None:
+            with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a path
+                np.savez(f, **precomputed)
+
+        write_atomic(prep.partial / PRECOMPUTED_NAME, save)
     return behavior, ref
 
 
@@ -403,28 +364,3 @@ def _summary(prep: Prepared, ctx: DistContext, state: dict[str, Any], last: dict
         "trainable_parameters": int(n_train),
         "lora_rank": cfg.lora_rank,
     }
-
-
-def _finish(prep: Prepared, summary: dict[str, Any]) -> None:
-    """Record the run in <out>.partial, drop training state, rename it to <out>."""
-    partial, out = prep.partial, prep.out
-    write_json_atomic(partial / SUMMARY_NAME, summary)
-    write_manifest(
-        partial,
-        stage="train",
-        config=config_to_dict(prep.cfg),
-        inputs={"model": prep.cfg.model, "data": prep.cfg.data, "data_fingerprint": prep.data_fingerprint},
-        counts={"rows": summary["rows"], "steps": summary["steps"], "tokens": summary["tokens"]},
-        wall_time_s=summary["wall_time_s"],
-        sampling=summary["sampling"],
-    )
-    shutil.rmtree(partial / "checkpoints", ignore_errors=True)
-    (partial / PRECOMPUTED_NAME).unlink(missing_ok=True)
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(partial, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-

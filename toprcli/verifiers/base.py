@@ -14,13 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# The verdict vocabulary is a public contract (the ``verdict`` column).
-CORRECT = "correct"
-INCORRECT = "incorrect"
-NO_ANSWER = "no_answer"
-TIMEOUT = "timeout"
-ERROR = "error"
-VERDICTS = (CORRECT, INCORRECT, NO_ANSWER, TIMEOUT, ERROR)
+from toprcli.shards.schema import VERDICTS
+
+# The verdict vocabulary is part of the column contract (the ``verdict`` column).
+CORRECT, INCORRECT, NO_ANSWER, TIMEOUT, ERROR = VERDICTS
 
 # ``extracted_answer`` records what was read, cut to this many characters so a
 # runaway completion cannot bloat the scored shards.

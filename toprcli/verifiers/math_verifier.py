@@ -42,11 +42,11 @@ import re
 
 from toprcli.verifiers.base import CORRECT, ERROR, INCORRECT, NO_ANSWER, Verdict, clip_text, judged
 from toprcli.verifiers.math_safety import (  # noqa: F401  (re-exported: tests and callers use them here)
+    _SAFE_EXPR_RE,
     MAX_ANSWER_CHARS,
     MAX_DEPTH,
     MAX_FACTORIAL,
     MAX_POWER_DIGITS,
-    _SAFE_EXPR_RE,
     Rejected,
     _guarded_calls,
     install_guards,

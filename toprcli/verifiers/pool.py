@@ -43,6 +43,7 @@ from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.verifiers.base import ERROR, TIMEOUT, Verdict, Verifier
+from toprcli.verifiers.registry import resolve_verifier
 from toprcli.verifiers.worker import CHECK, EQUIVALENT, _worker_main
 
 DEFAULT_TIMEOUT = 5.0
@@ -130,8 +131,6 @@ class VerifierPool:
         strict: bool = False,
     ) -> None:
         if isinstance(verifier, str):
-            from toprcli.verifiers.registry import resolve_verifier
-
             verifier = resolve_verifier(verifier, strict=strict)
         if timeout <= 0:
             raise UserError(f"--timeout must be > 0 seconds, got {timeout}")

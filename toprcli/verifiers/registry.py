@@ -14,12 +14,16 @@ from typing import Any
 from toprcli.errors import UserError
 from toprcli.verifiers.base import Verifier
 
-BUILTIN = ("gsm8k", "math", "exact")
-SPEC_HELP = "gsm8k, math, exact, regex:PATTERN or python:MODULE:FUNCTION"
+BUILTIN = ("gsm8k", "math", "exact", "judge")
+SPEC_HELP = "gsm8k, math, exact, judge, regex:PATTERN or python:MODULE:FUNCTION"
 
 
 def resolve_verifier(spec: str, *, strict: bool = False) -> Verifier:
-    """Build the verifier named by ``spec``; ``strict`` applies to gsm8k (require ``####``)."""
+    """Build the verifier named by ``spec``; ``strict`` applies to gsm8k (require ``####``).
+
+    Each verifier's module is imported here, when it is asked for: the math verifier pulls
+    in sympy and math-verify (seconds, in every worker process), which a gsm8k run never needs.
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise UserError(f"empty --verifier — choose one of: {SPEC_HELP}")
     spec = spec.strip()
@@ -48,6 +52,10 @@ def resolve_verifier(spec: str, *, strict: bool = False) -> Verifier:
         from toprcli.verifiers import exact
 
         return Verifier("exact", spec, exact.check_exact, options, chunk_size=512)
+    if spec == "judge":  # a generative verifier's Yes/No verdict against the row's label
+        from toprcli.verifiers import judge
+
+        return Verifier("judge", spec, judge.check, options, chunk_size=512)
     if spec.startswith("regex:"):
         from toprcli.verifiers import exact
 

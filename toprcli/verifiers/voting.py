@@ -33,6 +33,7 @@ from decimal import Decimal
 from toprcli.evaluation import normalize_answer
 from toprcli.verifiers.base import Verifier
 from toprcli.verifiers.pool import DEFAULT_TIMEOUT, VerifierPool
+from toprcli.verifiers.registry import resolve_verifier
 
 CORRECT_KEY = 0  # the vote of the answers that were verified correct
 _PLAIN_NUMBER_RE = re.compile(r"-?\d{1,50}(?:\.\d{1,50})?")
@@ -77,8 +78,6 @@ def vote_keys(
     (else one is started when there is something to compare, and closed).
     """
     if isinstance(verifier, str):
-        from toprcli.verifiers.registry import resolve_verifier
-
         verifier = resolve_verifier(verifier)
     n = len(prompt_ids)
     if len(extracted) != n or len(correct) != n:

@@ -16,6 +16,7 @@ from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.verifiers.base import ERROR
+from toprcli.verifiers.registry import resolve_verifier
 
 CHECK, EQUIVALENT = "check", "equivalent"  # what a worker runs on a chunk: Verifier.check or Verifier.equivalent
 
@@ -49,8 +50,6 @@ def _harden(memory_limit_mb: int | None) -> None:
 def _worker_main(spec: str, options: dict, conn: Any, progress: Any, memory_limit_mb: int | None) -> None:
     _harden(memory_limit_mb)
     try:
-        from toprcli.verifiers.registry import resolve_verifier
-
         verifier = resolve_verifier(spec, **options)
         if verifier.warmup is not None:
             verifier.warmup()

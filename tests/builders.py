@@ -1,0 +1,85 @@
+"""Data the tests build: synthetic curated training sets, GSM8K rows and wrong-answer pairs.
+
+Shared by test modules in several folders (``from builders import write_curated``);
+tests/ is on the import path through its conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from conftest import GSM8K_DIR
+from toprcli.shards import CURATED_SCHEMA, write_table_atomic
+from toprcli.verifiers import gsm8k
+
+GSM8K_TEST = GSM8K_DIR / "test.jsonl"
+
+
+def curated_rows(
+    n: int = 48,
+    *,
+    vocab: int = 101,
+    seed: int = 0,
+    policy: str = "model",
+    prompt_len: tuple[int, int] = (3, 16),
+    completion_len: tuple[int, int] = (1, 24),
+    positive_share: float = 0.3,
+) -> dict[str, list]:
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list] = {f.name: [] for f in CURATED_SCHEMA}
+    for i in range(n):
+        pl = int(rng.integers(*prompt_len))
+        cl = int(rng.integers(*completion_len))
+        reward = 1.0 if rng.random() < positive_share else -1.0
+        row = {
+            "prompt_id": f"p{i // 4}",
+            "prompt": "q",
+            "answer": "1",
+            "prompt_token_ids": [1] + rng.integers(4, vocab, pl - 1).tolist(),
+            "sample_index": i % 4,
+            "completion": "a",
+            "completion_token_ids": rng.integers(4, vocab, cl).tolist(),
+            # near the log-prob of a uniform model, so ratios are O(1)
+            "behavior_logprobs": (-np.log(vocab) + rng.normal(0, 0.1, cl)).astype(np.float32).tolist(),
+            "finish_reason": "stop",
+            "policy": policy,
+            "iteration": 0,
+            "reward": reward,
+            "correct": reward > 0,
+            "extracted_answer": "1",
+            "verdict": "correct" if reward > 0 else "incorrect",
+            "advantage": reward,
+            "weight": float(rng.uniform(0.5, 1.5)),
+        }
+        for k, v in row.items():
+            rows[k].append(v)
+    return rows
+
+
+def write_curated(path: Path, rows: dict[str, list] | None = None, **kwargs) -> Path:
+    rows = rows if rows is not None else curated_rows(**kwargs)
+    return write_table_atomic(path, pa.Table.from_pydict(rows, schema=CURATED_SCHEMA))
+
+
+def gsm8k_rows() -> list[dict]:
+    if not GSM8K_TEST.exists():
+        pytest.fail(f"{GSM8K_TEST} not found (the repo expects ../shared/datasets/gsm8k)")
+    return [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
+
+
+def shifted_pairs(rows: list[dict]) -> list[tuple[str, str]]:
+    """(completion of problem i, answer of the next problem whose gold number differs)."""
+    pairs = []
+    n = len(rows)
+    for i, r in enumerate(rows):
+        g = gsm8k.gold_number(r["answer"])
+        j = (i + 1) % n
+        while gsm8k.gold_number(rows[j]["answer"]) == g:
+            j = (j + 1) % n
+        pairs.append((r["answer"], rows[j]["answer"]))
+    return pairs

@@ -1,0 +1,237 @@
+"""Several scored directories read as one table, in two passes that keep memory flat.
+
+What ``topr curate`` (and ``topr verifier-data``) read. Pass 1 reads only the
+light columns a decision needs (ids, rewards, flags), file by file; pass 2
+streams every column of the rows that were kept, batch by batch, with new
+columns appended, in row groups of a fixed size, into one output file
+(:func:`toprcli.shards.write_table_stream`). Rows are numbered globally in
+input order: file after file, source after source.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from toprcli.errors import UserError
+from toprcli.sampling import Processing
+from toprcli.shards.schema import validate_columns
+from toprcli.shards.store import METADATA_KEY, parquet_files, read_file_metadata, sampling_of
+
+ROW_GROUP = 65_536
+# A read buffer streams a big row group page by page instead of loading it whole
+# (a 1M-row row group: ~0.4 GiB less peak memory, and faster).
+READ_BUFFER = 1 << 22
+# Columns whose type may differ between inputs (string vs large_string): read as the wider one.
+_WIDENED = ("prompt_id", "policy", "finish_reason")
+
+
+@dataclass
+class ScoredInputs:
+    files: list[Path]
+    file_rows: np.ndarray  # (F,) rows per file
+    file_source: np.ndarray  # (F,) index of the source (the path given) each file came from
+    schemas: list[pa.Schema]
+
+    @classmethod
+    def open(cls, paths: list[str]) -> ScoredInputs:
+        """Every Parquet file of ``paths`` (scored dirs or files), checked against the scored contract."""
+        files, rows, src, schemas = [], [], [], []
+        seen: dict[Path, str] = {}
+        for s, path in enumerate(paths):
+            for f in parquet_files(path):
+                real = f.resolve()
+                if real in seen:
+                    raise UserError(f"{f}: given twice (also via {seen[real]}) — list each scored directory once")
+                seen[real] = path
+                try:
+                    meta = pq.ParquetFile(f).metadata
+                except (pa.ArrowInvalid, OSError) as e:
+                    raise UserError(f"{f}: not a readable Parquet file ({e}) — regenerate it with `topr score`") from None
+                schema = meta.schema.to_arrow_schema()
+                validate_columns(schema, "scored", f)
+                files.append(f)
+                rows.append(meta.num_rows)
+                src.append(s)
+                schemas.append(schema)
+        return cls(files, np.asarray(rows, dtype=np.int64), np.asarray(src, dtype=np.int64), schemas)
+
+    @property
+    def rows(self) -> int:
+        return int(self.file_rows.sum())
+
+    def starts(self) -> np.ndarray:
+        """(F + 1,) the global index of each file's first row, then the total."""
+        return np.concatenate([[0], np.cumsum(self.file_rows)])
+
+    def sampling(self, paths: list[str]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """The sampling distribution every input was drawn from, and each source's generation record.
+
+        The trainer computes log π under the distribution μ was sampled from, and one
+        training set holds one such distribution: inputs that disagree on it (or where
+        only some files record it) are refused, naming both settings.
+        """
+        first: tuple[Path, dict[str, Any] | None] | None = None
+        per_source: dict[str, Any] = {}
+        for f, s in zip(self.files, self.file_source):
+            meta = read_file_metadata(f)
+            sampling = sampling_of(meta)
+            per_source.setdefault(paths[s], {"sampling": sampling, "generation": meta.get("generation")})
+            if first is None:
+                first = (f, sampling)
+                continue
+            f0, s0 = first
+            same = (s0 is None and sampling is None) or (
+                s0 is not None and sampling is not None and Processing.from_mapping(s0) == Processing.from_mapping(sampling)
+            )
+            if not same:
+                raise UserError(
+                    f"the inputs were sampled from different distributions ({f0}: {_show(s0)}; {f}: {_show(sampling)}) — "
+                    "a training set holds one sampling distribution; curate them separately (or regenerate with the same settings)"
+                )
+        return (first[1] if first else None), per_source
+
+    # -- pass 1 ------------------------------------------------------------------
+
+    def read_light(
+        self,
+        columns: list[str],
+        *,
+        derived: Mapping[str, tuple[str, Callable[[pa.ChunkedArray], np.ndarray]]] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, Any]:
+        """``columns`` of every row as chunked arrays, plus ``derived`` ones.
+
+        ``derived`` maps a name to (a heavy column, a function of it): the column is read
+        one file at a time and only the function's result is kept (e.g. an 8-byte
+        fingerprint of each completion instead of its text).
+        """
+        derived = dict(derived or {})
+        parts: dict[str, list] = {c: [] for c in columns}
+        made: dict[str, list[np.ndarray]] = {name: [] for name in derived}
+        heavy = sorted({col for col, _ in derived.values()} - set(columns))
+        for i, f in enumerate(self.files):
+            t = pq.ParquetFile(f, buffer_size=READ_BUFFER).read(columns=columns + heavy)
+            for c in columns:
+                parts[c].extend(t.column(c).chunks)
+            for name, (col, fn) in derived.items():
+                made[name].append(fn(t.column(col)))
+            del t
+            if progress is not None:
+                progress(i + 1, len(self.files))
+        out: dict[str, Any] = {}
+        for c in columns:
+            typ = self._type_of(c)
+            out[c] = pa.chunked_array([ch if ch.type.equals(typ) else ch.cast(typ) for ch in parts[c]], type=typ)
+        for name in derived:
+            out[name] = np.concatenate(made[name]) if made[name] else np.zeros(0)
+        return out
+
+    def _type_of(self, column: str) -> pa.DataType:
+        types = {s.field(column).type for s in self.schemas}
+        if len(types) == 1:
+            return types.pop()
+        return pa.large_string() if column in _WIDENED else types.pop()
+
+    def column_at(self, column: str, rows: np.ndarray) -> pa.ChunkedArray:
+        """``column`` (a string column) of the given global rows (ascending), reading only the files that hold some."""
+        starts = self.starts()
+        out = []
+        for i, f in enumerate(self.files):
+            lo, hi = np.searchsorted(rows, [starts[i], starts[i + 1]])
+            if hi > lo:
+                col = pq.ParquetFile(f).read(columns=[column]).column(column)
+                out.append(col.take(pa.array(rows[lo:hi] - starts[i])).combine_chunks().cast(pa.large_string()))
+        return pa.chunked_array(out, type=pa.large_string())
+
+    # -- pass 2 ------------------------------------------------------------------
+
+    def output_schema(self, added: list[pa.Field], metadata: Mapping[str, Any]) -> pa.Schema:
+        """The inputs' columns unified (``added`` replaced, if present), then ``added``, with ``metadata``."""
+        names = {f.name for f in added}
+        schemas = [pa.schema([f for f in s if f.name not in names]) for s in self.schemas]
+        try:
+            schema = pa.unify_schemas(schemas, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise UserError(f"the scored inputs have incompatible columns ({e}) — use them separately") from None
+        for f in added:
+            schema = schema.append(f)
+        return schema.with_metadata({METADATA_KEY: json.dumps(dict(metadata), sort_keys=True, default=str).encode()})
+
+    def stream_kept(
+        self,
+        keep: np.ndarray,
+        added: Mapping[str, np.ndarray],
+        schema: pa.Schema,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Iterator[pa.Table]:
+        """The rows where ``keep`` (N,) is set, every input column plus ``added`` (name → (N,) values),
+        conformed to ``schema``, in input order, in tables of exactly ROW_GROUP rows (the last shorter)."""
+        starts = self.starts()
+        pending: list[pa.Table] = []
+        n_pending = 0
+        for i, f in enumerate(self.files):
+            lo = int(starts[i])
+            if keep[lo : int(starts[i + 1])].any():
+                columns = [n for n in self.schemas[i].names if n not in added]
+                # Single-threaded decode: this runs in the writer's reader thread while the main
+                # thread encodes, a balanced two-stage pipeline (Arrow's pool would compete with it).
+                reader = pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
+                for batch in reader.iter_batches(batch_size=ROW_GROUP, columns=columns, use_threads=False):
+                    hi = lo + batch.num_rows
+                    mask = keep[lo:hi]
+                    if mask.any():
+                        t = pa.Table.from_batches([batch])
+                        for name, values in added.items():
+                            t = t.append_column(name, pa.array(values[lo:hi], schema.field(name).type))
+                        if not mask.all():
+                            t = t.filter(pa.array(mask))
+                        pending.append(_conform(t, schema))
+                        n_pending += t.num_rows
+                        if n_pending >= ROW_GROUP:
+                            whole = pa.concat_tables(pending)
+                            n_full = (n_pending // ROW_GROUP) * ROW_GROUP
+                            for k in range(0, n_full, ROW_GROUP):
+                                yield whole.slice(k, ROW_GROUP)
+                            pending, n_pending = [whole.slice(n_full)], n_pending - n_full
+                    lo = hi
+            if progress is not None:
+                progress(i + 1, len(self.files))
+        if n_pending:
+            yield pa.concat_tables(pending)
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """Columns that get dictionary pages: the flat ones except ``completion``.
+
+    Dictionaries pay off for repeated values (prompt text and ids, policy,
+    verdict). They do not for unique texts (``completion``), and for the list
+    columns (token ids, log-probs) they cost ~20% more CPU for the whole write
+    (measured in benchmarks/curate.py) for a smaller file, so those are written plain.
+    """
+    return [f.name for f in schema if not pa.types.is_nested(f.type) and f.name != "completion"]
+
+
+def _conform(batch: pa.Table, schema: pa.Schema) -> pa.Table:
+    cols = []
+    for f in schema:
+        if f.name in batch.column_names:
+            col = batch.column(f.name)
+            cols.append(col if col.type.equals(f.type) else col.cast(f.type))
+        else:
+            cols.append(pa.nulls(batch.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _show(sampling: dict[str, Any] | None) -> str:
+    if sampling is None:
+        return "no sampling record"
+    return ", ".join(f"{k} {v}" for k, v in Processing.from_mapping(sampling).as_dict().items())

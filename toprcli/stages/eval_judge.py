@@ -1,0 +1,166 @@
+"""The eval stage's verifier pass: a generative verifier judges sampled candidates.
+
+Part of :mod:`toprcli.stages.eval`. The candidates are the eval's own k samples
+per prompt (``verifier_model``: another model judges them), or the samples of
+another policy in a scored directory (``candidates``: the evaluated model is
+the verifier — what ``topr iterate`` measures each round when it trains a
+verifier). Each candidate becomes a verification prompt
+(:mod:`toprcli.data.verification`), rendered with the ``verification`` preset
+(and the verifier's chat template when ``verifier_chat_template``), and gets
+a score in [0, 1]:
+
+* ``p-yes`` — P(Yes) / (P(Yes) + P(No)) at the verdict position
+  (:mod:`toprcli.generation.verdicts`); its validity is the verdict mass P(Yes) + P(No);
+* ``sampled`` — ``verifier_samples`` verdicts are sampled (the generate stage
+  into ``judge/samples``, scored by the ``judge`` verifier into ``judge/scored``):
+  the share of Yes among the valid ones (0.5 when none is valid); its validity
+  is the share of valid verdicts.
+
+Writes ``verified/``: the candidates' scored columns plus ``verifier_score``
+and ``verifier_valid`` (float32), then its ``_manifest.json``; a rerun reuses it.
+Returns the verifier's measures (:func:`toprcli.evaluation.verifier_metrics`),
+with the names ``best_of_k_verifier`` and ``weighted_maj@k``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from toprcli import shards
+from toprcli.config import DatasetSpec, EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig
+from toprcli.data.datasets import Example, encode_prompt, render_prompt
+from toprcli.data.verification import NO, YES, label_word, verification_id, verification_text
+from toprcli.errors import UserError
+from toprcli.evaluation import verifier_metrics
+from toprcli.generation import open_backend
+from toprcli.generation.model_info import check_model, load_tokenizer
+from toprcli.generation.verdicts import verdict_scores
+from toprcli.progress import ProgressFn, report
+from toprcli.stages import generate as generate_stage
+from toprcli.stages import score as score_stage
+from toprcli.verifiers.voting import vote_keys
+
+VERIFIED = "verified"
+
+
+def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None) -> dict[str, Any]:
+    """Score the candidates with the verifier (or reuse ``out/verified``); return the verifier's measures."""
+    verified = out / VERIFIED
+    source = Path(cfg.candidates) if cfg.candidates else out / "scored"
+    verifier = cfg.verifier_model or cfg.model
+    answer_checker = _answer_checker(cfg, source)
+    if shards.read_manifest(verified) is None:
+        table = _candidates(source)
+        if cfg.verifier_mode == "p-yes":
+            scores, valid = _p_yes(cfg, verifier, table, backend, progress)
+        else:
+            scores, valid = _sampled(cfg, verifier, table, backend, out, progress)
+        table = table.append_column(pa.field("verifier_score", pa.float32()), pa.array(scores, pa.float32()))
+        table = table.append_column(pa.field("verifier_valid", pa.float32()), pa.array(valid, pa.float32()))
+        info = {"verifier_model": verifier, "verifier_mode": cfg.verifier_mode, "candidates": str(source)}
+        shards.write_shard(verified, 0, table, metadata={"stage": "eval-judge", **info})
+        shards.write_manifest(verified, stage="eval-judge", config=info, inputs={"candidates": str(source)}, counts={"rows": table.num_rows})
+    table = shards.read_table(verified)
+    prompt_ids, correct = table.column("prompt_id").to_pylist(), table.column("correct").to_pylist()
+    keys = vote_keys(answer_checker, prompt_ids, table.column("extracted_answer").to_pylist(), correct, cfg.k,
+                     workers=cfg.workers, timeout=cfg.timeout)
+    scores = table.column("verifier_score").to_numpy().astype(np.float64)
+    m = verifier_metrics(prompt_ids, correct, keys, scores, cfg.k)
+    m["best_of_k_verifier"] = m[f"best_of_{cfg.k}_verifier"]
+    m["weighted_maj@k"] = m[f"weighted_maj@{cfg.k}"]
+    m["candidates_maj@k"] = m[f"candidates_maj@{cfg.k}"]
+    m["verifier_invalid_rate"] = float(1.0 - table.column("verifier_valid").to_numpy().astype(np.float64).mean())
+    m["verifier_model"], m["verifier_mode"] = verifier, cfg.verifier_mode
+    return m
+
+
+def _answer_checker(cfg: EvalConfig, source: Path) -> str:
+    """The verifier spec that scored the candidates (how their answers vote together)."""
+    if not cfg.candidates:
+        return cfg.verifier
+    found = shards.complete_shards(source)
+    if not found:
+        raise UserError(f"candidates {source}: no scored shards — pass a `topr score` (or eval `scored/`) directory")
+    spec = (shards.read_file_metadata(next(iter(found.values()))).get("score") or {}).get("settings", {}).get("verifier")
+    return spec or "gsm8k"
+
+
+def _candidates(source: Path) -> pa.Table:
+    table = shards.read_table(source)
+    for column in ("prompt_id", "sample_index", "completion", "correct", "extracted_answer"):
+        if column not in table.column_names:
+            raise UserError(f"candidates {source} have no {column!r} column — pass a scored directory")
+    return table.take(pc.sort_indices(table, sort_keys=[("prompt_id", "ascending"), ("sample_index", "ascending")]))
+
+
+def _texts(table: pa.Table) -> list[str]:
+    """The verification text of every candidate: its question (before rendering, else the prompt) and solution."""
+    questions = table.column("question" if "question" in table.column_names else "prompt").to_pylist()
+    return [verification_text(q or "", c or "") for q, c in zip(questions, table.column("completion").to_pylist())]
+
+
+def _spec(cfg: EvalConfig, source: str) -> DatasetSpec:
+    return DatasetSpec(source=source, split="test", preset="verification", chat_template=cfg.verifier_chat_template)
+
+
+def _p_yes(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, progress: ProgressFn | None) -> tuple[np.ndarray, np.ndarray]:
+    check_model(verifier)
+    tokenizer = load_tokenizer(verifier)
+    spec = _spec(cfg, "candidates")
+    labels = table.column("correct").to_pylist()
+    prompts = []
+    for text, ok in zip(_texts(table), labels):
+        rendered = render_prompt(Example(prompt_id="", question=text, answer=label_word(bool(ok))), spec, tokenizer)
+        prompts.append(encode_prompt(rendered, tokenizer, spec))
+    report(progress, "verifier: P(Yes)", 0, len(prompts))
+    own = None
+    if backend is None:
+        backend = own = open_backend(cfg.engine, verifier, seed=cfg.sampling.seed)
+    elif str(backend.model) != verifier:
+        backend.load_weights(verifier)
+    try:
+        scores, mass = verdict_scores(backend, tokenizer, prompts)
+    finally:
+        if own is not None:
+            own.close()
+    report(progress, "verifier: P(Yes)", len(prompts), len(prompts))
+    return scores, mass
+
+
+def _sampled(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, out: Path,
+             progress: ProgressFn | None) -> tuple[np.ndarray, np.ndarray]:
+    """``verifier_samples`` verdicts per candidate through the generate and score stages (resumable)."""
+    texts = _texts(table)
+    ids = [f"{verification_id(t)}-{pid}-{i}" for t, pid, i in zip(texts, table.column("prompt_id").to_pylist(),
+                                                                   table.column("sample_index").to_pylist())]
+    prompts_file = out / "judge" / "prompts.parquet"
+    if not prompts_file.exists():
+        labels = [label_word(bool(c)) for c in table.column("correct").to_pylist()]
+        data = pa.table({"id": ids, "question": texts, "answer": labels})
+        shards.write_table_atomic(prompts_file, data, {"stage": "verifier-data", "source": "eval candidates"})
+    gcfg = GenerateConfig(
+        model=verifier, dataset=_spec(cfg, str(prompts_file)), out=str(out / "judge" / "samples"), n=cfg.verifier_samples,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=cfg.verifier_max_new_tokens, seed=cfg.sampling.seed),
+        engine=cfg.engine, shard_size=cfg.shard_size, iteration=cfg.iteration,
+    )
+    generate_stage.run(gcfg, backend=backend, progress=progress)
+    scfg = ScoreConfig(samples=gcfg.out, out=str(out / "judge" / "scored"), verifier="judge", workers=cfg.workers, timeout=cfg.timeout)
+    score_stage.run(scfg, progress=progress)
+    verdicts = shards.read_table(scfg.out, columns=["prompt_id", "extracted_answer"])
+    tally: dict[str, Counter] = {}
+    for pid, v in zip(verdicts.column("prompt_id").to_pylist(), verdicts.column("extracted_answer").to_pylist()):
+        tally.setdefault(pid, Counter())[v if v in (YES, NO) else None] += 1
+    scores, valid = np.full(len(ids), 0.5), np.zeros(len(ids))
+    for j, vid in enumerate(ids):
+        c = tally.get(vid, Counter())
+        n_valid = c[YES] + c[NO]
+        if n_valid:
+            scores[j] = c[YES] / n_valid
+        valid[j] = n_valid / max(1, sum(c.values()))
+    return scores, valid

@@ -1,0 +1,94 @@
+"""The train stage: a policy + a curated training set → a new policy.
+
+Reads: a policy (HF model dir or hub id) and a curated training set (a Parquet
+file or shard dir with ``CURATED_SCHEMA`` columns: token ids, ``behavior_logprobs``
+= log μ, ``advantage``, ``weight``; and its ``sampling`` metadata, the
+distribution μ was drawn from).
+
+Writes ``<out>/``: the new policy in HF format (safetensors + tokenizer,
+loadable by transformers and vLLM; LoRA merged; float32 weights unless
+``save_dtype`` says otherwise), ``metrics.jsonl`` (one line per optimizer
+step), ``train_summary.json``, ``_manifest.json`` and ``tb/`` with
+``--tensorboard``. While running, everything lives in ``<out>.partial/``
+(with ``checkpoints/`` and, when μ or a reference is recomputed,
+``precomputed.npz``); the directory is renamed to ``<out>`` only when the
+policy is complete, so ``<out>`` never holds a partial policy.
+
+Re-running:
+* ``<out>`` complete: error, unless ``overwrite`` (train again, replace it at
+  the end) or ``resume`` (nothing to do; the saved summary is returned).
+* ``<out>.partial`` left by a killed run: ``resume`` continues from its latest
+  checkpoint (same config and data required) and ends with the same weights as
+  an uninterrupted run; without ``resume`` it is discarded and training starts over.
+
+Under ``torchrun`` every rank calls :func:`run`: rank 0 holds the output lock
+and writes the run's files, every rank trains its shard (FSDP2). The loop
+itself is :func:`toprcli.training.trainer.train_loop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+
+import torch
+
+from toprcli import shards
+from toprcli.config import TrainConfig, config_to_dict
+from toprcli.progress import ProgressFn
+from toprcli.stages import StageResult
+from toprcli.training.distributed import barrier, env_rank, init_distributed, shutdown
+from toprcli.training.prepare import SUMMARY_NAME, Prepared, finished_summary, prepare
+from toprcli.training.trainer import PRECOMPUTED_NAME, train_loop
+
+STAGE = "train"
+
+
+def run(cfg: TrainConfig, *, progress: ProgressFn | None = None) -> StageResult:
+    """Train ``cfg.model`` on ``cfg.data`` with loss ``cfg.loss``; write the policy to ``cfg.out``.
+
+    Works as one process or under ``torchrun`` (FSDP2; every rank calls this).
+    The result's summary is ``<out>/train_summary.json``. Raises
+    :class:`~toprcli.errors.UserError` for bad input before any output directory exists.
+    """
+    done = finished_summary(cfg)
+    if done is not None:  # resume of a finished run: nothing to do
+        return StageResult(STAGE, str(cfg.out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
+    prep = prepare(cfg)
+    # One writer per output: rank 0 holds the lock for the whole run (its peers write only their shards).
+    lock = shards.output_lock(prep.out) if env_rank() == 0 else contextlib.nullcontext()
+    with lock:
+        threads_before = torch.get_num_threads()
+        ctx = init_distributed()
+        try:
+            if cfg.threads:
+                torch.set_num_threads(cfg.threads)
+            elif ctx.distributed and ctx.device.type == "cpu":
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_world_size))
+            summary = train_loop(prep, ctx, progress if ctx.is_main else None)
+            if ctx.is_main:
+                _finish(prep, summary)
+            barrier(ctx)
+        finally:
+            torch.set_num_threads(threads_before)
+            shutdown(ctx)
+    return StageResult(STAGE, str(prep.out), summary, wall_time_s=summary["wall_time_s"])
+
+
+def _finish(prep: Prepared, summary: dict) -> None:
+    """Record the run in <out>.partial, drop the training state, rename it to <out>."""
+    partial = prep.partial
+    shards.write_json_atomic(partial / SUMMARY_NAME, summary)
+    shards.write_manifest(
+        partial,
+        stage=STAGE,
+        config=config_to_dict(prep.cfg),
+        inputs={"model": prep.cfg.model, "data": prep.cfg.data, "data_fingerprint": prep.data_fingerprint},
+        counts={"rows": summary["rows"], "steps": summary["steps"], "tokens": summary["tokens"]},
+        wall_time_s=summary["wall_time_s"],
+        sampling=summary["sampling"],
+    )
+    shutil.rmtree(partial / "checkpoints", ignore_errors=True)
+    (partial / PRECOMPUTED_NAME).unlink(missing_ok=True)
+    shards.swap_dir_into_place(partial, prep.out)
