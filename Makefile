@@ -9,7 +9,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast demo verifier-demo bench clean
 
 install: $(STAMP)
 
@@ -33,6 +33,15 @@ test-fast: install
 
 demo: install
 	$(BIN)/topr iterate --config configs/demo.yaml
+
+# The generative-verifier demo on top of the demo's run (configs/verifier-demo.yaml says what it does).
+VDEMO := runs/verifier-demo
+verifier-demo: install
+	test -f runs/demo/round-003/eval/eval.json || $(BIN)/topr iterate --config configs/demo.yaml
+	$(BIN)/topr verifier-data -s runs/demo/round-001/scored runs/demo/round-002/scored runs/demo/round-003/scored \
+		-o $(VDEMO)/train.parquet --balance --max-per-question 4
+	$(BIN)/topr verifier-data -s runs/demo/round-003/eval/scored -o $(VDEMO)/test.parquet
+	$(BIN)/topr iterate --config configs/verifier-demo.yaml
 
 bench: install
 	$(BIN)/python benchmarks/generate.py && $(BIN)/python benchmarks/score.py && \

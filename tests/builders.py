@@ -83,3 +83,28 @@ def shifted_pairs(rows: list[dict]) -> list[tuple[str, str]]:
             j = (j + 1) % n
         pairs.append((r["answer"], rows[j]["answer"]))
     return pairs
+
+
+def scored_table(items: list[tuple], *, iteration: int = 0, policy: str = "tiny", with_question: bool = True) -> pa.Table:
+    """A scored shard by hand: items are (prompt_id, question, completion, verdict), verdict one of the
+    contract's; sample_index counts within a prompt; rewards ±1."""
+    from toprcli.shards import SCORED_SCHEMA
+
+    cols: dict[str, list] = {f.name: [] for f in SCORED_SCHEMA}
+    questions: list[str] = []
+    seen: dict[str, int] = {}
+    for pid, question, completion, verdict in items:
+        k = seen.get(pid, 0)
+        seen[pid] = k + 1
+        ok = verdict == "correct"
+        row = {
+            "prompt_id": pid, "prompt": f"Question: {question}\nAnswer:", "answer": "7", "prompt_token_ids": [1, 2, 3],
+            "sample_index": k, "completion": completion, "completion_token_ids": [4, 5], "behavior_logprobs": [-0.5, -0.25],
+            "finish_reason": "stop", "policy": policy, "iteration": iteration, "reward": 1.0 if ok else -1.0, "correct": ok,
+            "extracted_answer": None if verdict == "no_answer" else completion[-1:], "verdict": verdict,
+        }
+        for name, value in row.items():
+            cols[name].append(value)
+        questions.append(question)
+    t = pa.table(cols, schema=SCORED_SCHEMA)
+    return t.append_column("question", pa.array(questions, pa.string())) if with_question else t

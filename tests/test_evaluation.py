@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from math import comb
 
@@ -83,3 +84,55 @@ def test_vote_keys_replace_string_voting():
         eval_metrics(pids, correct, answers, invalid, k=4, vote_keys=[0, 0, 1])
     with pytest.raises(ValueError, match="k must be"):
         eval_metrics(pids, correct, answers, invalid, k=0)
+
+
+# -- a verifier's measures --------------------------------------------------------------
+
+
+def test_best_of_k_takes_the_top_score_and_shares_ties():
+    from toprcli.evaluation import best_of_k_correct
+
+    assert best_of_k_correct([0.1, 0.9, 0.5], [False, True, False]) == 1.0
+    assert best_of_k_correct([0.1, 0.9, 0.5], [True, False, True]) == 0.0
+    assert best_of_k_correct([0.7, 0.7, 0.2], [True, False, True]) == 0.5  # tied top: expected credit
+    assert best_of_k_correct([], []) == 0.0
+
+
+def test_weighted_majority_vote_by_hand():
+    # Answers 5, 5, 7 (7 is correct). Plain vote: 5 wins. Weighted by the verifier: 5 gets 0.2 + 0.3, 7 gets 0.9.
+    keys, correct, scores = ["5", "5", "7"], [False, False, True], [0.2, 0.3, 0.9]
+    assert majority_vote_correct(keys, correct) == 0.0
+    assert majority_vote_correct(keys, correct, scores) == 1.0
+    assert majority_vote_correct(keys, correct, [0.25, 0.25, 0.5]) == 0.5  # 0.5 vs 0.5: a tie, half credit
+    assert majority_vote_correct([None, None], [True, True], [1.0, 1.0]) == 0.0  # nobody voted
+
+
+def test_roc_auc_by_hand():
+    from toprcli.evaluation import roc_auc
+
+    assert roc_auc([0.9, 0.8, 0.3, 0.1], [True, True, False, False]) == 1.0
+    assert roc_auc([0.1, 0.2, 0.8, 0.9], [True, True, False, False]) == 0.0
+    # positives 0.8, 0.4; negatives 0.6, 0.4: pairs (0.8>0.6) 1, (0.8>0.4) 1, (0.4<0.6) 0, (0.4=0.4) 0.5 → 2.5/4
+    assert roc_auc([0.8, 0.4, 0.6, 0.4], [True, True, False, False]) == pytest.approx(0.625)
+    assert math.isnan(roc_auc([0.5, 0.6], [True, True]))
+
+
+def test_verifier_metrics_by_hand():
+    from toprcli.evaluation import verifier_metrics
+
+    # prompt a: answers 1 (wrong), 1 (wrong), 2 (right); the verifier likes 2. prompt b: one right answer it dislikes.
+    pids = ["a", "a", "a", "b"]
+    correct = [False, False, True, True]
+    keys = ["1", "1", "2", "9"]
+    scores = [0.2, 0.4, 0.8, 0.3]
+    m = verifier_metrics(pids, correct, keys, scores, k=3)
+    assert m["best_of_3_verifier"] == 1.0  # a: 0.8 → right; b: its only candidate is right
+    assert m["weighted_maj@3"] == 1.0  # a: "1" has 0.6, "2" has 0.8
+    assert m["candidates_maj@3"] == 0.5  # a: "1" wins the plain vote; b: right
+    assert m["candidates_pass@1"] == 0.5 and m["candidates"] == 4
+    assert m["verifier_accuracy"] == 0.75  # 0.2 ✓ 0.4 ✓ 0.8 ✓ 0.3 ✗ (a right answer called wrong)
+    assert m["verifier_auc"] == pytest.approx(((1 + 1) + (1 + 1) / 2 + 0) / 4)  # positives 0.8, 0.3 vs negatives 0.2, 0.4
+    # only the first k candidates of a prompt count for the per-prompt measures
+    assert verifier_metrics(pids, correct, keys, scores, k=2)["best_of_2_verifier"] == 0.5
+    with pytest.raises(ValueError, match="same length"):
+        verifier_metrics(pids, correct, keys, scores[:3], k=2)

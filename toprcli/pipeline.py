@@ -43,6 +43,8 @@ from toprcli.stages import curate, generate, score, train, warmstart
 from toprcli.stages import eval as eval_stage
 
 STATE_FILE = "state.json"
+# What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
+VERIFIER_KEYS = ("best_of_k_verifier", "weighted_maj@k", "candidates_maj@k", "verifier_accuracy", "verifier_invalid_rate", "verifier_auc")
 CONFIG_FILE = "config.yaml"
 
 
@@ -327,6 +329,7 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
     if ev is not None:
         m = ev["metrics"]
         out.update({"pass@1": m["pass@1"], "maj@k": m["maj@k"], "pass@k": m["pass@k"], "k": ev["k"], "invalid_rate": m["invalid_rate"], "greedy_accuracy": m.get("greedy_accuracy")})
+        out.update({key: m[key] for key in VERIFIER_KEYS if key in m})
     curated = d / "train.parquet"
     if curated.exists():
         meta = read_file_metadata(curated)

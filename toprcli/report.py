@@ -76,6 +76,10 @@ def _fmt(v: Any) -> str:
 def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     cols = [("round", "round"), ("pass@1", "pass@1"), ("maj@k", "maj@k"), ("pass@k", "pass@k"), ("greedy", "greedy_accuracy"),
             ("invalid", "invalid_rate"), ("p", "p"), ("c", "c"), ("p̃", "p_effective"), ("train rows", "rows_out"), ("mean reward", "reward_mean")]
+    if any("best_of_k_verifier" in r for r in rows):  # a generative verifier judged candidates each round
+        cols[6:6] = [("maj@k (candidates)", "candidates_maj@k"), ("best-of-k (verifier)", "best_of_k_verifier"),
+                     ("weighted maj@k", "weighted_maj@k"), ("verifier accuracy", "verifier_accuracy"),
+                     ("verifier invalid", "verifier_invalid_rate"), ("verifier AUC", "verifier_auc")]
     lines = [f"# Run report: {run_dir}", "", "| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(k)) for _, k in cols) + " |")
@@ -123,7 +127,8 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     out.mkdir(exist_ok=True)
 
     _round_plot(rows, out / "accuracy.png", "Evaluation per round", "rate",
-                (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate")))
+                (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate"),
+                 ("best_of_k_verifier", "best-of-k (verifier)"), ("weighted_maj@k", "verifier-weighted maj@k")))
     _round_plot(rows, out / "mix.png", "Training mix per round", "share",
                 (("p", "raw positive share p"), ("p_effective", "effective positive share p̃")))
 

@@ -118,7 +118,7 @@ def grid_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
+    if value is None or (isinstance(value, float) and value != value):  # None or NaN: no value
         return "–"
     if isinstance(value, float):
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):

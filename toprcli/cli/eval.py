@@ -29,17 +29,26 @@ def eval_command(
     backend: Annotated[str | None, typer.Option(help="auto, vllm or hf.")] = None,
     greedy: Annotated[bool | None, typer.Option("--greedy/--no-greedy", help="Also decode one greedy completion per prompt.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    verifier_model: Annotated[str | None, typer.Option("--verifier-model", help="A generative verifier (model dir) that scores each of the k samples: adds best-of-k and verifier-weighted maj@k.")] = None,
+    verifier_mode: Annotated[str | None, typer.Option("--verifier-mode", help="p-yes: P(Yes) at the verdict position (default); sampled: share of Yes among --verifier-samples sampled verdicts.")] = None,
+    verifier_samples: Annotated[int | None, typer.Option("--verifier-samples", help="Verdicts sampled per candidate (--verifier-mode sampled). Default: 4.")] = None,
+    verifier_chat_template: Annotated[bool | None, typer.Option("--verifier-chat-template/--no-verifier-chat-template", help="Render verification prompts with the verifier's chat template (as it was trained).")] = None,
+    candidates: Annotated[Path | None, typer.Option("--candidates", help="Judge this scored dir's samples with --model itself as the verifier (evaluating a trained verifier).")] = None,
     config: ConfigFile = None,
 ) -> None:
     """Sample k completions per test prompt, score them, and report the metrics.
 
     Reports greedy accuracy, pass@1 (mean over samples), pass@k (unbiased
     estimator), maj@k (majority vote over extracted answers; ties give
-    expected credit) and the invalid rate (no extractable answer).
+    expected credit) and the invalid rate (no extractable answer). With a generative
+    verifier: best-of-k by verifier score, verifier-weighted maj@k, and the verifier's
+    accuracy, invalid-verdict rate and AUC on the candidates.
 
     Examples:
       [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/r3 --k 8[/]
       [bold]topr eval --model meta-llama/Meta-Llama-3-8B-Instruct --dataset openai/gsm8k --out eval/base --chat-template[/]
+      [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/v --k 8 --verifier-model runs/verifier/round-002/policy[/]
+      [bold]topr eval --model runs/verifier/round-002/policy --dataset verify/test.parquet --out eval/judge --candidates runs/demo/round-003/eval/scored[/]
     """
     from toprcli.config import EvalConfig, load_config
     from toprcli.stages import eval as eval_stage
@@ -53,6 +62,8 @@ def eval_command(
             "out": str(out) if out else None, "k": k, "verifier": verifier,
             "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.top_k": top_k, "sampling.min_p": min_p,
             "sampling.max_new_tokens": max_new_tokens, "sampling.seed": seed, "engine.backend": backend, "greedy": greedy,
+            "verifier_model": verifier_model, "verifier_mode": verifier_mode, "verifier_samples": verifier_samples,
+            "verifier_chat_template": verifier_chat_template, "candidates": str(candidates) if candidates else None,
         },
     )
     from toprcli.errors import UserError
@@ -66,5 +77,16 @@ def eval_command(
             (f"maj@{cfg.k}", m["maj@k"]), ("invalid rate", m["invalid_rate"]), ("mean completion tokens", m["mean_completion_tokens"])]
     if "greedy_accuracy" in m:
         rows.insert(2, ("greedy accuracy", m["greedy_accuracy"]))
+    if "best_of_k_verifier" in m:
+        rows += [
+            ("verifier", f"{m['verifier_model']} ({m['verifier_mode']})"),
+            (f"candidates judged ({'--candidates' if cfg.candidates else 'the k samples'})", m["candidates"]),
+            (f"maj@{cfg.k} of the candidates", m["candidates_maj@k"]),
+            (f"best-of-{cfg.k} by verifier", m["best_of_k_verifier"]),
+            (f"verifier-weighted maj@{cfg.k}", m["weighted_maj@k"]),
+            ("verifier accuracy", m["verifier_accuracy"]),
+            ("verifier invalid-verdict rate", m["verifier_invalid_rate"]),
+            ("verifier AUC", m["verifier_auc"]),
+        ]
     console.print(summary_table(f"eval of {cfg.model}", rows))
     console.print(f"wrote {Path(cfg.out) / 'eval.json'}", highlight=False)

@@ -10,14 +10,22 @@ import typer
 from toprcli.cli.common import console, err_console, grid_table, progress_bars, user_errors
 
 ROUND_COLUMNS = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "train rows", "wall s")
+# With a generative verifier (eval.verifier_model or eval.candidates), after "invalid".
+VERIFIER_COLUMNS = ("maj@k (cands)", "best-of-k (verifier)", "weighted maj@k", "verifier AUC")
 
 
-def round_rows(rows: list[dict]) -> list[list]:
-    return [
-        [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"),
-         r.get("p"), r.get("p_effective"), r.get("rows_out"), r.get("wall_time_s")]
-        for r in rows
-    ]
+def round_table(title: str, rows: list[dict], *, wall: bool = True):
+    """The per-round table: accuracy, the training mix, and the verifier's measures when a round has them."""
+    judged = any("best_of_k_verifier" in r for r in rows)
+    columns = list(ROUND_COLUMNS[:5]) + (list(VERIFIER_COLUMNS) if judged else []) + list(ROUND_COLUMNS[5:8]) + (["wall s"] if wall else [])
+    table_rows = []
+    for r in rows:
+        row = [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate")]
+        if judged:
+            row += [r.get("candidates_maj@k"), r.get("best_of_k_verifier"), r.get("weighted_maj@k"), r.get("verifier_auc")]
+        row += [r.get("p"), r.get("p_effective"), r.get("rows_out")] + ([r.get("wall_time_s")] if wall else [])
+        table_rows.append(row)
+    return grid_table(title, columns, table_rows)
 
 
 @user_errors
@@ -57,11 +65,11 @@ def iterate(
     def on_round(r: int, summary: dict) -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
         seen.append(summary)
-        console.print(grid_table(f"after round {r}", ROUND_COLUMNS, round_rows(seen)))
+        console.print(round_table(f"after round {r}", seen))
 
     with progress_bars(transient=True) as progress:
         rows = Pipeline(cfg, progress=progress, on_round=on_round).run()
-    console.print(grid_table(f"run {cfg.run_dir} ({time.perf_counter() - t0:.0f} s this invocation)", ROUND_COLUMNS[:-1], [r[:-1] for r in round_rows(rows)]))
+    console.print(round_table(f"run {cfg.run_dir} ({time.perf_counter() - t0:.0f} s this invocation)", rows, wall=False))
     if report:
         from toprcli.report import write_report
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from toprcli.cli import config_cmd, curate, generate, import_gguf, info, init_model, iterate, report, score, train
+from toprcli.cli import config_cmd, curate, generate, import_gguf, info, init_model, iterate, report, score, train, verifier_data
 from toprcli.cli import eval as eval_cli
 
 app = typer.Typer(
@@ -34,6 +34,7 @@ app.command("train")(train.train)
 app.command("eval")(eval_cli.eval_command)
 app.command("iterate")(iterate.iterate)
 app.command("report")(report.report)
+app.command("verifier-data")(verifier_data.verifier_data)
 app.add_typer(config_cmd.app, name="config")
 
 

@@ -25,6 +25,7 @@ from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
 from toprcli.evaluation import accuracy, eval_metrics
 from toprcli.generation import open_backend
+from toprcli.generation.model_info import check_model
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.stages import generate as generate_stage
@@ -87,6 +88,10 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     done = read_eval(out)
     if done is not None:
         return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
+    if cfg.verifier_model:  # a bad verifier is refused before anything is generated
+        check_model(cfg.verifier_model)
+    if cfg.candidates and not shards.complete_shards(cfg.candidates):
+        raise UserError(f"--candidates {cfg.candidates}: no scored shards there — pass a `topr score` (or an eval's scored/) directory")
     shards.check_writable(out)
     with shards.output_lock(out):  # one writer per output
         result = _evaluate(cfg, out, backend, examples, progress)

@@ -72,6 +72,8 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
                      workers=cfg.workers, timeout=cfg.timeout)
     scores = table.column("verifier_score").to_numpy().astype(np.float64)
     m = verifier_metrics(prompt_ids, correct, keys, scores, cfg.k)
+    if m["verifier_auc"] != m["verifier_auc"]:  # NaN: every candidate right, or every one wrong
+        m["verifier_auc"] = None  # JSON has no NaN
     m["best_of_k_verifier"] = m[f"best_of_{cfg.k}_verifier"]
     m["weighted_maj@k"] = m[f"weighted_maj@{cfg.k}"]
     m["candidates_maj@k"] = m[f"candidates_maj@{cfg.k}"]

@@ -1,0 +1,93 @@
+"""The eval stage with a generative verifier: p-yes and sampled verdicts, judged candidates, metrics by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from toprcli.cli.main import app
+from toprcli.config import DatasetSpec, EngineConfig, EvalConfig, SamplingConfig
+from toprcli.evaluation import verifier_metrics
+from toprcli.stages.eval import run
+from toprcli.verifiers.voting import vote_keys
+
+
+def eval_config(model, out, **kw) -> EvalConfig:
+    base = dict(
+        model=str(model), out=str(out), k=3, greedy=False, workers=1,
+        dataset=DatasetSpec(source="builtin:arith", split="test", level=1, size=6),
+        sampling=SamplingConfig(max_new_tokens=16, seed=1), engine=EngineConfig(backend="hf"),
+    )
+    base.update(kw)
+    return EvalConfig(**base)
+
+
+def test_p_yes_judges_the_k_samples_and_the_measures_follow_from_the_scores(tiny_model_dir, hf_backend, tmp_path):
+    out = tmp_path / "eval"
+    res = run(eval_config(tiny_model_dir, out, verifier_model=str(tiny_model_dir)), backend=hf_backend)
+    m = res["metrics"]
+    for key in ("pass@1", "maj@k", "best_of_k_verifier", "weighted_maj@k", "verifier_accuracy", "verifier_invalid_rate", "verifier_auc"):
+        assert key in m, key
+    assert m["verifier_mode"] == "p-yes" and m["candidates"] == 18 and m["candidates_maj@k"] == m["maj@k"]
+
+    verified = pq.read_table(out / "verified")
+    scores, valid = verified.column("verifier_score").to_numpy(), verified.column("verifier_valid").to_numpy()
+    assert verified.num_rows == 18 and np.all((scores >= 0) & (scores <= 1)) and np.all((valid > 0) & (valid <= 1))
+    assert m["verifier_invalid_rate"] == pytest.approx(1 - valid.astype(np.float64).mean())
+    pids, correct = verified.column("prompt_id").to_pylist(), verified.column("correct").to_pylist()
+    keys = vote_keys("gsm8k", pids, verified.column("extracted_answer").to_pylist(), correct, 3)
+    expect = verifier_metrics(pids, correct, keys, scores.astype(np.float64), 3)
+    assert m["best_of_k_verifier"] == pytest.approx(expect["best_of_3_verifier"])
+    assert m["weighted_maj@k"] == pytest.approx(expect["weighted_maj@3"])
+    auc = expect["verifier_auc"]
+    assert m["verifier_auc"] == (None if auc != auc else pytest.approx(auc))  # no AUC when every candidate is wrong
+
+    again = run(eval_config(tiny_model_dir, out, verifier_model=str(tiny_model_dir)))
+    assert again.skipped and again["metrics"]["best_of_k_verifier"] == m["best_of_k_verifier"]
+
+
+def test_sampled_verdicts_go_through_generate_and_the_judge_verifier(tiny_model_dir, hf_backend, tmp_path):
+    out = tmp_path / "eval"
+    cfg = eval_config(tiny_model_dir, out, verifier_model=str(tiny_model_dir), verifier_mode="sampled", verifier_samples=2,
+                      verifier_max_new_tokens=4)
+    m = run(cfg, backend=hf_backend)["metrics"]
+    samples = pq.read_table(out / "judge" / "samples")
+    assert samples.num_rows == 18 * 2  # two verdicts per candidate
+    scored = pq.read_table(out / "judge" / "scored")
+    assert set(scored.column("verdict").to_pylist()) <= {"correct", "incorrect", "no_answer"}
+    valid = pq.read_table(out / "verified").column("verifier_valid").to_numpy()
+    assert set(np.round(valid * 2).astype(int).tolist()) <= {0, 1, 2}
+    # A random character model almost never ends with a Yes/No line: nearly every verdict is invalid.
+    assert m["verifier_invalid_rate"] == pytest.approx(1 - valid.astype(np.float64).mean()) and m["verifier_invalid_rate"] > 0.5
+
+
+def test_candidates_are_judged_by_the_evaluated_model(tiny_model_dir, hf_backend, tmp_path):
+    first = tmp_path / "generator-eval"
+    run(eval_config(tiny_model_dir, first), backend=hf_backend)
+    cfg = eval_config(tiny_model_dir, tmp_path / "verifier-eval", candidates=str(first / "scored"), k=3)
+    m = run(cfg, backend=hf_backend)["metrics"]
+    assert m["verifier_model"] == str(tiny_model_dir) and m["candidates"] == 18
+    assert m["candidates_maj@k"] == json.loads((first / "eval.json").read_text())["metrics"]["maj@k"]
+
+
+def test_verifier_model_and_candidates_are_exclusive_and_the_cli_prints_the_measures(tiny_model_dir, tmp_path):
+    base = ["eval", "--model", str(tiny_model_dir), "--dataset", "builtin:arith", "--split", "test", "--limit", "2",
+            "--k", "2", "--max-new-tokens", "8", "--backend", "hf", "--no-greedy"]
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "x"), "--verifier-model", str(tiny_model_dir), "--candidates", str(tmp_path)])
+    assert r.exit_code == 2 and "choose one" in r.output and len(r.output.strip().splitlines()) == 1
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "e"), "--verifier-model", str(tiny_model_dir)])
+    assert r.exit_code == 0, r.output
+    assert "best-of-2 by verifier" in r.output and "verifier-weighted maj@2" in r.output and "verifier AUC" in r.output
+    assert "best_of_k_verifier" in json.loads((tmp_path / "e" / "eval.json").read_text())["metrics"]
+
+
+def test_a_verifier_that_is_not_a_model_is_one_line(tiny_model_dir, tmp_path):
+    r = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_dir), "--dataset", "builtin:arith", "--split", "test", "--limit", "2",
+                                 "--k", "2", "--max-new-tokens", "8", "--backend", "hf", "--no-greedy", "--out", str(tmp_path / "e"),
+                                 "--verifier-model", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "missing" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "e").exists()  # refused before anything was generated
