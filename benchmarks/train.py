@@ -1,8 +1,9 @@
 """Training throughput, side by side in one run: `topr train` vs a bare PyTorch loop (same loss,
 model and batches), and `topr train --loss sft` vs TRL's `SFTTrainer` (same positive-only data).
 
-Reads nothing; builds a model (the built-in ``bench`` preset, ~85M parameters, or
-``--hidden/--layers`` for other sizes) and synthetic curated data with fixed
+Builds a model (the built-in ``bench`` preset, ~85M parameters, or
+``--hidden/--layers`` for other sizes), or uses a real one (``--model smollm2``:
+SmolLM2-135M-Instruct from the toprcli cache, or any HF model dir), and synthetic curated data with fixed
 lengths (every row is ``--prompt-len`` + ``--completion-len`` tokens, so every
 method processes exactly the same number of tokens per step, with no padding).
 Writes a JSON result (``--out``) and prints a table (markdown with ``--markdown``).
@@ -19,6 +20,7 @@ Usage:
   python benchmarks/train.py --demo                # the demo's SFT warm start on the tiny model (steps/s)
   python benchmarks/train.py                       # CPU, bench preset, fp32
   python benchmarks/train.py --batch 16 --rounds 3 --markdown
+  python benchmarks/train.py --model smollm2 --methods topr,bare --batch 8 --prompt-len 150 --completion-len 106 --vary --markdown
   python benchmarks/train.py --hidden 1536 --layers 24 --heads 24 --batch 16 --prompt-len 128 --completion-len 384  # GPU, ~0.7B, bf16
 """
 
@@ -57,11 +59,20 @@ def build(work: Path, args) -> dict:
     import numpy as np
     import pyarrow as pa
 
+    from toprcli.models.pretrained import ensure_preset
     from toprcli.models.tiny import TINY_PRESETS, build_tiny_model, count_parameters
     from toprcli.shards import CURATED_SCHEMA, write_table_atomic
 
     model = work / "model"
-    if not (model / "config.json").exists():
+    vocab = 101
+    if args.model:  # a real checkpoint: linked, not copied; token ids drawn from its whole vocabulary
+        from transformers import AutoConfig
+
+        source = ensure_preset("smollm2-135m-instruct") if args.model == "smollm2" else Path(args.model).resolve()
+        if not model.exists():
+            model.symlink_to(source, target_is_directory=True)
+        vocab = int(AutoConfig.from_pretrained(source).vocab_size)
+    elif not (model / "config.json").exists():
         sizes = dict(TINY_PRESETS[args.preset])
         if args.hidden:
             sizes.update(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads, intermediate_size=None)
@@ -74,12 +85,12 @@ def build(work: Path, args) -> dict:
             reward = 1.0 if rng.random() < positive else -1.0
             # --vary: completion lengths uniform in [C/4, 7C/4] (mean C), as sampled completions are
             length = int(rng.integers(max(1, args.completion_len // 4), args.completion_len * 7 // 4 + 1)) if args.vary else args.completion_len
-            c = rng.integers(4, 101, length).tolist()
+            c = rng.integers(4, vocab, length).tolist()
             row = {
                 "prompt_id": f"p{i}", "prompt": "q", "answer": "1",
-                "prompt_token_ids": [1] + rng.integers(4, 101, args.prompt_len - 1).tolist(), "sample_index": 0,
+                "prompt_token_ids": [1] + rng.integers(4, vocab, args.prompt_len - 1).tolist(), "sample_index": 0,
                 "completion": "a", "completion_token_ids": c,
-                "behavior_logprobs": (-np.log(101) + rng.normal(0, 0.1, len(c))).astype(np.float32).tolist(),
+                "behavior_logprobs": (-np.log(vocab) + rng.normal(0, 0.1, len(c))).astype(np.float32).tolist(),
                 "finish_reason": "stop", "policy": str(model), "iteration": 0, "reward": reward, "correct": reward > 0,
                 "extracted_answer": "1", "verdict": "correct" if reward > 0 else "incorrect",
                 "advantage": reward, "weight": 1.0,
@@ -98,7 +109,7 @@ def run_worker(method: str, work: Path, args) -> dict:
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{method} failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])  # {"times": [[wall, cpu, tokens], ...], "peak_rss_mib": ...}
 
 
 # -- workers (one subprocess each) --------------------------------------------------
@@ -270,14 +281,15 @@ def print_table(res: dict, markdown: bool) -> None:
             f"{s['device']}, {s['dtype']}, {s['rounds']} rounds × {s['steps']} timed steps, load avg {s['loadavg_start']:.1f}→{s['loadavg_end']:.1f}")
     rows = []
     for m, r in res["methods"].items():
-        rows.append((LABELS[m], f"{r['tokens_per_s']:.0f}", f"{r['median_step_s']:.3f}", f"{r['tokens_per_cpu_s']:.0f}", f"{r['mfu'] * 100:.1f}%" if "mfu" in r else "-"))
+        rows.append((LABELS[m], f"{r['tokens_per_s']:.0f}", f"{r['median_step_s']:.3f}", f"{r['tokens_per_cpu_s']:.0f}",
+                     f"{r['peak_rss_mib']:,.0f}" if "peak_rss_mib" in r else "-", f"{r['mfu'] * 100:.1f}%" if "mfu" in r else "-"))
     ratios = []
     for a, b, _ in PAIRS:
         if f"{a}_vs_{b}" in res:
             r = res[f"{a}_vs_{b}"]
             ratios.append((f"{a} / {b}", f"{r['ratio']:.2f}× wall, {r['ratio_cpu']:.2f}× per CPU-second (goal ≥ {r['goal']}×)"))
     if markdown:
-        print(f"\n{head}\n\n| method | tokens/s | median step (s) | tokens per CPU-s | MFU |\n| --- | ---: | ---: | ---: | ---: |")
+        print(f"\n{head}\n\n| method | tokens/s | median step (s) | tokens per CPU-s | peak RSS (MiB) | MFU |\n| --- | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             print("| " + " | ".join(r) + " |")
         print()
@@ -286,7 +298,7 @@ def print_table(res: dict, markdown: bool) -> None:
     else:
         print(head)
         for r in rows:
-            print(f"  {r[0]:<40} {r[1]:>8} tok/s  {r[2]:>8} s/step  {r[3]:>8} tok/CPU-s  MFU {r[4]}")
+            print(f"  {r[0]:<40} {r[1]:>8} tok/s  {r[2]:>8} s/step  {r[3]:>8} tok/CPU-s  {r[4]:>8} MiB  MFU {r[5]}")
         for name, val in ratios:
             print(f"  {name}: {val}")
 
@@ -320,6 +332,7 @@ def demo_warm_start(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="bench", help="built-in model size preset (tiny, small, bench)")
+    ap.add_argument("--model", default=None, help="a real model instead: smollm2 (SmolLM2-135M-Instruct) or an HF model dir")
     ap.add_argument("--hidden", type=int, default=None, help="custom model: hidden size (with --layers, --heads)")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--heads", type=int, default=None)
@@ -348,9 +361,12 @@ def main() -> None:
         return
     if args.worker:
         work = Path(args.work)
+        import resource
+
         fn = {"topr": lambda: worker_topr(work, args, "topr"), "topr-sft": lambda: worker_topr(work, args, "sft"),
               "bare": lambda: worker_bare(work, args), "trl-sft": lambda: worker_trl(work, args)}[args.worker]
-        print(json.dumps(fn()))
+        times = fn()
+        print(json.dumps({"times": times, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
         return
 
     import torch
@@ -376,13 +392,18 @@ def main() -> None:
         meta["trl"] = None
     methods = [m for m in args.methods.split(",") if m and (m != "trl-sft" or meta["trl"])]
     results: dict[str, list[list[float]]] = {m: [] for m in methods}
+    peaks: dict[str, list[float]] = {m: [] for m in methods}
     for r in range(args.rounds):
         for m in (methods if r % 2 == 0 else methods[::-1]):  # ABCD, DCBA, ...: drift hits all alike
             t0 = time.perf_counter()
-            results[m].append(run_worker(m, work, args))
+            got = run_worker(m, work, args)
+            results[m].append(got["times"])
+            peaks[m].append(got["peak_rss_mib"])
             print(f"round {r + 1}/{args.rounds} {m}: {time.perf_counter() - t0:.0f}s, wall/cpu/tokens per step {['%.2f/%.2f/%d' % tuple(x) for x in results[m][-1]]}", file=sys.stderr)
     meta["loadavg_end"] = os.getloadavg()[0]
     res = summarize(results, args.batch * (args.prompt_len + args.completion_len), args, meta)
+    for m in methods:
+        res["methods"][m]["peak_rss_mib"] = max(peaks[m])
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2, default=str) + "\n")
     print_table(res, args.markdown)

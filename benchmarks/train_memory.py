@@ -16,7 +16,9 @@ Parts (``--parts``):
 - ``vocab``: the same sweep on a small random Llama-architecture model with a 128,256-token
   vocabulary (Llama 3's), where the logits tensor is what grows.
 - ``fsdp``: peak host memory per rank while starting (model loaded, sharded, weights
-  resident) with 2 ranks (gloo) vs one process; and a 2-step run of each.
+  resident) with 2 ranks (gloo) vs one process, against the floor every process pays
+  (interpreter, torch, transformers, the model's code: the model built on the meta
+  device); with ``--fsdp-big`` also for a random ~0.9 B Llama; and a 2-step run of each.
 - ``precision``: 10 Adafactor steps at lr 5e-7 in float32, bfloat16 (fp32 master
   weights) and bfloat16-pure: cosine and norm ratio of the weight change vs float32,
   and the share of weights that changed at all.
@@ -133,33 +135,58 @@ STARTUP = """
 import os, resource, sys, torch
 from toprcli.sampling import Processing
 from toprcli.training.distributed import init_distributed
-from toprcli.training.model import Precision, load_policy
+from toprcli.training.model import Precision, _load_lm, load_policy
 ctx = init_distributed()
-policy, _ = load_policy(sys.argv[1], ctx, Precision.resolve("float32", ctx.device), Processing())
-with torch.no_grad():
-    total = sum(float(p.to_local().sum() if hasattr(p, "to_local") else p.sum()) for p in policy.parameters())  # every weight resident
+if os.environ.get("FLOOR"):  # everything but the weights: the model's code and config, the model on the meta device
+    _load_lm(sys.argv[1], torch.float32, on_meta=True)
+else:
+    policy, _ = load_policy(sys.argv[1], ctx, Precision.resolve("float32", ctx.device), Processing())
+    with torch.no_grad():
+        total = sum(float(p.to_local().sum() if hasattr(p, "to_local") else p.sum()) for p in policy.parameters())  # every weight resident
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(f"PEAK {ctx.rank} {peak:.1f}", flush=True)
 """
 
 
-def fsdp(model: Path, work: Path) -> dict:
+def big_random_model(work: Path) -> Path:
+    """A random Llama of ~0.92 B parameters (hidden 2048, 16 layers, SmolLM2's vocabulary, tied embeddings): 3.7 GB in float32."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = work / "llama-0.9b"
+    if (out / "config.json").exists():
+        return out
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+                      num_key_value_heads=16, max_position_embeddings=2048, tie_word_embeddings=True, dtype="float32")
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+def fsdp_startup(model: Path, work: Path) -> dict:
+    """Peak host memory while starting (model loaded and sharded, every weight resident): one process vs each of 2 ranks,
+    and the same for a process that builds everything but the weights (the floor every process pays: interpreter,
+    torch, transformers and the model's code)."""
     script = work / "startup.py"
     script.write_text(STARTUP)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
-    def peaks(cmd: list[str]) -> list[float]:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    def peaks(cmd: list[str], **extra: str) -> list[float]:
+        out = subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, check=True).stdout
         return [float(ln.split()[2]) for ln in out.splitlines() if ln.startswith("PEAK")]
 
-    # What a process holds before any model exists: interpreter, torch, transformers (the same on every rank).
-    floor = subprocess.run([sys.executable, "-c", "import resource, transformers, toprcli.training.model; "
-                            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"], env=env, capture_output=True, text=True, check=True)
-    single = peaks([sys.executable, str(script), str(model)])
+    single = peaks([sys.executable, str(script), str(model)])[0]
     ranks = peaks([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(model)])
-    row = {"startup_single_mib": single[0], "startup_rank_mib": ranks, "process_floor_mib": round(float(floor.stdout), 1)}
-    row["startup_ratio"] = round(max(ranks) / single[0], 3)
-    row["startup_ratio_above_floor"] = round((max(ranks) - row["process_floor_mib"]) / (single[0] - row["process_floor_mib"]), 3)
+    floor = peaks([sys.executable, str(script), str(model)], FLOOR="1")[0]
+    return {
+        "model": model.name, "startup_single_mib": single, "startup_rank_mib": ranks, "process_floor_mib": floor,
+        "startup_ratio": round(max(ranks) / single, 3),
+        "startup_ratio_above_floor": round((max(ranks) - floor) / (single - floor), 3),
+    }
+
+
+def fsdp(model: Path, work: Path, big: bool) -> dict:
+    row = {"startup": [fsdp_startup(model, work)] + ([fsdp_startup(big_random_model(work), work)] if big else [])}
     data = curated(work / "fsdp.parquet", 49152, 16)
     args = ["--optimizer", "adamw", "--lr", "1e-5", "--batch-size", "8", "--max-steps", "2", "--micro-batch-tokens", "1024"]
     one = run_train(REPO, model, data, work / "fsdp-1", args)
@@ -214,7 +241,16 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['model']} | {r['micro_batch_tokens']:,} | {cells} |")
         lines.append("")
     if "fsdp" in result:
-        lines.append("```json\n" + json.dumps(result["fsdp"], indent=2) + "\n```")
+        f = result["fsdp"]
+        lines.append("| model | one process peak MiB | each of 2 ranks, peak MiB | floor MiB (no weights) | rank / single | above the floor |")
+        lines.append("|---|---:|---:|---:|---:|---:|")
+        for r in f["startup"]:
+            lines.append(f"| {r['model']} | {r['startup_single_mib']:,.0f} | {' / '.join(f'{x:,.0f}' for x in r['startup_rank_mib'])} | "
+                         f"{r['process_floor_mib']:,.0f} | {r['startup_ratio']} | {r['startup_ratio_above_floor']} |")
+        lines.append("")
+        lines.append(f"2 optimizer steps (AdamW), peak host RSS: one process {f['run_single_peak_mib']:,.0f} MiB, each rank "
+                     f"{f['run_rank_peak_mib']:,.0f} MiB ({f['run_ratio']}x); max |ΔW| between them {f['max_abs_weight_diff_1_vs_2_ranks']:.2g}.")
+        lines.append("")
     if "precision" in result:
         lines.append("| dtype | cosine(ΔW, ΔW fp32) | ‖ΔW‖ / ‖ΔW fp32‖ | weights changed |")
         lines.append("|---|---:|---:|---:|")
@@ -232,6 +268,7 @@ def main() -> None:
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None, help="write the result JSON here")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--fsdp-big", action="store_true", help="fsdp: also the start-up of a random ~0.9 B Llama (3.7 GB float32)")
     args = ap.parse_args()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="topr-train-mem-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -246,7 +283,7 @@ def main() -> None:
     if "vocab" in parts:
         result["vocab"] = sweep("random Llama, vocab 128k", big_vocab_model(work), 128256, tokens, trees, work, args.steps)
     if "fsdp" in parts:
-        result["fsdp"] = fsdp(smollm2(), work)
+        result["fsdp"] = fsdp(smollm2(), work, args.fsdp_big)
     if "precision" in parts:
         result["precision"] = precision(smollm2(), work)
     result["load_end"] = os.getloadavg()[0]
