@@ -149,17 +149,19 @@ print(f"PEAK {ctx.rank} {peak:.1f}", flush=True)
 
 
 def big_random_model(work: Path) -> Path:
-    """A random Llama of ~0.92 B parameters (hidden 2048, 16 layers, SmolLM2's vocabulary, tied embeddings): 3.7 GB in float32."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A random Llama of ~0.92 B parameters (hidden 2048, 16 layers, SmolLM2's vocabulary, tied embeddings): 3.7 GB in float32.
 
+    Built in a child process, so this one does not keep the memory of a 3.7 GB model it never uses.
+    """
     out = work / "llama-0.9b"
-    if (out / "config.json").exists():
-        return out
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                      num_key_value_heads=16, max_position_embeddings=2048, tie_word_embeddings=True, dtype="float32")
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(out)
+    if not (out / "config.json").exists():
+        code = (
+            "import sys, torch; from transformers import LlamaConfig, LlamaForCausalLM; torch.manual_seed(0); "
+            "cfg = LlamaConfig(vocab_size=49152, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, "
+            "num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048, tie_word_embeddings=True, dtype='float32'); "
+            "LlamaForCausalLM(cfg).save_pretrained(sys.argv[1])"
+        )
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True, capture_output=True)
     return out
 
 
