@@ -10,22 +10,25 @@ import typer
 from toprcli.cli.common import console, err_console, grid_table, progress_bars, user_errors
 
 ROUND_COLUMNS = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "train rows", "wall s")
-# With a generative verifier (eval.verifier_model or eval.candidates), after "invalid".
-VERIFIER_COLUMNS = ("maj@k (cands)", "best-of-k (verifier)", "weighted maj@k", "verifier AUC")
+# With a generative verifier (eval.verifier_model or eval.candidates): its judgement of the candidates.
+VERIFIER_COLUMNS = ("round", "maj@k (cands)", "best-of-k", "weighted maj@k", "accuracy", "invalid", "AUC")
 
 
-def round_table(title: str, rows: list[dict], *, wall: bool = True):
-    """The per-round table: accuracy, the training mix, and the verifier's measures when a round has them."""
-    judged = any("best_of_k_verifier" in r for r in rows)
-    columns = list(ROUND_COLUMNS[:5]) + (list(VERIFIER_COLUMNS) if judged else []) + list(ROUND_COLUMNS[5:8]) + (["wall s"] if wall else [])
-    table_rows = []
-    for r in rows:
-        row = [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate")]
-        if judged:
-            row += [r.get("candidates_maj@k"), r.get("best_of_k_verifier"), r.get("weighted_maj@k"), r.get("verifier_auc")]
-        row += [r.get("p"), r.get("p_effective"), r.get("rows_out")] + ([r.get("wall_time_s")] if wall else [])
-        table_rows.append(row)
-    return grid_table(title, columns, table_rows)
+def print_rounds(title: str, rows: list[dict], *, wall: bool = True) -> None:
+    """The per-round table (accuracy and training mix) and, when a round has them, the verifier's measures."""
+    columns = ROUND_COLUMNS if wall else ROUND_COLUMNS[:-1]
+    console.print(grid_table(title, columns, [
+        [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"),
+         r.get("p"), r.get("p_effective"), r.get("rows_out")] + ([r.get("wall_time_s")] if wall else [])
+        for r in rows
+    ]))
+    judged = [r for r in rows if "best_of_k_verifier" in r]
+    if judged:
+        console.print(grid_table("the verifier judging the candidates", VERIFIER_COLUMNS, [
+            [r["round"], r.get("candidates_maj@k"), r.get("best_of_k_verifier"), r.get("weighted_maj@k"),
+             r.get("verifier_accuracy"), r.get("verifier_invalid_rate"), r.get("verifier_auc")]
+            for r in judged
+        ]))
 
 
 @user_errors
@@ -65,11 +68,11 @@ def iterate(
     def on_round(r: int, summary: dict) -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
         seen.append(summary)
-        console.print(round_table(f"after round {r}", seen))
+        print_rounds(f"after round {r}", seen)
 
     with progress_bars(transient=True) as progress:
         rows = Pipeline(cfg, progress=progress, on_round=on_round).run()
-    console.print(round_table(f"run {cfg.run_dir} ({time.perf_counter() - t0:.0f} s this invocation)", rows, wall=False))
+    print_rounds(f"run {cfg.run_dir} ({time.perf_counter() - t0:.0f} s this invocation)", rows, wall=False)
     if report:
         from toprcli.report import write_report
 
