@@ -340,6 +340,12 @@ class IterateConfig:
                     f"train.{key} is {want!r} but generate.sampling.{key} is {have!r} — training reads the "
                     f"sampling settings from the data; drop train.{key} (or make it equal)"
                 )
+        # Training a verifier: each round's policy judges eval.candidates, rendered as its training prompts were.
+        if self.eval.candidates and self.eval.verifier_chat_template != self.generate.dataset.chat_template:
+            raise ConfigError(
+                f"eval.verifier_chat_template is {self.eval.verifier_chat_template} but generate.dataset.chat_template is "
+                f"{self.generate.dataset.chat_template} — the verifier judges eval.candidates with the prompts it was trained on; make them equal"
+            )
         self.warm_start_train()
 
     def warm_start_train(self) -> TrainConfig:
