@@ -28,8 +28,9 @@ $(STAMP): pyproject.toml Makefile
 test: install
 	$(BIN)/python -m pytest -q
 
+# The unit tier: pure functions and small files, no model or engine (about a minute).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not vllm and not slow"
+	$(BIN)/python -m pytest -q -m unit
 
 demo: install
 	$(BIN)/topr iterate --config configs/demo.yaml

@@ -19,6 +19,24 @@ FIXTURES = REPO / "tests" / "fixtures"  # small data files the tests read (fixtu
 KILLER = REPO / "tests" / "kill_after_checkpoint.py"  # runs `topr` and SIGKILLs it after a chosen checkpoint
 
 
+# -- tiers: `pytest -m unit` (seconds) and `pytest -m integration` --------------------
+
+# A test is an integration test when it loads a model or an engine (these fixtures), carries one of
+# these marks, or its module says so (`pytestmark = pytest.mark.integration`: whole pipelines,
+# child processes); every other test is a unit test.
+INTEGRATION_FIXTURES = {"tiny_model_dir", "hf_backend", "vllm_backend", "smollm2_dir", "smollm2_sampling_defaults_dir", "smollm2_vllm"}
+INTEGRATION_MARKS = ("integration", "vllm", "slow", "real_model", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        uses_model = bool(INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if uses_model or any(item.get_closest_marker(m) for m in INTEGRATION_MARKS):
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
     if not (GSM8K_DIR / "test.jsonl").is_file():

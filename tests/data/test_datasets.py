@@ -121,6 +121,7 @@ def test_bad_columns_and_empty(tmp_path):
         load_examples(DatasetSpec(source=str(u)))
 
 
+@pytest.mark.integration  # waits for the hub's connection attempts to fail
 def test_unreachable_hub_id_is_one_line(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError) as e:

@@ -154,6 +154,7 @@ def max_logit_gap(gguf_file: Path, model_dir: Path) -> float:
 # -- import-gguf on a GGUF written here -----------------------------------------------------------
 
 
+@pytest.mark.integration  # a real GGUF import
 def test_import_writes_plain_fp32_dir(tiny_imported, tiny_gguf):
     out, result = tiny_imported
     config = check_plain_fp32_dir(out)
@@ -247,6 +248,7 @@ print(p.ensure_preset("smollm2-135m-instruct"))
 """
 
 
+@pytest.mark.integration  # child processes racing for the cache
 def test_concurrent_first_calls_build_once(tmp_path):
     cache = tmp_path / "cache"
     dead = cache / "models" / f".{SMOL}.tmp-killed"  # a killed build's leftover
