@@ -5,7 +5,7 @@ A stage takes ``progress: ProgressFn | None`` and calls it as
 ("generate", "score", "train", "curate:scan", ...), ``done`` counts finished
 units out of ``total`` (None when unknown), and ``info`` carries short
 display values (completions, tok/s, loss). The CLI turns the calls into rich
-bars (``toprcli.cli.common.progress_bars``); library callers pass their own
+bars (``progress_bars`` in cli/common.py); library callers pass their own
 function or nothing.
 """
 
