@@ -333,9 +333,7 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
     curated = d / "train.parquet"
     if curated.exists():
         meta = read_file_metadata(curated)
-        for key, name in (("p", "p"), ("c", "c"), ("p_effective", "p_effective"), ("rows_out", "rows_out")):
-            if key in meta:
-                out[name] = meta[key]
+        out.update({key: meta[key] for key in ("p", "c", "p_effective", "rows_out") if key in meta})
     summary = d / "policy" / "train_summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())

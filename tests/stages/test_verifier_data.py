@@ -61,7 +61,7 @@ def test_balance_and_cap_are_seeded(tmp_path):
     d = scored_dir(tmp_path, items)
     a = run(VerifierDataConfig(scored=[str(d)], out=str(tmp_path / "a.parquet"), balance=True, seed=3))
     assert (a["yes"], a["no"]) == (3, 3) and a["dropped"]["balance"] == 3
-    b = run(VerifierDataConfig(scored=[str(d)], out=str(tmp_path / "b.parquet"), balance=True, seed=3))
+    run(VerifierDataConfig(scored=[str(d)], out=str(tmp_path / "b.parquet"), balance=True, seed=3))
     assert pq.read_table(tmp_path / "a.parquet").column("id").to_pylist() == pq.read_table(tmp_path / "b.parquet").column("id").to_pylist()
     c = run(VerifierDataConfig(scored=[str(d)], out=str(tmp_path / "c.parquet"), max_per_question=2))
     assert c["rows_out"] == 3 and c["questions"] == 2 and c["dropped"]["over max per question"] == 6

@@ -73,6 +73,7 @@ def score(
     import json
 
     from toprcli.config import ScoreConfig, load_config
+    from toprcli.shards.schema import VERDICTS
     from toprcli.stages import score as score_stage
 
     overrides = {
@@ -103,7 +104,7 @@ def score(
         ("shards scored / skipped", f"{s['shards_scored']} / {s['shards_skipped']}"),
         ("accuracy", s["accuracy"]),
         ("mean reward", s["mean_reward"]),
-        *[(f"verdict: {k}", f"{v.get(k, 0):,}") for k in ("correct", "incorrect", "no_answer", "timeout", "error")],
+        *[(f"verdict: {k}", f"{v.get(k, 0):,}") for k in VERDICTS],
         ("prompts with 0 correct", f"{passes['none_correct']:,}"),
         ("prompts with some correct", f"{passes['some_correct']:,}"),
         ("prompts with all correct", f"{passes['all_correct']:,}"),

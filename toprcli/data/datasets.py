@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 from toprcli.config import DatasetSpec
 from toprcli.data.arith import arith_problems
 from toprcli.errors import UserError
+from toprcli.shards import read_file_metadata
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # Hub datasets that need a config name, and the one users almost always mean.
@@ -111,13 +111,10 @@ PRESETS: dict[str, Preset] = {
 _GSM8K_GOLD = re.compile(r"####\s*(.+?)\s*$", re.S)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)  # keyed by mtime: render_prompt resolves the preset once per example
 def _stage_of_file(path: str, mtime_ns: int) -> str | None:
-    import pyarrow.parquet as pq
-
     try:
-        meta = pq.read_schema(path).metadata or {}
-        return json.loads(meta.get(b"toprcli", b"{}")).get("stage")
+        return read_file_metadata(path).get("stage")
     except Exception:  # not a toprcli file, or not readable: loading it reports the real problem
         return None
 

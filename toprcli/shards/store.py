@@ -264,6 +264,17 @@ def sampling_of(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     return dict(sampling) if isinstance(sampling, Mapping) else None
 
 
+def made_from(record: Mapping[str, Any], config: Mapping[str, Any], inputs: Mapping[str, Any]) -> bool:
+    """Whether an output's stored record (its manifest or file metadata, with ``config`` and
+    ``inputs``) says it was made from ``inputs`` with ``config``: a rerun may return it as is.
+    ``overwrite`` is left out of the comparison: it says what to do with an output, not how to make it."""
+
+    def settings(c: Any) -> dict[str, Any]:
+        return {k: v for k, v in (c or {}).items() if k != "overwrite"}
+
+    return settings(record.get("config")) == settings(config) and record.get("inputs") == inputs
+
+
 def fingerprint(path: str | os.PathLike[str]) -> str:
     """A cheap, stable fingerprint of a file or directory: names, sizes, mtimes."""
     p = Path(path)

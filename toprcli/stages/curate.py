@@ -408,10 +408,6 @@ def _previous_result(out: Path, config: dict[str, Any], fingerprints: dict[str, 
         manifest = json.loads(mpath.read_text())
     except (OSError, ValueError):
         return None
-    ignore = ("overwrite",)
-    same_config = {k: v for k, v in manifest.get("config", {}).items() if k not in ignore} == {
-        k: v for k, v in config.items() if k not in ignore
-    }
-    if not same_config or manifest.get("inputs") != fingerprints:
+    if not shards.made_from(manifest, config, fingerprints):
         return None
     return StageResult(STAGE, str(out), {**manifest["counts"], "manifest": str(mpath)}, skipped=True)

@@ -74,9 +74,8 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     m = verifier_metrics(prompt_ids, correct, keys, scores, cfg.k)
     if m["verifier_auc"] != m["verifier_auc"]:  # NaN: every candidate right, or every one wrong
         m["verifier_auc"] = None  # JSON has no NaN
-    m["best_of_k_verifier"] = m[f"best_of_{cfg.k}_verifier"]
-    m["weighted_maj@k"] = m[f"weighted_maj@{cfg.k}"]
-    m["candidates_maj@k"] = m[f"candidates_maj@{cfg.k}"]
+    for name in ("best_of_{}_verifier", "weighted_maj@{}", "candidates_maj@{}"):  # also under k's name, as maj@k is
+        m[name.format("k")] = m[name.format(cfg.k)]
     m["verifier_invalid_rate"] = float(1.0 - table.column("verifier_valid").to_numpy().astype(np.float64).mean())
     m["verifier_model"], m["verifier_mode"] = verifier, cfg.verifier_mode
     return m
@@ -90,7 +89,7 @@ def _answer_checker(cfg: EvalConfig, source: Path) -> str:
     if not found:
         raise UserError(f"candidates {source}: no scored shards — pass a `topr score` (or eval `scored/`) directory")
     spec = (shards.read_file_metadata(next(iter(found.values()))).get("score") or {}).get("settings", {}).get("verifier")
-    return spec or "gsm8k"
+    return spec or ScoreConfig().verifier  # scored before the metadata said: `topr score`'s default
 
 
 def _candidates(source: Path) -> pa.Table:

@@ -156,5 +156,4 @@ def _previous(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -
         meta = shards.read_file_metadata(out)
     except Exception:
         return None
-    same = {k: v for k, v in meta.get("config", {}).items() if k != "overwrite"} == {k: v for k, v in config.items() if k != "overwrite"}
-    return meta.get("counts") if same and meta.get("inputs") == fingerprints and meta.get("stage") == STAGE else None
+    return meta.get("counts") if meta.get("stage") == STAGE and shards.made_from(meta, config, fingerprints) else None

@@ -26,6 +26,7 @@ from toprcli.data.datasets import encode_prompt, load_examples, render_prompt
 from toprcli.errors import UserError
 from toprcli.generation.model_info import load_tokenizer
 from toprcli.stages import StageResult
+from toprcli.verifiers import CORRECT
 
 STAGE = "warmstart"
 GREEDY = {"temperature": 0.0}  # "no sampling distribution": what the trainer reads as μ-less data
@@ -59,7 +60,7 @@ def run(cfg: IterateConfig, *, tokenizer: str, out: str | Path) -> StageResult:
         "reward": [1.0] * n,
         "correct": [True] * n,
         "extracted_answer": [e.answer for e in examples],
-        "verdict": ["correct"] * n,
+        "verdict": [CORRECT] * n,
         "advantage": [1.0] * n,
         "weight": [1.0] * n,
     }, schema=shards.CURATED_SCHEMA)  # the contract's types; a missing column fails here
