@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from docs_section import write_section  # benchmarks/docs_section.py (the script's own directory)
+
 REPO = Path(__file__).resolve().parents[1]
 
 # name -> --set overrides. The loss comparison keeps the demo's curation; the
@@ -106,15 +108,7 @@ def main() -> None:
     print(table(results))
     print(mix_table(results))
     if args.write_docs:
-        out = REPO / "docs" / "results.md"
-        text = out.read_text() if out.exists() else "# Results\n"
-        block = f"<!-- compare:start -->\n{table(results)}\n\n{mix_table(results)}\n<!-- compare:end -->"
-        if "<!-- compare:start -->" in text:
-            pre, rest = text.split("<!-- compare:start -->", 1)
-            text = pre + block + rest.split("<!-- compare:end -->", 1)[1]
-        else:
-            text += "\n" + block + "\n"
-        out.write_text(text)
+        write_section(REPO / "docs" / "results.md", "compare", f"{table(results)}\n\n{mix_table(results)}", title="# Results")
 
 
 if __name__ == "__main__":

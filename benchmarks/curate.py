@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from docs_section import write_section  # benchmarks/docs_section.py (the script's own directory)
+
 SHARD_ROWS = 65_536
 N_SAMPLES = 16
 SETTINGS = {
@@ -222,19 +224,9 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-START, END = "<!-- curate:start -->", "<!-- curate:end -->"
-
-
 def write_docs(body: str) -> None:
     """Replace (or append) the curate section of docs/benchmarks.md, leaving the others alone."""
-    path = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"{START}\n## curate\n\n{body}\n{END}"
-    if START in text and END in text:
-        text = text[: text.index(START)] + section + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md", "curate", f"## curate\n\n{body}")
 
 
 if __name__ == "__main__":

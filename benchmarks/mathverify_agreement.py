@@ -39,10 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from docs_section import write_section  # benchmarks/docs_section.py (the script's own directory)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DOC = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- mathverify:start -->", "<!-- mathverify:end -->"
 FILES = ("tests/test_all.py", "tests/test_yujianll.py")
 GOLD, PRED, EXPECTED = ("gold",), ("pred", "prediction"), ("expected", "result")
 
@@ -168,13 +169,7 @@ def topr_verdicts(cases: list[dict], workers: int | None, timeout: float) -> tup
 
 
 def write_docs(text: str) -> None:
-    doc = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{START}\n{text.rstrip()}\n{END}"
-    if START in doc and END in doc:
-        doc = doc[: doc.index(START)] + block + doc[doc.index(END) + len(END) :]
-    else:
-        doc = doc.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(doc)
+    write_section(DOC, "mathverify", text.rstrip())
 
 
 def main() -> None:

@@ -31,10 +31,11 @@ from pathlib import Path
 
 import yaml
 
+from docs_section import write_section  # benchmarks/docs_section.py (the script's own directory)
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k"
-MARK = ("<!-- real-rl:start -->", "<!-- real-rl:end -->")
 
 
 INSTRUCTION = {  # the chat message; {question} is the problem
@@ -180,15 +181,9 @@ def main() -> None:
     (work / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.write_docs:
         cmd = "python benchmarks/real_rl.py " + " ".join(sys.argv[1:])
-        body = (f"{MARK[0]}\nCommand: `{cmd}` — {total / 60:.0f} min on 2 CPU cores "
-                f"({', '.join(f'{k} {v / 60:.0f} min' for k, v in walls.items())}).\n\n{text}\n{MARK[1]}")
-        doc = REPO / "docs" / "results.md"
-        old = doc.read_text()
-        if MARK[0] in old:
-            old = old[: old.index(MARK[0])] + body + old[old.index(MARK[1]) + len(MARK[1]):]
-        else:
-            old = old.rstrip() + "\n\n## A real model: SmolLM2-135M-Instruct\n\n" + body + "\n"
-        doc.write_text(old)
+        body = (f"Command: `{cmd}` — {total / 60:.0f} min on 2 CPU cores "
+                f"({', '.join(f'{k} {v / 60:.0f} min' for k, v in walls.items())}).\n\n{text}")
+        write_section(REPO / "docs" / "results.md", "real-rl", body, heading="## A real model: SmolLM2-135M-Instruct", title="# Results")
 
 
 if __name__ == "__main__":

@@ -34,16 +34,16 @@ import json
 import os
 import platform
 import random
-import re
 import sys
 import time
 from pathlib import Path
+
+from docs_section import write_section  # benchmarks/docs_section.py (the script's own directory)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 GSM8K = ROOT.parent / "shared" / "datasets" / "gsm8k"
 DOC = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- score:start -->", "<!-- score:end -->"
 
 FILLER = (
     "We first simplify the expression step by step. Let $a$ and $b$ be as given; substituting "
@@ -260,7 +260,6 @@ def write_docs(env: dict, results: list[dict]) -> None:
     by = {(r["workload"], r["mode"]): r["rows_per_s"] for r in results}
     cpu = {(r["workload"], r["mode"]): r["rows_per_cpu_s"] for r in results}
     lines = [
-        START,
         "## score (verifiers)",
         "",
         f"`python benchmarks/score.py --write-docs` on {env['cpus']} cores ({env['cpu']}), Python {env['python']}; "
@@ -288,15 +287,8 @@ def write_docs(env: dict, results: list[dict]) -> None:
         "",
         "Goals (issue #4): gsm8k ≥ 20,000 completions/s with 1 worker; math through the pool within 10% of raw "
         "math-verify per core, scaling with workers. On a 2-core machine `pool 2` shares the cores with the parent.",
-        END,
     ]
-    section = "\n".join(lines)
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda m: section, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    DOC.write_text(text)
+    write_section(DOC, "score", "\n".join(lines))
     print(f"updated {DOC}")
 
 

@@ -23,9 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from docs_section import write_section  # benchmarks/docs_section.py (the script's own directory)
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parents[1]
-MARK = ("<!-- verifier:start -->", "<!-- verifier:end -->")
 RUNS = {"topr": "runs/verifier-demo/topr", "sft": "runs/verifier-demo/sft"}
 
 
@@ -84,10 +85,7 @@ def main() -> None:
              f"on top of the generator demo's run).\n\n{text}")
     print(block)
     if args.write_docs:
-        doc = REPO / "docs" / "results.md"
-        body = doc.read_text()
-        start, end = body.index(MARK[0]) + len(MARK[0]), body.index(MARK[1])
-        doc.write_text(body[:start] + "\n" + block + "\n" + body[end:])
+        write_section(REPO / "docs" / "results.md", "verifier", block, title="# Results")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, resolve_verifier, reward_of
 
+STAGE = "score"
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
 VERIFY_SLICE = 8192  # rows turned into Python strings at a time (bounds memory on huge shards)
 MAX_ERROR_EXAMPLES = 5
@@ -305,14 +306,14 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
     result.rows_per_s = scored_rows / t_scoring if t_scoring > 0 else None
     shards.write_manifest(
         out,
-        stage="score",
+        stage=STAGE,
         config=config_to_dict(cfg),
         inputs={"samples": cfg.samples, "fingerprint": shards.fingerprint(cfg.samples)},
         counts={"rows": result.rows, "prompts": result.prompts, "shards": len(files), **result.verdicts},
         wall_time_s=result.wall_time_s,
         summary=result.summary(),
     )
-    return StageResult("score", str(out), result.summary(), skipped=not todo, wall_time_s=result.wall_time_s)
+    return StageResult(STAGE, str(out), result.summary(), skipped=not todo, wall_time_s=result.wall_time_s)
 
 
 _SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "verdict")
