@@ -17,6 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO.parent / "shared" / "datasets" / "gsm8k"
 FIXTURES = REPO / "tests" / "fixtures"  # small data files the tests read (fixtures/README.md says what)
 KILLER = REPO / "tests" / "kill_after_checkpoint.py"  # runs `topr` and SIGKILLs it after a chosen checkpoint
+# The vLLM CPU worker binding the user gave before any engine started (None: toprcli chooses).
+BIND_AT_START = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
 
 
 # -- tiers: `pytest -m unit` (seconds) and `pytest -m integration` --------------------
@@ -131,21 +133,15 @@ def _vllm_engine(tiny_model_dir):
         pytest.fail("vLLM (vllm or vllm-cpu) does not import — run `make install`, or deselect with -m 'not vllm'")
     from toprcli.generation.base import BackendOptions
     from toprcli.generation.vllm_backend import VLLMBackend
+    from toprcli.generation.vllm_cpu import BIND_VAR, environ
 
     # float32 so stored log-probs match transformers' to ~1e-7; 0.1 of the NUMA node's RAM
     # (model + KV cache) is plenty for the tiny model and leaves room for other tests.
     # One worker thread: vllm-cpu's kernels are then batch-invariant, which the tests of
     # "same samples whatever the shard size" rely on (with every core, toprcli's default,
     # a different batch can change low-order bits and now and then a sampled token).
-    before = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
-    try:
+    with environ(BIND_VAR, "auto"):  # as a user would set it
         backend = VLLMBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32", gpu_memory_utilization=0.1))
-    finally:
-        if before is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = before
     yield backend
     backend.close()
 
@@ -190,6 +186,12 @@ def smollm2_sampling_defaults_dir(smollm2_dir, tmp_path_factory) -> Path:
     gen.update(SAMPLING_DEFAULTS)
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return out
+
+
+@pytest.fixture(scope="session")
+def bind_at_start() -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND as the user set it before the session (None: unset)."""
+    return BIND_AT_START
 
 
 @pytest.fixture(scope="session")

@@ -255,14 +255,3 @@ def test_engine_is_closed_before_training_and_reopened_after(reference, tmp_path
     assert seen == [None]  # closed while training
     state = json.loads((run_dir / "state.json").read_text())["steps"]
     assert state["round-001/train"]["release_s"] >= 0 and state["round-001/eval"]["reacquire_s"] > 0
-
-
-def test_cpu_data_parallel_engines_get_disjoint_cores(monkeypatch):
-    from toprcli.launch import core_groups
-
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
-    assert core_groups(2) == ["0,1", "2,3"]
-    assert core_groups(6) == [None] * 6  # fewer cores than engines: leave them to vLLM
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-3")
-    assert core_groups(2) == [None, None]  # the user's own binding wins

@@ -23,6 +23,7 @@ import yaml
 
 from toprcli.config import GenerateConfig, TrainConfig, config_to_dict
 from toprcli.errors import UserError
+from toprcli.generation.vllm_cpu import BIND_VAR, core_groups
 from toprcli.shards import write_text_atomic
 from toprcli.training.distributed import DIE_WITH_PARENT, die_with_parent
 
@@ -131,16 +132,6 @@ def device_groups(processes: int, per_process: int) -> list[str | None]:
     return [",".join(str(d) for d in range(i * per_process, (i + 1) * per_process)) for i in range(processes)]
 
 
-def core_groups(processes: int) -> list[str | None]:
-    """VLLM_CPU_OMP_THREADS_BIND of each CPU process: this process's cores split in consecutive groups
-    (None for all when the user set a binding, or there are fewer cores than processes)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or len(cores) < processes:
-        return [None] * processes
-    size = len(cores) // processes
-    return [",".join(str(c) for c in cores[i * size : (i + 1) * size]) for i in range(processes)]
-
-
 def generate_data_parallel(cfg: GenerateConfig) -> None:
     """``cfg.data_parallel_size`` processes, one engine each, disjoint shard ranges into ``cfg.out``.
 
@@ -161,7 +152,7 @@ def generate_data_parallel(cfg: GenerateConfig) -> None:
         if dev is not None:
             env["CUDA_VISIBLE_DEVICES"] = dev
         if cores[i] is not None:  # CPU engines: disjoint cores, not every engine on every core
-            env["VLLM_CPU_OMP_THREADS_BIND"] = cores[i]
+            env[BIND_VAR] = cores[i]
         log = out / "_logs" / f"part-{i}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "toprcli", "generate", "--config", str(config_file), "--shard-index", str(i), "--json"]

