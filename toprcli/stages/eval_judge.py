@@ -66,7 +66,8 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
         info = {"verifier_model": verifier, "verifier_mode": cfg.verifier_mode, "candidates": str(source)}
         shards.write_shard(verified, 0, table, metadata={"stage": "eval-judge", **info})
         shards.write_manifest(verified, stage="eval-judge", config=info, inputs={"candidates": str(source)}, counts={"rows": table.num_rows})
-    table = shards.read_table(verified)
+    else:  # judged by an earlier, interrupted run of this eval
+        table = shards.read_table(verified)
     prompt_ids, correct = table.column("prompt_id").to_pylist(), table.column("correct").to_pylist()
     keys = vote_keys(answer_checker, prompt_ids, table.column("extracted_answer").to_pylist(), correct, cfg.k,
                      workers=cfg.workers, timeout=cfg.timeout)
