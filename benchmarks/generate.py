@@ -41,7 +41,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Workload per model: (prompts, n, max_new_tokens). The bench model is ~200x bigger.
 WORKLOADS = {"tiny": (64, 8, 128), "bench": (16, 4, 64), "smollm2": (32, 4, 128)}
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "gsm8k" / "test.jsonl"
 
 
 def _tokens(results) -> int:
@@ -83,7 +82,7 @@ def _models(name: str, work: Path) -> tuple[Path, Path, object]:
         other = work / "smollm2-copy"  # the same weights under another path: an in-place reload of equal shape
         if not (other / "config.json").exists():
             shutil.copytree(model, other)
-        return model, other, DatasetSpec(source=str(GSM8K_TEST), split="test", chat_template=True, limit=WORKLOADS[name][0])
+        return model, other, DatasetSpec(source="builtin:gsm8k", split="test", chat_template=True, limit=WORKLOADS[name][0])
     model, other = work / name, work / f"{name}-seed1"
     for path, seed in ((model, 0), (other, 1)):
         if not (path / "config.json").exists():

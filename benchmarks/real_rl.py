@@ -35,7 +35,6 @@ from docs_section import write_section  # benchmarks/docs_section.py (the script
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parents[1]
-GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k"
 
 
 INSTRUCTION = {  # the chat message; {question} is the problem
@@ -49,7 +48,7 @@ def dataset(task: str, split: str, size: int) -> dict:
         return {"source": "builtin:arith", "split": split, "level": int(task.split(":")[1]), "size": size, "chat_template": True,
                 "template": INSTRUCTION["arith"]}
     if task == "gsm8k":
-        return {"source": str(GSM8K / f"{split}.jsonl"), "split": split, "limit": size, "chat_template": True}
+        return {"source": "builtin:gsm8k", "split": split, "limit": size, "chat_template": True}
     raise SystemExit(f"unknown task {task!r}: use arith:1..4 or gsm8k")
 
 

@@ -6,7 +6,7 @@ Usage:
     python benchmarks/score.py --write-docs        # also update the score section of docs/benchmarks.md
 
 Workloads
-  gsm8k   the 8,792 gold solutions of shared/datasets/gsm8k (train + test),
+  gsm8k   the 8,792 gold solutions of builtin:gsm8k (train + test),
           repeated to --gsm8k-rows rows (mean ~290 chars); every other row is
           scored against another problem's answer (half correct, half not).
   math    --math-rows synthetic MATH-style completions: ~400 characters of
@@ -42,7 +42,7 @@ from docs_section import write_section  # benchmarks/docs_section.py (the script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-GSM8K = ROOT.parent / "shared" / "datasets" / "gsm8k"
+GSM8K = ROOT / "toprcli" / "data" / "gsm8k"  # builtin:gsm8k, shipped in the package
 DOC = ROOT / "docs" / "benchmarks.md"
 
 FILLER = (

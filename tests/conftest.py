@@ -14,7 +14,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K_DIR = REPO.parent / "shared" / "datasets" / "gsm8k"
+GSM8K_DIR = REPO / "toprcli" / "data" / "gsm8k"  # GSM8K as the package ships it (builtin:gsm8k)
 FIXTURES = REPO / "tests" / "fixtures"  # small data files the tests read (fixtures/README.md says what)
 KILLER = REPO / "tests" / "kill_after_checkpoint.py"  # runs `topr` and SIGKILLs it after a chosen checkpoint
 # The vLLM CPU worker binding the user gave before any engine started (None: toprcli chooses).
@@ -41,8 +41,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
-    if not (GSM8K_DIR / "test.jsonl").is_file():
-        pytest.fail(f"GSM8K files not found at {GSM8K_DIR} (the repo expects ../shared/datasets/gsm8k)")
+    """The directory of GSM8K's train.jsonl and test.jsonl, shipped in the package."""
     return GSM8K_DIR
 
 

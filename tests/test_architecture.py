@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "toprcli"
 LAYERS = {
     "toprcli.errors": 0,
     "toprcli.progress": 1,
+    "toprcli.interrupt": 1,  # the stop flag the trainer polls; imports nothing of toprcli
     "toprcli.sampling": 1,
     "toprcli.losses": 1,
     "toprcli.curation": 1,
@@ -28,6 +29,7 @@ LAYERS = {
     "toprcli.training.optim": 1,  # optimizers and schedules: pure torch
     "toprcli.config": 2,
     "toprcli.shards": 2,
+    "toprcli.processes": 2,  # the watchdog: no orphans
     "toprcli.generation": 3,
     "toprcli.verifiers": 3,
     "toprcli.training": 3,

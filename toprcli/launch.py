@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from toprcli import interrupt
 from toprcli.config import GenerateConfig, TrainConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.generation.vllm_cpu import BIND_VAR, core_groups
@@ -57,12 +58,26 @@ def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str,
         )
         try:
             code = proc.wait()
+        except interrupt.Interrupted as e:
+            _stop_child(proc, e.signum)
+            raise
         except BaseException:
             proc.kill()
             raise
     if code != 0:
         last = _last_error_line(log)
         raise UserError(f"{what} failed (exit code {code}): {last} — see {log}")
+
+
+def _stop_child(proc: subprocess.Popen, signum: int, grace_s: float = 120.0) -> None:
+    """Pass a stop request on (training ranks checkpoint at their next step), then wait for the child;
+    a second signal, or ``grace_s`` without an exit, kills it."""
+    proc.send_signal(signum)
+    try:
+        proc.wait(timeout=grace_s)
+    except BaseException:
+        proc.kill()
+        proc.wait()
 
 
 # -- training ---------------------------------------------------------------------------

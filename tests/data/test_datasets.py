@@ -39,6 +39,24 @@ def test_gsm8k_dataset_dir_through_the_hub_loader(gsm8k_dir):
     assert {e.prompt_id for e in train}.isdisjoint({e.prompt_id for e in ex})
 
 
+def test_builtin_gsm8k_is_the_shipped_file(gsm8k_dir):
+    # builtin:gsm8k names the package's copy: same rows, same ids as the file, the gsm8k preset.
+    for split, size in (("test", 1319), ("train", 7473)):
+        spec = DatasetSpec(source="builtin:gsm8k", split=split)
+        ex = load_examples(spec)
+        assert len(ex) == size and resolve_preset(spec).name == "gsm8k"
+        assert ex[:3] == load_examples(DatasetSpec(source=str(gsm8k_dir / f"{split}.jsonl"), split=split, limit=3))
+    assert len(load_examples(DatasetSpec(source="builtin:gsm8k", split="test", limit=7))) == 7
+    assert (gsm8k_dir / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_builtin_gsm8k_unknown_split_is_one_error():
+    with pytest.raises(UserError, match="builtin:gsm8k has no split 'validation' — choose train or test"):
+        load_examples(DatasetSpec(source="builtin:gsm8k", split="validation"))
+    with pytest.raises(UserError, match="choose one of: builtin:arith, builtin:gsm8k"):
+        load_examples(DatasetSpec(source="builtin:gsm9k"))
+
+
 def test_ids_are_stable_under_reordering(tmp_path):
     rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(5)]
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"

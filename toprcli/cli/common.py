@@ -1,9 +1,13 @@
-"""What every command shares: consoles, the one-line error boundary, option types."""
+"""What every command shares: consoles, the one-line error boundary, option types, and the
+process it runs in (signals, the watchdog, where other libraries' output goes)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -20,6 +24,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from toprcli import interrupt
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
 from toprcli.shards import output_error
@@ -33,6 +38,88 @@ ConfigFile = Annotated[
     Path | None,
     typer.Option("--config", "-c", help="YAML config (a stage's keys, or a pipeline config with a section per stage). Options given here override it."),
 ]
+Verbose = Annotated[
+    bool,
+    typer.Option("--verbose", help="Show other libraries' warnings, banners and progress bars (by default they go to the command's log file)."),
+]
+RESUME = "rerun the same command to resume (complete work is kept)"
+
+
+# -- the process a command runs in ---------------------------------------------------
+
+_own_process = False  # the command is this process's entry point (main()), not a call inside another program
+_real_fds: tuple[int, int] | None = None  # stdout, stderr of the terminal while others' output goes to a log
+
+
+def begin_process() -> None:
+    """Called once by ``main()``: stop gracefully on SIGINT/SIGTERM, and start the watchdog that
+    ends every process this command starts when it ends (docs/architecture.md §6)."""
+    global _own_process
+    from toprcli.processes import start_watchdog
+
+    _own_process = True
+    interrupt.install()
+    start_watchdog()
+
+
+def send_noise_to(log: str | os.PathLike[str], verbose: bool = False) -> Path | None:
+    """From here on, output that is not topr's own goes to ``log``: other libraries' warnings,
+    banners and progress bars, and everything child processes (vLLM's engine) print.
+
+    topr's tables, bars, warnings and errors stay on the terminal (the consoles keep the real
+    stdout/stderr). Only where the command owns its process (``main()``) and not with ``verbose``.
+    Returns the log's path, or None when nothing moved.
+    """
+    global _real_fds
+    if verbose or not _own_process or _real_fds is not None:
+        return None
+    try:
+        if sys.stdout.fileno() != 1 or sys.stderr.fileno() != 2:
+            return None
+    except (AttributeError, OSError, ValueError):
+        return None
+    path = Path(log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _real_fds = (os.dup(1), os.dup(2))
+    console.file = os.fdopen(os.dup(_real_fds[0]), "w", buffering=1, encoding="utf-8", errors="replace")
+    err_console.file = os.fdopen(os.dup(_real_fds[1]), "w", buffering=1, encoding="utf-8", errors="replace")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    warnings.showwarning = _show_warning
+    return path
+
+
+def restore_output() -> None:
+    """Point stdout and stderr back at the terminal (before a traceback is printed)."""
+    global _real_fds
+    if _real_fds is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(_real_fds[0], 1)
+    os.dup2(_real_fds[1], 2)
+    _real_fds = None
+
+
+_default_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """topr's own warnings stay on screen as one line; other libraries' go to the log."""
+    if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parents[1]):
+        err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+def echo(text: str) -> None:
+    """A line on the command's stdout (``--json``), which stays the terminal's when others' output is logged."""
+    console.file.write(text + "\n")
+    console.file.flush()
 
 
 def fail(message: str) -> typer.Exit:
@@ -41,10 +128,16 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def user_errors(fn: F) -> F:
+def user_errors(fn: F | None = None, *, resume: str = RESUME) -> Any:
     """Turn a :class:`UserError` raised anywhere below a command into one line and exit 2; so
-    are permission and disk errors on any path (``shards.output_error``). Anything else is a
-    bug and keeps its traceback."""
+    are permission and disk errors on any path (``shards.output_error``). A SIGTERM or SIGINT
+    (:class:`~toprcli.interrupt.Interrupted`) is one line saying how to ``resume`` and exit
+    143 or 130. Anything else is a bug and keeps its traceback.
+
+    Use bare (``@user_errors``) or with the command's resume advice (``@user_errors(resume=...)``).
+    """
+    if fn is None:
+        return functools.partial(user_errors, resume=resume)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -52,13 +145,17 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except UserError as e:
             raise fail(str(e)) from None
+        except interrupt.Interrupted as e:
+            detail = f" ({e.detail})" if e.detail else ""
+            err_console.print(f"[bold yellow]interrupted by {e.name}[/]{detail} — {resume}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=e.exit_code) from None
         except OSError as e:
             err = output_error(e)
             if err is None:
                 raise
             raise fail(str(err)) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def make_progress(*extra_columns: Any, transient: bool = False) -> Progress:

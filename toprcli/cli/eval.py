@@ -7,15 +7,15 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, progress_bars, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, Verbose, console, echo, progress_bars, send_noise_to, summary_table, user_errors
 
 
 @user_errors
 def eval_command(
-    model: Annotated[str | None, typer.Option(help="Policy: an HF model dir or hub id.")] = None,
-    dataset: Annotated[str | None, typer.Option(help="Test prompts: hub id, local .jsonl/.json/.parquet/.csv, or builtin:arith.")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Policy: an HF model dir or hub id.")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", "-d", help="Test prompts: builtin:gsm8k, builtin:arith, a hub id or a local .jsonl/.json/.parquet/.csv.")] = None,
     split: Annotated[str | None, typer.Option(help="Dataset split (default: test).")] = None,
-    out: Annotated[Path | None, typer.Option(help="Output dir: samples/, scored/, greedy/, eval.json.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output dir: samples/, scored/, greedy/, eval.json.")] = None,
     k: Annotated[int | None, typer.Option(help="Samples per prompt for pass@k and maj@k (default 16).")] = None,
     verifier: Annotated[str | None, typer.Option(help="gsm8k, math, exact, regex:PATTERN, python:mod:fn, or auto (from the dataset).")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature (default 1.0).")] = None,
@@ -35,6 +35,8 @@ def eval_command(
     verifier_chat_template: Annotated[bool | None, typer.Option("--verifier-chat-template/--no-verifier-chat-template", help="Render verification prompts with the verifier's chat template (as it was trained).")] = None,
     candidates: Annotated[Path | None, typer.Option("--candidates", help="Judge this scored dir's samples with --model itself as the verifier (evaluating a trained verifier).")] = None,
     config: ConfigFile = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary (eval.json's content) as JSON on stdout.")] = False,
+    verbose: Verbose = False,
 ) -> None:
     """Sample k completions per test prompt, score them, and report the metrics.
 
@@ -46,6 +48,7 @@ def eval_command(
 
     Examples:
       [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/r3 --k 8[/]
+      [bold]topr eval -m models/smollm2 -d builtin:gsm8k -o eval/smollm2 --chat-template --k 4 --limit 16[/]
       [bold]topr eval --model meta-llama/Meta-Llama-3-8B-Instruct --dataset openai/gsm8k --out eval/base --chat-template[/]
       [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/v --k 8 --verifier-model runs/verifier/round-002/policy[/]
       [bold]topr eval --model runs/verifier/round-002/policy --dataset verify/test.parquet --out eval/judge --candidates runs/demo/round-003/eval/scored[/]
@@ -70,8 +73,14 @@ def eval_command(
 
     if not cfg.model:
         raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
-    with progress_bars(transient=True) as progress:
+    send_noise_to(f"{cfg.out}.log", verbose)
+    with progress_bars(not as_json, transient=True) as progress:
         result = eval_stage.run(cfg, progress=progress).summary
+    if as_json:
+        import json
+
+        echo(json.dumps(result, default=str))
+        return
     m = result["metrics"]
     rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("pass@1", m["pass@1"]), (f"pass@{cfg.k}", m["pass@k"]),
             (f"maj@{cfg.k}", m["maj@k"]), ("invalid rate", m["invalid_rate"]), ("mean completion tokens", m["mean_completion_tokens"])]

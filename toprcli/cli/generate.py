@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, err_console, progress_bars, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, Verbose, console, echo, err_console, progress_bars, send_noise_to, summary_table, user_errors
 
 
 @user_errors
@@ -43,6 +43,7 @@ def generate(
     per_request_seed: Annotated[bool | None, typer.Option("--per-request-seed/--no-per-request-seed", help="Seed every prompt from (seed, iteration, prompt id) (vLLM); off: reseed per shard only. Default: on.")] = None,
     config: ConfigFile = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+    verbose: Verbose = False,
 ) -> None:
     """Sample [bold]n[/] completions per prompt, with the behaviour log-probs the off-policy losses need.
 
@@ -53,7 +54,7 @@ def generate(
       [bold]topr generate --model models/tiny --dataset builtin:arith --out runs/s0 --n 8 --max-new-tokens 64[/]
       [bold]topr generate -c configs/demo.yaml --out runs/s0[/]
       [bold]topr generate ... --shard-index 1 --num-shards 4[/]   (process 1 of 4, same --out)
-      [bold]topr generate -m models/smollm2 -d ../shared/datasets/gsm8k/test.jsonl -o runs/s1 --chat-template --n 4 --top-k 50[/]
+      [bold]topr generate -m models/smollm2 -d builtin:gsm8k --split test -o runs/s1 --chat-template --n 4 --top-k 50[/]
     """
     from toprcli.config import GenerateConfig, load_config
     from toprcli.stages import generate as generate_stage
@@ -89,6 +90,7 @@ def generate(
         "per_request_seed": per_request_seed,
     }
     cfg = load_config(GenerateConfig, config, overrides)
+    send_noise_to(f"{cfg.out}.log", verbose)
     if cfg.data_parallel_size > 1:
         from toprcli.launch import generate_data_parallel
         from toprcli.shards import read_manifest
@@ -102,7 +104,7 @@ def generate(
         with progress_bars(not as_json) as progress:
             summary = generate_stage.run(cfg, progress=progress).summary
     if as_json:
-        typer.echo(json.dumps(summary, sort_keys=True))
+        echo(json.dumps(summary, sort_keys=True))
         return
     console.print(summary_table(f"generate → {summary['out']}", summary_rows(summary)))
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import console, err_console, summary_table, user_errors
+from toprcli.cli.common import Verbose, console, err_console, send_noise_to, summary_table, user_errors
 
 
 @user_errors
@@ -15,6 +15,7 @@ def import_gguf(
     gguf_file: Annotated[Path, typer.Argument(help="The .gguf checkpoint (any quantization transformers can read).")],
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the HF model to (safetensors + tokenizer + chat template).")],
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty directory.")] = False,
+    verbose: Verbose = False,
 ) -> None:
     """Dequantize a GGUF checkpoint into a float32 HF model directory that transformers and vLLM load.
 
@@ -29,6 +30,8 @@ def import_gguf(
       [bold]topr init-model models/smollm2 --preset smollm2-135m-instruct[/]   (does all of the above, cached)
     """
     from toprcli.models.gguf import import_gguf as run_import
+
+    send_noise_to(f"{out_dir}.log", verbose)
 
     path = run_import(gguf_file, out_dir, overwrite=overwrite, progress=status)
     console.print(summary_table(f"imported {path}", model_rows(path)))

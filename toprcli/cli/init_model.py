@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import console, summary_table, user_errors
+from toprcli.cli.common import Verbose, console, send_noise_to, summary_table, user_errors
 from toprcli.cli.import_gguf import model_rows, status
 
 
@@ -17,6 +17,7 @@ def init_model(
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation (built-in presets); same seed, same weights.")] = 0,
     preset: Annotated[str, typer.Option(help="tiny (the demo's, 0.43M), small (3.3M), bench (85M, benchmarks), or the real pretrained smollm2-135m-instruct.")] = "tiny",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty directory.")] = False,
+    verbose: Verbose = False,
 ) -> None:
     """Build the built-in tiny Llama model and its character tokenizer, or fetch a real pretrained one.
 
@@ -30,6 +31,7 @@ def init_model(
       [bold]topr init-model models/smollm2 --preset smollm2-135m-instruct[/]   (first time ~1 min, then seconds)
       [bold]TOPRCLI_CACHE=/data/cache topr init-model models/smollm2 --preset smollm2-135m-instruct[/]
     """
+    send_noise_to(f"{out_dir}.log", verbose)
     from toprcli.errors import UserError
     from toprcli.models.pretrained import PRESETS, copy_preset, model_path
     from toprcli.models.tiny import TINY_PRESETS, build_tiny_model

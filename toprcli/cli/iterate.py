@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import console, err_console, grid_table, progress_bars, user_errors
+from toprcli.cli.common import Verbose, console, err_console, grid_table, progress_bars, send_noise_to, user_errors
 
 ROUND_COLUMNS = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "train rows", "wall s")
 # With a generative verifier (eval.verifier_model or eval.candidates): its judgement of the candidates.
@@ -38,6 +38,7 @@ def iterate(
     rounds: Annotated[int | None, typer.Option(help="Number of TOPR rounds (overrides rounds).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override any key, e.g. --set train.lr=1e-6 --set generate.n=8.")] = None,
     report: Annotated[bool, typer.Option(help="Write plots and summary.md into RUN_DIR/report at the end.")] = True,
+    verbose: Verbose = False,
 ) -> None:
     """Run generate → score → curate → train → eval per round; killed at any point, rerun to resume.
 
@@ -60,6 +61,7 @@ def iterate(
     overrides = {"run_dir": str(run_dir) if run_dir else None, "rounds": rounds}
     cfg = load_config(IterateConfig, config, overrides, sets=sets)
     check_writable(cfg.run_dir)  # before anything is printed: a bad run dir is one error line
+    send_noise_to(Path(cfg.run_dir) / "topr.log", verbose)
     err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False)
 
     seen: list[dict] = []

@@ -39,4 +39,11 @@ app.add_typer(config_cmd.app, name="config")
 
 
 def main() -> None:
-    app()
+    """The ``topr`` script and ``python -m toprcli``: the command owns this process."""
+    from toprcli.cli.common import begin_process, restore_output
+
+    begin_process()
+    try:
+        app()
+    finally:
+        restore_output()  # a traceback (a bug) must reach the terminal, not the log

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, grid_table, progress_bars, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, Verbose, console, echo, grid_table, progress_bars, send_noise_to, summary_table, user_errors
 
 
 @user_errors
@@ -56,6 +56,7 @@ def score(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
     config: ConfigFile = None,
+    verbose: Verbose = False,
 ) -> None:
     """Verify every completion and write its reward: the [bold]score[/] stage.
 
@@ -90,11 +91,12 @@ def score(
         "overwrite": overwrite,
     }
     cfg = load_config(ScoreConfig, config, overrides)
+    send_noise_to(f"{cfg.out}.log", verbose)
     with progress_bars(not json_out, transient=True) as progress:
         result = score_stage.run(cfg, progress=progress)
 
     if json_out:
-        typer.echo(json.dumps(result.as_dict()))
+        echo(json.dumps(result.as_dict()))
         return
     s = result.summary
     v, passes = s["verdicts"], s["pass_rate"]

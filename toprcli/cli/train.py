@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from toprcli.cli.common import ConfigFile, console, err_console, progress_bars, summary_table, user_errors
+from toprcli.cli.common import ConfigFile, Verbose, console, echo, err_console, progress_bars, send_noise_to, summary_table, user_errors
 
 
-@user_errors
+@user_errors(resume="rerun the same command with --resume to continue from the checkpoint")
 def train(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Starting policy: an HF model dir or hub id. Use the policy that generated the data (π_k).")] = None,
     data: Annotated[Optional[str], typer.Option("--data", "-d", help="Curated training set (Parquet file or shard dir from `topr curate`).")] = None,
@@ -59,6 +59,7 @@ def train(
     log_every: Annotated[Optional[int], typer.Option(help="Write metrics every N steps.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+    verbose: Verbose = False,
 ) -> None:
     """Train a policy on a curated training set and save it in HF format.
 
@@ -71,7 +72,7 @@ def train(
       [bold]torchrun --nproc-per-node 8 -m toprcli train -c configs/gsm8k-llama3-8b.yaml -d train.parquet -o policy[/]
     """
     from toprcli.config import TrainConfig, load_config, parse_override
-    from toprcli.training.distributed import env_rank
+    from toprcli.training.distributed import env_rank, env_world_size
 
     if env_rank() != 0:  # under torchrun, only rank 0 talks
         err_console.quiet = True
@@ -94,10 +95,11 @@ def train(
         key, value = parse_override(item)
         overrides[f"loss_options.{key}"] = value
     cfg = load_config(TrainConfig, config, overrides)
+    if env_world_size() == 1:  # a rank under torchrun already writes to its launcher's log
+        send_noise_to(f"{cfg.out}.log", verbose)
 
     from toprcli.launch import runs_in_child, train_in_child
     from toprcli.stages import train as train_stage
-    from toprcli.training.distributed import env_world_size
 
     if runs_in_child(cfg) and env_world_size() == 1:  # launch the ranks (their output goes to <out>.train.log)
         err_console.print(f"training on {cfg.nproc_per_node} ranks: log in {cfg.out}.train.log", highlight=False)
@@ -108,7 +110,7 @@ def train(
     if env_rank() != 0:
         return
     if json_out:
-        typer.echo(json.dumps(summary, indent=2, default=str))
+        echo(json.dumps(summary, indent=2, default=str))
         return
     rows = [
         ("policy", summary["out"]),

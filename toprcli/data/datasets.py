@@ -7,7 +7,9 @@ Reads a :class:`~toprcli.config.DatasetSpec` and returns :class:`Example` rows
 
 Sources: Hugging Face hub ids (``openai/gsm8k`` with config ``main``), a local
 dataset directory laid out like a hub repo (``train.jsonl``/``test.jsonl``),
-local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, and ``builtin:arith``.
+local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, and the built-in datasets:
+``builtin:arith`` (generated from a seed) and ``builtin:gsm8k`` (GSM8K's train and test
+splits, shipped as package data with their MIT licence in ``toprcli/data/gsm8k/``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from toprcli.data.arith import arith_problems
 from toprcli.errors import UserError
 from toprcli.shards import read_file_metadata
 
+# Built-in datasets: the arithmetic task is generated; GSM8K ships as package data (splits train, test).
+BUILTIN_DATASETS = ("arith", "gsm8k")
+GSM8K_DIR = Path(__file__).resolve().parent / "gsm8k"
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # Hub datasets that need a config name, and the one users almost always mean.
 HUB_DEFAULT_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
@@ -175,11 +180,7 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
     """Raw rows of the requested split, from whichever source the spec names."""
     src = spec.source
     if src.startswith("builtin:"):
-        name = src.split(":", 1)[1]
-        if name != "arith":
-            raise UserError(f"unknown built-in dataset {src!r} — the built-in dataset is 'builtin:arith'")
-        n = spec.limit if spec.limit is not None else spec.size
-        return arith_problems(spec.split, n, seed=spec.seed, level=spec.level)
+        return _load_builtin(spec)
 
     import datasets
 
@@ -216,6 +217,25 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
     except Exception as e:  # datasets raises many types (DatasetNotFoundError, ...)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"cannot load dataset {src!r}: {msg} — check the hub id, config name and split") from None
+    if spec.limit is not None:
+        ds = ds.select(range(min(spec.limit, len(ds))))
+    return ds.to_list()
+
+
+def _load_builtin(spec: DatasetSpec) -> list[dict[str, Any]]:
+    name = spec.source.split(":", 1)[1]
+    if name == "arith":
+        n = spec.limit if spec.limit is not None else spec.size
+        return arith_problems(spec.split, n, seed=spec.seed, level=spec.level)
+    if name != "gsm8k":
+        raise UserError(f"unknown built-in dataset {spec.source!r} — choose one of: {', '.join('builtin:' + b for b in BUILTIN_DATASETS)}")
+    path = GSM8K_DIR / f"{spec.split}.jsonl"
+    if not path.is_file():
+        raise UserError(f"builtin:gsm8k has no split {spec.split!r} — choose train or test")
+    import datasets
+
+    datasets.disable_progress_bars()
+    ds = _load_local(datasets, "json", path)
     if spec.limit is not None:
         ds = ds.select(range(min(spec.limit, len(ds))))
     return ds.to_list()

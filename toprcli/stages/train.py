@@ -20,6 +20,9 @@ Re-running:
 * ``<out>.partial`` left by a killed run: ``resume`` continues from its latest
   checkpoint (same config and data required) and ends with the same weights as
   an uninterrupted run; without ``resume`` it is discarded and training starts over.
+* SIGTERM or SIGINT (when the CLI installed :mod:`toprcli.interrupt`): every rank
+  stops at the same step boundary, saves a checkpoint there and raises
+  :class:`~toprcli.interrupt.Interrupted`; ``resume`` continues from that step.
 
 Under ``torchrun`` every rank calls :func:`run`: rank 0 holds the output lock
 and writes the run's files, every rank trains its shard (FSDP2). The loop
@@ -34,7 +37,7 @@ import shutil
 
 import torch
 
-from toprcli import shards
+from toprcli import interrupt, shards
 from toprcli.config import TrainConfig, config_to_dict
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
@@ -66,10 +69,12 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None) -> StageResult:
                 torch.set_num_threads(cfg.threads)
             elif ctx.distributed and ctx.device.type == "cpu":
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_world_size))
-            summary = train_loop(prep, ctx, progress if ctx.is_main else None)
-            if ctx.is_main:
-                _finish(prep, summary)
-            barrier(ctx)
+            # A SIGTERM/SIGINT stops at the next step boundary with a checkpoint (interrupt.deferred).
+            with interrupt.deferred():
+                summary = train_loop(prep, ctx, progress if ctx.is_main else None)
+                if ctx.is_main:
+                    _finish(prep, summary)
+                barrier(ctx)
         finally:
             torch.set_num_threads(threads_before)
             shutdown(ctx)

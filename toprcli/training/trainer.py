@@ -32,6 +32,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from toprcli import interrupt
 from toprcli.config import TrainConfig
 from toprcli.errors import UserError
 from toprcli.losses import policy_loss, whiten
@@ -155,11 +156,14 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
                             if k != "step" and isinstance(v, (int, float)):
                                 tb.add_scalar(f"train/{k}", v, step + 1)
                 report(progress, "train", step + 1, prep.steps, loss=f"{record['loss']:.4g}")
-            # Checkpoint (not after the last step: the policy itself is saved next).
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < prep.steps:
+            # Checkpoint (not after the last step: the policy itself is saved next), and on a stop request.
+            stop = _stop_requested(ctx)
+            if step + 1 < prep.steps and (stop or (cfg.save_every and (step + 1) % cfg.save_every == 0)):
                 if metrics_file is not None:
                     os.fsync(metrics_file.fileno())
                 ckpt.save_checkpoint(ckpt_root, step + 1, policy, optimizer, scheduler, state, ctx)
+                if stop:
+                    raise interrupt.Interrupted(stop, f"training stopped after step {step + 1} of {prep.steps}, checkpoint saved")
     finally:
         if metrics_file is not None:
             metrics_file.close()
@@ -174,6 +178,12 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
     resumed = None if resume_from is None else int(resume_from.name.split("-")[1])
     state["peak_memory"] = _peak_memory(ctx)
     return _summary(prep, ctx, state, last, policy, params, precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
+
+
+def _stop_requested(ctx: DistContext) -> int:
+    """The signal asking to stop (0: none), agreed by every rank so that all stop at the same step."""
+    flag = torch.tensor([float(interrupt.requested() or 0)])
+    return int(all_reduce(flag, ctx, op="max").item())
 
 
 # -- before the first step ------------------------------------------------------------

@@ -1,0 +1,182 @@
+"""No orphans, graceful stops, quiet output: real `topr` processes, real vLLM engines, real signals.
+
+A command is started as a user would (``python -m toprcli ...``, its own process), its
+descendants are recorded from /proc once the vLLM engine is up, then it is killed. None of
+those processes may outlive it by more than a few seconds, whatever the signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from toprcli.processes import descendants
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+ENGINE_UP_S = 240  # an engine start takes 20-60 s on 2 busy cores
+GONE_WITHIN_S = 15
+# What other libraries print when a model loads (vLLM in the engine's processes, torch's NUMA notice).
+NOISE = ("Triton is installed", "Loading safetensors checkpoint shards", "NUMA binding")
+
+
+def start(args: list[str], logs: Path, name: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "toprcli", *args], env=env, stdin=subprocess.DEVNULL,
+        stdout=open(logs / f"{name}.out", "wb"), stderr=open(logs / f"{name}.err", "wb"),
+    )
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def wait_for_engine(proc: subprocess.Popen, what: str) -> dict[int, int]:
+    """Wait until ``proc`` has a vLLM engine process below it; returns its descendants then."""
+    deadline = time.monotonic() + ENGINE_UP_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{what} ended (exit {proc.returncode}) before its engine was up"
+        below = descendants(proc.pid)
+        if any("VLLM::" in _cmdline(p) for p in below):
+            time.sleep(3)  # let the engine finish starting: its workers and their threads
+            return descendants(proc.pid)
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: no vLLM engine process after {ENGINE_UP_S} s")
+
+
+def rss_mib(pids) -> float:
+    total = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def alive(recorded: dict[int, int]) -> list[str]:
+    """The recorded processes still running (same pid and start time)."""
+    out = []
+    for pid, start_time in recorded.items():
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[19]) == start_time:
+            out.append(f"{pid} {_cmdline(pid)[:80]}")
+    return out
+
+
+def assert_all_gone(recorded: dict[int, int], what: str) -> None:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while alive(recorded) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = alive(recorded)
+    assert not left, f"{what}: {len(left)} processes alive {GONE_WITHIN_S} s after the kill: {left}"
+
+
+@pytest.fixture
+def commands(tiny_model_dir, tmp_path) -> dict[str, list[str]]:
+    """`topr generate` (vLLM) and `topr iterate` (vLLM, no warm start), long enough to be killed mid-run."""
+    m, small = str(tiny_model_dir), "0.05"  # 5% of RAM for model + KV cache: two engines fit beside the suite
+    return {
+        "generate": ["generate", "-m", m, "-d", "builtin:arith", "--limit", "2000", "--n", "16", "--max-new-tokens", "48",
+                     "--backend", "vllm", "--gpu-memory-utilization", small, "-o", str(tmp_path / "samples")],
+        "iterate": ["iterate", "-c", str(REPO / "configs" / "demo.yaml"), "--run-dir", str(tmp_path / "run"), "--set", f"model={m}",
+                    "--set", "warm_start.enabled=false", "--set", "generate.engine.backend=vllm",
+                    "--set", f"generate.engine.gpu_memory_utilization={small}", "--set", "eval.engine.backend=vllm"],
+    }
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_command_leaves_no_process(commands, tmp_path, sig):
+    """generate and iterate run side by side; each is killed once its engine is up; 15 s later nothing
+    of either is left. SIGTERM also exits 143 with one line saying how to resume."""
+    procs = {name: start(args, tmp_path, name) for name, args in commands.items()}
+    try:
+        recorded = {name: wait_for_engine(p, name) for name, p in procs.items()}
+        for name, p in procs.items():
+            mib = rss_mib(recorded[name])
+            print(f"{name}: {len(recorded[name])} descendants, {mib:.0f} MiB RSS before {sig.name}")
+            p.send_signal(sig)
+        for name, p in procs.items():
+            code = p.wait(timeout=120)
+            if sig == signal.SIGTERM:
+                err = (tmp_path / f"{name}.err").read_text()
+                last = [ln for ln in err.splitlines() if ln.strip()][-1]
+                assert code == 143, err[-2000:]
+                assert last.startswith("interrupted by SIGTERM") and "rerun the same command" in last, err[-2000:]
+                assert "Traceback" not in err, err[-2000:]
+        for name in procs:
+            assert_all_gone(recorded[name], f"{name} after {sig.name}")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+
+
+def test_other_libraries_talk_to_the_log_not_the_terminal(commands, tmp_path):
+    """The engine's banners and loading bars go to `<out>.log`; with --verbose they show."""
+    quiet = start(commands["generate"], tmp_path, "quiet")
+    loud = start([*commands["generate"][:-1], str(tmp_path / "loud"), "--verbose"], tmp_path, "loud")
+    try:
+        for p, what in ((quiet, "quiet"), (loud, "loud")):
+            wait_for_engine(p, what)
+            time.sleep(2)
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=120) == 143
+    finally:
+        for p in (quiet, loud):
+            if p.poll() is None:
+                p.kill()
+    terminal = (tmp_path / "quiet.err").read_text() + (tmp_path / "quiet.out").read_text()
+    log = (tmp_path / "samples.log").read_text()
+    assert not [n for n in NOISE if n in terminal], terminal[-3000:]
+    assert "Loading safetensors checkpoint shards" in log and "Triton is installed" in log
+    assert "Loading safetensors checkpoint shards" in (tmp_path / "loud.err").read_text() + (tmp_path / "loud.out").read_text()
+    assert not (tmp_path / "loud.log").exists()
+
+
+def test_sigterm_stops_training_at_a_step_and_it_resumes_there(tiny_model_dir, tmp_path):
+    from builders import write_curated
+
+    data = write_curated(tmp_path / "train.parquet", n=48)
+    out = tmp_path / "policy"
+    args = ["train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--optimizer", "adamw", "--lr", "1e-3",
+            "--batch-size", "4", "--max-steps", "600", "--no-progress"]
+    proc = start(args, tmp_path, "train")
+    metrics = out.with_name("policy.partial") / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while (not metrics.exists() or len(metrics.read_text().splitlines()) < 5) and time.monotonic() < deadline:
+        assert proc.poll() is None, (tmp_path / "train.err").read_text()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    err = (tmp_path / "train.err").read_text()
+    assert "interrupted by SIGTERM" in err and "--resume" in err, err
+    (ckpt,) = list((out.with_name("policy.partial") / "checkpoints").iterdir())
+    stopped = int(ckpt.name.split("-")[1])
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, stopped + 1)), "every step up to the checkpoint is logged once"
+
+    resumed = subprocess.run([sys.executable, "-m", "toprcli", *args, "--resume", "--json"],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["resumed_from_step"] == stopped and summary["steps"] == 600
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 601)), "nothing lost, nothing logged twice"

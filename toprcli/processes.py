@@ -1,0 +1,134 @@
+"""No orphans: everything a ``topr`` command starts dies with it (docs/architecture.md §6).
+
+Some children already die with their parent (``PR_SET_PDEATHSIG``: verifier workers,
+torchrun and data-parallel children), but not the processes other libraries start —
+vLLM's engine core and workers survive a killed parent, reparented to init, holding
+their memory. A kernel signal cannot reach them once the parent is gone, and the
+parent cannot act when SIGKILL ends it, so a small **watchdog** process does it:
+
+* :func:`start_watchdog` starts ``python -m toprcli.processes PID`` (stdlib only,
+  ~10 MB); it ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group:
+  the watchdog must outlive the command to clean up after it).
+* Every half second it records the command's descendants (pid and start time, from
+  ``/proc/*/stat``), so it still knows them after they are reparented.
+* When the command's process is gone (its parent pid changes: any exit, any signal,
+  SIGKILL included) it sends SIGTERM to every recorded descendant still alive (same
+  pid *and* start time, so a recycled pid is never hit) and to their own children,
+  waits up to :data:`GRACE_S` seconds and SIGKILLs what is left, then exits.
+
+Linux only (``/proc``); elsewhere :func:`start_watchdog` returns None.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.5  # how often the watchdog records descendants and checks its parent
+GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
+PROC = Path("/proc")
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of ``pid``, or None if it is gone."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid ... starttime is field 22
+    return int(fields[1]), int(fields[19])
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, start time)} of every process (one read of /proc)."""
+    table = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            st = _stat(int(entry.name))
+            if st is not None:
+                table[int(entry.name)] = st
+    return table
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """Every process below ``pid`` in the process tree: {pid: start time}."""
+    table = _process_table()
+    below: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        below.setdefault(parent, []).append(child)
+    found: dict[int, int] = {}
+    todo = list(below.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        if child not in found:
+            found[child] = table[child][1]
+            todo += below.get(child, ())
+    return found
+
+
+def _alive(pid: int, start: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[1] == start
+
+
+def reap(known: dict[int, int], grace_s: float = GRACE_S) -> list[int]:
+    """SIGTERM every process of ``known`` still alive (and its descendants), SIGKILL it after ``grace_s``."""
+    targets = {p: s for p, s in known.items() if _alive(p, s)}
+    for p in list(targets):
+        targets.update(descendants(p))
+    targets.pop(os.getpid(), None)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p, s in targets.items():
+            if _alive(p, s):
+                try:
+                    os.kill(p, sig)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 1.0)
+        while time.monotonic() < deadline and any(_alive(p, s) for p, s in targets.items()):
+            time.sleep(0.05)
+    return sorted(targets)
+
+
+def watch(parent: int) -> None:
+    """The watchdog's loop: record ``parent``'s descendants until it is gone, then reap them.
+
+    Its stdin is a pipe from ``parent``: end of file wakes it at once when the parent dies
+    (a forked child may still hold the pipe open, so the parent pid decides).
+    """
+    import select
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    known: dict[int, int] = {}
+    stdin: int | None = sys.stdin.fileno()
+    while os.getppid() == parent:
+        known = {p: s for p, s in known.items() if _alive(p, s)}
+        known.update(descendants(parent))
+        known.pop(os.getpid(), None)
+        if stdin is None:
+            time.sleep(POLL_S)
+        elif select.select([stdin], [], [], POLL_S)[0] and not os.read(stdin, 64):
+            stdin = None  # end of file: check the parent now, then poll
+    reap(known)
+
+
+def start_watchdog() -> subprocess.Popen | None:
+    """Start the watchdog of this process (Linux; None elsewhere or if it cannot start)."""
+    if not sys.platform.startswith("linux") or not (PROC / str(os.getpid()) / "task").is_dir():
+        return None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "toprcli.processes", str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+        )
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]))
