@@ -1,4 +1,4 @@
-"""The package's shape: arrows point one way and there are no import cycles (ARCHITECTURE.md §2).
+"""The package's shape: arrows point one way and there are no import cycles (docs/architecture.md §2).
 
 Walks every module's imports with ``ast`` (function-level ones included: a local
 import hides a cycle, it does not remove it) and checks them against the layers
@@ -12,6 +12,8 @@ toprcli but other math (no config, no CLI, no file I/O, no UserError).
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "toprcli"
@@ -133,3 +135,49 @@ def test_no_import_cycles():
 def test_no_module_is_over_450_lines():
     long = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
     assert not {n: c for n, c in long.items() if c > 450}
+
+
+# -- the repo stands alone ------------------------------------------------------------
+
+REPO = PACKAGE.parent
+# Ways a file reaches a folder beside the checkout (pieces joined, so this file does not match itself).
+OUTSIDE = [re.compile(p) for p in (r"\.\./" + "shared", r"\.parent\s*/\s*[\"']" + "shared", r"\b(REPO|ROOT)\.parent\b")]
+TEXT_SUFFIXES = {".py", ".md", ".toml", ".yaml", ".yml", ".sh", ".cfg", ".txt", ".json", ""}
+
+
+def tracked_files() -> list[Path]:
+    try:
+        names = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an sdist): every file
+        return [p for p in REPO.rglob("*") if p.is_file() and ".venv" not in p.parts and ".git" not in p.parts]
+    return [REPO / n for n in names]
+
+
+def test_no_file_reaches_outside_the_repo():
+    """Nothing tracked refers to ../shared (a workshop folder no user has) or climbs above the repo root
+    with ``Path(__file__).parents[k]``."""
+    wrong = []
+    for path in tracked_files():
+        if path.suffix not in TEXT_SUFFIXES or not path.is_file() or path.stat().st_size > 1_000_000 or path == Path(__file__).resolve():
+            continue  # (this file names the patterns it looks for)
+        text = path.read_text(errors="replace")
+        rel = path.relative_to(REPO)
+        wrong += [f"{rel}: {m.group(0)!r}" for pattern in OUTSIDE for m in pattern.finditer(text)]
+        if path.suffix == ".py":
+            depth = len(rel.parts) - 1  # parents[depth] is the repo root
+            wrong += [f"{rel}: parents[{k}] is above the repo" for k in map(int, re.findall(r"__file__\)\.resolve\(\)\.parents\[(\d+)\]", text)) if k > depth]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_sees_a_reference_outside():
+    assert any(p.search("GSM8K = REPO.parent / 'x'") for p in OUTSIDE)
+    assert any(p.search("data at ../" + "shared/datasets") for p in OUTSIDE)
+
+
+def test_architecture_citations_name_sections_that_exist():
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    sections = set(re.findall(r"^## §(\d+)", doc, re.M))
+    cited = []
+    for path in [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "docs").glob("*.md")]:
+        cited += [(path.name, n) for n in re.findall(r"architecture\.md §(\d+)", path.read_text())]
+    assert cited and all(n in sections for _, n in cited), [c for c in cited if c[1] not in sections]

@@ -1,4 +1,5 @@
-"""`topr iterate`: generate → score → curate → train → eval, round after round, resumable.
+"""`topr iterate`: generate → score → curate → train → eval, round after round, resumable
+(docs/architecture.md §1: the steps, the run directory, the engine hand-over).
 
 Reads a pipeline config (:class:`~toprcli.config.IterateConfig`). Writes a run
 directory::

@@ -1,6 +1,7 @@
 """The sampling distribution: logits → the processed distribution that μ and π are defined under.
 
-Pure tensor code (no config, no files, no CLI); raises ``ValueError``.
+Pure tensor code (no config, no files, no CLI); raises ``ValueError``. The contract
+it implements (μ and π under one processing): docs/architecture.md §5.
 
 A sampler does not draw from softmax(logits). It draws from the *processed*
 distribution, in vLLM's order (its v1 sampler; the hf backend applies this

@@ -49,6 +49,7 @@ RESUME = "rerun the same command to resume (complete work is kept)"
 
 _own_process = False  # the command is this process's entry point (main()), not a call inside another program
 _real_fds: tuple[int, int] | None = None  # stdout, stderr of the terminal while others' output goes to a log
+_log: Path | None = None  # that log
 
 
 def begin_process() -> None:
@@ -70,7 +71,7 @@ def send_noise_to(log: str | os.PathLike[str], verbose: bool = False) -> Path | 
     stdout/stderr). Only where the command owns its process (``main()``) and not with ``verbose``.
     Returns the log's path, or None when nothing moved.
     """
-    global _real_fds
+    global _real_fds, _log
     if verbose or not _own_process or _real_fds is not None:
         return None
     try:
@@ -90,6 +91,7 @@ def send_noise_to(log: str | os.PathLike[str], verbose: bool = False) -> Path | 
     os.dup2(fd, 2)
     os.close(fd)
     warnings.showwarning = _show_warning
+    _log = path
     return path
 
 
@@ -123,7 +125,10 @@ def echo(text: str) -> None:
 
 
 def fail(message: str) -> typer.Exit:
-    """Print one red error line and return the exit (code 2) to raise."""
+    """Print one red error line and return the exit (code 2) to raise. While other libraries'
+    output goes to a log, the line names it (a failure's root cause may be there)."""
+    if _log is not None and _log.is_file() and _log.stat().st_size:
+        message += f" (other libraries' messages: {_log})"
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 

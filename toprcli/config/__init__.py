@@ -1,6 +1,6 @@
 """Typed configs for every stage, YAML loading and CLI overrides, in one place.
 
-Each stage has a dataclass whose defaults follow the paper (ARCHITECTURE.md §4:
+Each stage has a dataclass whose defaults follow the paper (docs/architecture.md §4:
 ±1 rewards, 16 samples per prompt, temperature 1, 512 new tokens, Adafactor at
 a constant 5e-7, gradient clipping 1.0, one epoch). A YAML file may hold one
 stage's keys at top level, or a whole pipeline (the iterate config) with one

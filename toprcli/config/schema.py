@@ -1,6 +1,6 @@
 """The config dataclasses: one per stage, the shared sampling and engine parts, the pipeline.
 
-Defaults follow the paper (ARCHITECTURE.md §4). Choice lists come from their
+Defaults follow the paper (docs/architecture.md §4). Choice lists come from their
 registries (losses, aggregations, KL estimators, optimizers).
 """
 
@@ -60,7 +60,7 @@ class DatasetSpec:
 
 @dataclass
 class SamplingConfig:
-    """What to sample: the distribution μ is drawn from (ARCHITECTURE.md §4).
+    """What to sample: the distribution μ is drawn from (docs/architecture.md §5).
 
     Declared once and shared by ``generate`` and ``eval``. Every samples shard
     records it; ``score`` and ``curate`` carry it on; ``train`` reads it from the

@@ -8,7 +8,7 @@ is ``int64 (N,)`` with values in ``[0, G)`` (see :func:`group_ids`).
 Conventions
 -----------
 * Advantage ``A = R − c`` with ``R`` the reward and ``c`` the baseline.
-* A row is **positive when A ≥ 0** (TOPR's α = 1 branch, ARCHITECTURE.md §4);
+* A row is **positive when A ≥ 0** (TOPR's α = 1 branch, docs/architecture.md §4);
   a row with ``A = 0`` is positive but carries no weight in any share below.
 * ``w ≥ 0`` is the row's training weight (the per-source weight); ``None``
   means all ones.

@@ -3,7 +3,7 @@
 A backend turns token ids into sampled token ids, ``n`` per prompt, and returns
 for every sampled token its log-probability under the distribution actually
 sampled from (after temperature, top-k, top-p): the behaviour log-probs μ that
-the off-policy losses need (ARCHITECTURE.md §4). Two implementations:
+the off-policy losses need (docs/architecture.md §5). Two implementations:
 :mod:`toprcli.generation.vllm_backend` (the engine) and
 :mod:`toprcli.generation.hf_backend` (transformers ``generate``). Reads and
 writes no files.

@@ -1,7 +1,8 @@
 """Policy losses for offline RL of LLMs: pure tensor functions in one registry.
 
 Nothing here reads files, configs or the CLI: every function takes tensors and
-returns tensors. A trainer calls :func:`policy_loss` once per micro-batch.
+returns tensors. A trainer calls :func:`policy_loss` once per micro-batch. The
+formulas, with the aggregations and the baseline ↔ p̃ relation: docs/architecture.md §4.
 
 Notation (shapes in comments throughout)::
 

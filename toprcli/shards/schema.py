@@ -1,4 +1,4 @@
-"""The column contract: what samples, scored and curated Parquet files hold (ARCHITECTURE.md §3).
+"""The column contract: what samples, scored and curated Parquet files hold (docs/architecture.md §3).
 
 Column names are a public contract (users query these files with pandas,
 DuckDB, ``datasets``): add columns freely, never rename these.

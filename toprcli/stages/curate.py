@@ -8,7 +8,7 @@ Writes ``--out`` — ONE Parquet file (e.g. ``train.parquet``) holding every
        and the resulting mix in its key-value metadata (key ``toprcli``); and
        ``<out>.manifest.json`` next to it (:func:`manifest_path`).
 
-Two passes keep memory flat (ARCHITECTURE.md §3, column projection):
+Two passes keep memory flat (docs/architecture.md §3, column projection):
 
 1. the light columns (ids, reward, correct, finish_reason; when
    deduplicating, an 8-byte fingerprint of each ``completion``) are read and every

@@ -3,7 +3,7 @@
 Reads: the model dir (or hub id) named by ``cfg.model`` (tokenizer, config,
 weights) and the prompt dataset ``cfg.dataset`` (a hub id, a local file or
 ``builtin:arith``). Writes into ``cfg.out``: ``shard-00000.parquet``, ... (one
-row per completion, the samples contract of ARCHITECTURE.md §3, generation
+row per completion, the samples contract of docs/architecture.md §3, generation
 parameters in each file's key-value metadata) and ``_manifest.json``.
 
 Flow: examples → rendered prompts → token ids (``prompt_token_ids``, fed to the

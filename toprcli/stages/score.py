@@ -1,7 +1,7 @@
 """The score stage: samples shards in, scored shards out.
 
 Reads  ``shard-*.parquet`` of a ``samples/`` directory (or one Parquet file,
-       taken as shard 0); every samples column is required (ARCHITECTURE.md §3).
+       taken as shard 0); every samples column is required (docs/architecture.md §3).
 Writes ``scored/shard-NNNNN.parquet`` with the same index as its input shard:
        every input column unchanged, plus ``reward`` (float32), ``correct``
        (bool), ``extracted_answer`` (string, nullable) and ``verdict``
