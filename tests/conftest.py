@@ -57,14 +57,19 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 def gen_config(**kw):
-    """A GenerateConfig from flat keywords: sampling keys (temperature, top_k, ...) and engine keys
-    (backend, dtype, ...) go to their sections."""
+    """A GenerateConfig from flat keywords: sampling keys (temperature, top_k, ...), engine keys
+    (backend, dtype, ...) and ``limit`` go to their sections."""
     from dataclasses import fields
 
     from toprcli.config import EngineConfig, GenerateConfig, SamplingConfig
 
+    from dataclasses import replace
+
     sampling = {k: kw.pop(k) for k in [f.name for f in fields(SamplingConfig)] if k in kw}
     engine = {k: kw.pop(k) for k in [f.name for f in fields(EngineConfig)] if k in kw}
+    if "limit" in kw:  # the dataset's setting
+        limit = kw.pop("limit")
+        kw["dataset"] = replace(kw.get("dataset") or GenerateConfig().dataset, limit=limit)
     return GenerateConfig(sampling=SamplingConfig(**sampling), engine=EngineConfig(**engine), **kw)
 
 

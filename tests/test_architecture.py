@@ -181,3 +181,13 @@ def test_architecture_citations_name_sections_that_exist():
     for path in [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "docs").glob("*.md")]:
         cited += [(path.name, n) for n in re.findall(r"architecture\.md §(\d+)", path.read_text())]
     assert cited and all(n in sections for _, n in cited), [c for c in cited if c[1] not in sections]
+
+
+def test_cli_and_config_functions_are_short():
+    """The CLI is generated from the configs: no option table written out by hand (no function over 80 lines)."""
+    long = []
+    for path in [*(PACKAGE / "cli").glob("*.py"), *(PACKAGE / "config").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
+                long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long

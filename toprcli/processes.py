@@ -132,3 +132,34 @@ def start_watchdog() -> subprocess.Popen | None:
 
 if __name__ == "__main__":
     watch(int(sys.argv[1]))
+
+
+# -- other libraries' output ------------------------------------------------------------
+
+
+def redirect_output(log: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """Point file descriptors 1 and 2 (this process's and every child's stdout and stderr) at
+    ``log``; returns duplicates of the original two, or None when stdout/stderr are not 1 and 2
+    (e.g. replaced by a test runner)."""
+    try:
+        if sys.stdout.fileno() != 1 or sys.stderr.fileno() != 2:
+            return None
+    except (AttributeError, OSError, ValueError):
+        return None
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return saved
+
+
+def restore_output(saved: tuple[int, int]) -> None:
+    """Undo :func:`redirect_output`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(saved[0], 1)
+    os.dup2(saved[1], 2)

@@ -49,12 +49,12 @@ def test_pipeline_file_gives_each_stage_its_section(tmp_path):
 @pytest.mark.parametrize(
     "yaml_text, words",
     [
-        ("nn: 3\n", ["unknown config key 'nn'", "allowed keys"]),
+        ("nn: 3\n", ["unknown config key: 'nn'", "did you mean 'n'?"]),
         ("n: 0\n", ["'n'", "0", "integer >= 1"]),
         ("n: three\n", ["'n'", "'three'", "an integer"]),
         ("engine: {backend: tpu}\n", ["'engine.backend'", "'tpu'", "'vllm'"]),
-        ("temperature: 0.7\n", ["unknown config key 'temperature'", "'sampling.temperature'"]),
-        ("dataset:\n  splt: test\n", ["unknown config key 'dataset.splt'"]),
+        ("temperature: 0.7\n", ["unknown config key: 'temperature' (moved to 'sampling.temperature')"]),
+        ("dataset:\n  splt: test\n", ["unknown config key: 'dataset.splt' (did you mean 'dataset.split'?)"]),
         ("sampling: {top_p: 1.5}\n", ["'sampling.top_p'", "1.5", "(0, 1]"]),
         ("sampling: {min_p: 1.0}\n", ["'sampling.min_p'", "[0, 1)"]),
         ("- a\n- b\n", ["must be a mapping"]),

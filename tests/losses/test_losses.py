@@ -421,15 +421,18 @@ def test_unknown_loss_and_inapplicable_option_raise_user_error():
 
 
 def test_register_loss_decorator():
-    @register_loss("_half", options={"k": 0.5}, description="test only")
-    def _half(logprobs, behavior_logprobs, advantages, mask, *, k):
+    @register_loss("_half", description="test only")
+    def _half(logprobs, behavior_logprobs, advantages, mask, *, k=0.5):
         return -k * advantages.unsqueeze(-1) * logprobs, {"k": torch.tensor(k)}
 
     try:
+        assert LOSSES["_half"].options == {"k": 0.5}  # the signature's default, declared once
         loss, m = policy_loss("_half", LP, BLP, ADV, MASK, k=1.0)
         ref, _ = policy_loss("reinforce", LP, BLP, ADV, MASK)
         assert loss.item() == pytest.approx(ref.item()) and m["k"].item() == 1.0
         with pytest.raises(ValueError):
             register_loss("_half")(_half)
+        with pytest.raises(ValueError, match="needs a default"):
+            register_loss("_nodefault")(lambda lp, b, a, m, *, k: (lp, {}))
     finally:
         LOSSES.pop("_half")

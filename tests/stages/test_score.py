@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from builders import gsm8k_rows
 from toprcli import shards
-from toprcli.cli.score import score as score_cmd
+from toprcli.cli.main import app as topr_app
 from toprcli.config import ScoreConfig
 from toprcli.errors import UserError
 from toprcli.stages.score import run as score
@@ -200,14 +200,7 @@ def test_bad_verifier_writes_nothing(tmp_path, spec, words):
 
 
 def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("score")(score_cmd)
-
-    @app.command("noop", hidden=True)
-    def _noop() -> None:  # a second command keeps typer from collapsing the app into one command
-        pass
-
-    return app
+    return topr_app
 
 
 def test_cli_scores_and_prints_summary(gsm_samples, tmp_path):

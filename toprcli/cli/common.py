@@ -1,4 +1,4 @@
-"""What every command shares: consoles, the one-line error boundary, option types, and the
+"""What every command shares: consoles, tables and bars, the one-line error boundary, and the
 process it runs in (signals, the watchdog, where other libraries' output goes)."""
 
 from __future__ import annotations
@@ -14,14 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from toprcli import interrupt
@@ -29,15 +22,12 @@ from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
 from toprcli.shards import output_error
 
-console = Console()
+# Output that is not a terminal (a file, a pipe) is never wrapped: tables keep their natural width.
+console = Console(width=None if sys.stdout.isatty() else 1_000_000)
 err_console = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-ConfigFile = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="YAML config (a stage's keys, or a pipeline config with a section per stage). Options given here override it."),
-]
 Verbose = Annotated[
     bool,
     typer.Option("--verbose", help="Show other libraries' warnings, banners and progress bars (by default they go to the command's log file)."),
@@ -45,16 +35,15 @@ Verbose = Annotated[
 RESUME = "rerun the same command to resume (complete work is kept)"
 
 
-# -- the process a command runs in ---------------------------------------------------
+# -- the process a command runs in (docs/architecture.md §6) ---------------------------
 
 _own_process = False  # the command is this process's entry point (main()), not a call inside another program
-_real_fds: tuple[int, int] | None = None  # stdout, stderr of the terminal while others' output goes to a log
-_log: Path | None = None  # that log
+_saved_fds: tuple[int, int] | None = None  # the terminal's stdout, stderr while others' output goes to _log
+_log: Path | None = None
 
 
 def begin_process() -> None:
-    """Called once by ``main()``: stop gracefully on SIGINT/SIGTERM, and start the watchdog that
-    ends every process this command starts when it ends (docs/architecture.md §6)."""
+    """Called once by ``main()``: stop gracefully on SIGINT/SIGTERM; start the watchdog."""
     global _own_process
     from toprcli.processes import start_watchdog
 
@@ -63,48 +52,26 @@ def begin_process() -> None:
     start_watchdog()
 
 
-def send_noise_to(log: str | os.PathLike[str], verbose: bool = False) -> Path | None:
-    """From here on, output that is not topr's own goes to ``log``: other libraries' warnings,
-    banners and progress bars, and everything child processes (vLLM's engine) print.
+def send_noise_to(log: str | os.PathLike[str] | None, verbose: bool = False) -> None:
+    """From here on, other libraries' output (warnings, banners, bars, child processes) goes to ``log``;
+    topr's consoles keep the terminal. Only where the command owns its process, and not with ``verbose``."""
+    global _saved_fds, _log
+    from toprcli.processes import redirect_output
 
-    topr's tables, bars, warnings and errors stay on the terminal (the consoles keep the real
-    stdout/stderr). Only where the command owns its process (``main()``) and not with ``verbose``.
-    Returns the log's path, or None when nothing moved.
-    """
-    global _real_fds, _log
-    if verbose or not _own_process or _real_fds is not None:
-        return None
-    try:
-        if sys.stdout.fileno() != 1 or sys.stderr.fileno() != 2:
-            return None
-    except (AttributeError, OSError, ValueError):
-        return None
-    path = Path(log)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    _real_fds = (os.dup(1), os.dup(2))
-    console.file = os.fdopen(os.dup(_real_fds[0]), "w", buffering=1, encoding="utf-8", errors="replace")
-    err_console.file = os.fdopen(os.dup(_real_fds[1]), "w", buffering=1, encoding="utf-8", errors="replace")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    warnings.showwarning = _show_warning
-    _log = path
-    return path
+    if log is None or verbose or not _own_process or _saved_fds is not None:
+        return
+    _saved_fds = redirect_output(log)
+    if _saved_fds is not None:
+        console.file, err_console.file = (os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace") for fd in _saved_fds)
+        warnings.showwarning, _log = _show_warning, Path(log)
 
 
 def restore_output() -> None:
     """Point stdout and stderr back at the terminal (before a traceback is printed)."""
-    global _real_fds
-    if _real_fds is None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(_real_fds[0], 1)
-    os.dup2(_real_fds[1], 2)
-    _real_fds = None
+    from toprcli.processes import restore_output as restore
+
+    if _saved_fds is not None:
+        restore(_saved_fds)
 
 
 _default_showwarning = warnings.showwarning
@@ -163,20 +130,6 @@ def user_errors(fn: F | None = None, *, resume: str = RESUME) -> Any:
     return wrapper
 
 
-def make_progress(*extra_columns: Any, transient: bool = False) -> Progress:
-    """The progress bar every long loop uses (stderr, so stdout stays clean for --json)."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        *extra_columns,
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=transient,
-    )
-
-
 @contextlib.contextmanager
 def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[ProgressFn | None]:
     """A :data:`toprcli.progress.ProgressFn` that draws one rich bar per task (None when disabled).
@@ -186,7 +139,8 @@ def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[
     if not enabled:
         yield None
         return
-    bar = make_progress(TextColumn("{task.fields[info]}"), transient=transient)
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=transient)  # stderr: stdout stays clean
     tasks: dict[str, Any] = {}
 
     def progress(task: str, done: int, total: int | None = None, **info: Any) -> None:
@@ -202,12 +156,7 @@ def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[
 
 def summary_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
     """A two-column rich table of (metric, value)."""
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in rows:
-        table.add_row(name, _fmt(value))
-    return table
+    return grid_table(title, ("metric", "value"), rows)
 
 
 def grid_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:

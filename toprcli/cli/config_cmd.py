@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import err_console, user_errors
+from toprcli.cli.common import echo, err_console, user_errors
 
 app = typer.Typer(help="Show default configs and validate config files.", no_args_is_help=True)
 
@@ -18,22 +18,40 @@ def _yaml(data: object) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
+def commented_yaml(cfg: object, indent: str = "") -> list[str]:
+    """``cfg`` as YAML, every key followed by its help as a comment (still valid YAML to edit and load)."""
+    import dataclasses
+
+    import yaml
+
+    lines = []
+    for f in dataclasses.fields(cfg):
+        value, note = getattr(cfg, f.name), f.metadata.get("help")
+        comment = f"  # {note}" if note else ""
+        if dataclasses.is_dataclass(value):
+            lines += [f"{indent}{f.name}:{comment}", *commented_yaml(value, indent + "  ")]
+        else:
+            text = yaml.safe_dump(value, default_flow_style=True, width=10**6, allow_unicode=True).removesuffix("...\n").strip()
+            lines.append(f"{indent}{f.name}: {text}{comment}")
+    return lines
+
+
 @app.command("show")
 @user_errors
 def show(
     stage: Annotated[
-        str | None, typer.Argument(help="generate, score, curate, train, eval or iterate; all when omitted.")
+        str | None, typer.Argument(help="generate, score, curate, verifier_data, train, eval or iterate; all when omitted.")
     ] = None,
 ) -> None:
-    """Print the default config of a stage (or of the whole pipeline) as YAML.
+    """Print the default config of a stage (or of the whole pipeline) as YAML, each key with its help.
 
     Examples:
       [bold]topr config show[/]
       [bold]topr config show train > train.yaml[/]
     """
-    from toprcli.config import config_to_dict, default_config
+    from toprcli.config import default_config
 
-    typer.echo(_yaml(config_to_dict(default_config(stage or "iterate"))), nl=False)
+    echo("\n".join(commented_yaml(default_config(stage or "iterate"))))
 
 
 @app.command("check")

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import Verbose, console, err_console, grid_table, progress_bars, send_noise_to, user_errors
+from toprcli.cli.builder import Stage
+from toprcli.cli.common import console, err_console, grid_table
+from toprcli.config import IterateConfig
+from toprcli.stages import StageResult
 
+DOC = """Run generate → score → curate → train → eval per round; killed at any point, rerun to resume.
+
+    Without --config it runs the built-in demo settings (configs/demo.yaml): the CPU demo,
+    built-in task and tiny model. Every key of every stage is reachable with --set.
+
+    Examples:
+      [bold]topr iterate[/]
+      [bold]topr iterate --config configs/demo.yaml[/]
+      [bold]topr iterate -c configs/gsm8k-llama3-8b.yaml --run-dir runs/gsm8k[/]
+      [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft[/]
+    """
+DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 ROUND_COLUMNS = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "train rows", "wall s")
 # With a generative verifier (eval.verifier_model or eval.candidates): its judgement of the candidates.
 VERIFIER_COLUMNS = ("round", "maj@k (cands)", "best-of-k", "weighted maj@k", "accuracy", "invalid", "AUC")
@@ -31,52 +47,42 @@ def print_rounds(title: str, rows: list[dict], *, wall: bool = True) -> None:
         ]))
 
 
-@user_errors
-def iterate(
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="Pipeline config YAML. Without it, the built-in demo settings (configs/demo.yaml) are used.")] = None,
-    run_dir: Annotated[Path | None, typer.Option(help="Run directory (overrides run_dir in the config). Rerun the same command to resume.")] = None,
-    rounds: Annotated[int | None, typer.Option(help="Number of TOPR rounds (overrides rounds).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override any key, e.g. --set train.lr=1e-6 --set generate.n=8.")] = None,
-    report: Annotated[bool, typer.Option(help="Write plots and summary.md into RUN_DIR/report at the end.")] = True,
-    verbose: Verbose = False,
-) -> None:
-    """Run generate → score → curate → train → eval per round; killed at any point, rerun to resume.
+def default_config() -> Path:
+    err_console.print(f"[bold]No --config given: running the built-in demo settings ({DEMO}).[/]", highlight=False)
+    return DEMO
 
-    Examples:
-      [bold]topr iterate[/]                                    (the CPU demo, built-in task and tiny model)
-      [bold]topr iterate --config configs/demo.yaml[/]
-      [bold]topr iterate -c configs/gsm8k-llama3-8b.yaml --run-dir runs/gsm8k[/]
-      [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft[/]
-    """
-    import time
 
-    from toprcli.config import IterateConfig, load_config, parse_override
+def run(cfg: IterateConfig, progress, report: bool = True) -> StageResult:
     from toprcli.pipeline import Pipeline
-    from toprcli.shards import check_writable
+    from toprcli.report import write_report
 
-    if config is None:
-        config = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
-        err_console.print(f"[bold]No --config given: running the built-in demo settings ({config}).[/]", highlight=False)
-    sets = dict(parse_override(s) for s in (set_ or []))
-    overrides = {"run_dir": str(run_dir) if run_dir else None, "rounds": rounds}
-    cfg = load_config(IterateConfig, config, overrides, sets=sets)
-    check_writable(cfg.run_dir)  # before anything is printed: a bad run dir is one error line
-    send_noise_to(Path(cfg.run_dir) / "topr.log", verbose)
     err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False)
-
     seen: list[dict] = []
     t0 = time.perf_counter()
 
     def on_round(r: int, summary: dict) -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
         seen.append(summary)
-        print_rounds(f"after round {r}", seen)
+        if progress is not None:  # not under --json
+            print_rounds(f"after round {r}", seen)
 
-    with progress_bars(transient=True) as progress:
-        rows = Pipeline(cfg, progress=progress, on_round=on_round).run()
-    print_rounds(f"run {cfg.run_dir} ({time.perf_counter() - t0:.0f} s this invocation)", rows, wall=False)
-    if report:
-        from toprcli.report import write_report
+    rows = Pipeline(cfg, progress=progress, on_round=on_round).run()
+    out = str(write_report(cfg.run_dir)[1]) if report else None
+    return StageResult("iterate", cfg.run_dir, {"rounds": rows, "report": out}, wall_time_s=time.perf_counter() - t0)
 
-        _, out = write_report(cfg.run_dir)
-        console.print(f"report: {out}/summary.md, {out}/accuracy.png", highlight=False)
+
+def show(result: StageResult, cfg: IterateConfig) -> None:
+    print_rounds(f"run {cfg.run_dir} ({result.wall_time_s:.0f} s this invocation)", result.summary["rounds"], wall=False)
+    if result.summary["report"]:
+        console.print(f"report: {result.summary['report']}/summary.md, {result.summary['report']}/accuracy.png", highlight=False)
+
+
+def log_file(cfg: IterateConfig) -> Path:
+    from toprcli.shards import check_writable
+
+    check_writable(cfg.run_dir)  # before anything is printed: a bad run dir is one error line
+    return Path(cfg.run_dir) / "topr.log"
+
+
+REPORT = (Annotated[bool, typer.Option(help="Write plots and summary.md into RUN_DIR/report at the end.")], True)
+STAGE = Stage("iterate", IterateConfig, run, show, DOC, log=log_file, default_config=default_config, extra={"report": REPORT})

@@ -1,7 +1,7 @@
-"""The `topr` app: one thin module per command, registered here.
+"""The `topr` app: stage commands built from their configs (cli/builder.py), the rest by hand.
 
-Command modules import torch, vLLM and friends inside their functions, so
-`topr --help` stays fast.
+Command modules import torch, vLLM and friends inside their functions; the configs they are
+built from import the loss registry (torch), so `topr --help` takes about two seconds.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import typer
 
 from toprcli.cli import config_cmd, curate, generate, import_gguf, info, init_model, iterate, report, score, train, verifier_data
 from toprcli.cli import eval as eval_cli
+from toprcli.cli.builder import register
 
 app = typer.Typer(
     name="topr",
@@ -27,14 +28,8 @@ app = typer.Typer(
 app.command("info")(info.info)
 app.command("init-model")(init_model.init_model)
 app.command("import-gguf")(import_gguf.import_gguf)
-app.command("generate")(generate.generate)
-app.command("score")(score.score)
-app.command("curate")(curate.curate)
-app.command("train")(train.train)
-app.command("eval")(eval_cli.eval_command)
-app.command("iterate")(iterate.iterate)
+register(app, generate.STAGE, score.STAGE, curate.STAGE, train.STAGE, eval_cli.STAGE, iterate.STAGE, verifier_data.STAGE)
 app.command("report")(report.report)
-app.command("verifier-data")(verifier_data.verifier_data)
 app.add_typer(config_cmd.app, name="config")
 
 

@@ -1,15 +1,14 @@
 """Typed configs for every stage, YAML loading and CLI overrides, in one place.
 
-Each stage has a dataclass whose defaults follow the paper (docs/architecture.md §4:
-±1 rewards, 16 samples per prompt, temperature 1, 512 new tokens, Adafactor at
-a constant 5e-7, gradient clipping 1.0, one epoch). A YAML file may hold one
-stage's keys at top level, or a whole pipeline (the iterate config) with one
-section per stage; ``topr generate --config demo.yaml`` then reads the
-``generate:`` section. CLI options override the file.
+Each stage has a dataclass (``schema.py``) whose fields carry their own default, help,
+flag and check (``fields.opt``); defaults follow the paper (docs/architecture.md §4). A
+YAML file may hold one stage's keys at top level, or a whole pipeline (the iterate
+config) with one section per stage; ``topr generate --config demo.yaml`` then reads the
+``generate:`` section. Command-line values override the file.
 
-Validation is strict: an unknown key or a bad value raises :class:`ConfigError`
-(a :class:`UserError`, so the CLI prints one line and exits 2) naming the key,
-the value and what is allowed.
+Validation is strict and happens once, here: every unknown or moved key is named in one
+:class:`ConfigError` (a :class:`UserError`, so the CLI prints one line and exits 2), a bad
+value is named with what is allowed.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from toprcli.config.fields import ConfigError, _from_dict, config_to_dict
+from toprcli.config.fields import ConfigError, config_to_dict, from_dict, leaf_paths
 from toprcli.config.schema import (
     STAGES,
     WARM_START_TRAIN,
@@ -38,7 +37,7 @@ from toprcli.config.schema import (
 __all__ = [
     "STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig",
     "GenerateConfig", "IterateConfig", "SamplingConfig", "ScoreConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig",
-    "config_to_dict", "default_config", "load_config", "parse_override", "read_yaml", "stage_section",
+    "config_to_dict", "default_config", "from_dict", "load_config", "parse_override", "read_yaml", "resolve_key", "stage_section",
 ]
 
 
@@ -72,11 +71,7 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def stage_section(data: dict[str, Any], stage: str) -> dict[str, Any]:
-    """The part of a YAML document that configures ``stage``.
-
-    A pipeline config (one section per stage) gives the stage's section; a
-    single-stage file is used whole.
-    """
+    """The part of a YAML document that configures ``stage``: its section of a pipeline config, or the whole file."""
     is_pipeline = any(k in data for k in STAGES if k != "iterate") or "warm_start" in data
     if stage != "iterate" and is_pipeline:
         section = data.get(stage, {})
@@ -88,19 +83,28 @@ def stage_section(data: dict[str, Any], stage: str) -> dict[str, Any]:
     return dict(data)
 
 
-def load_config(
-    cls: type,
-    path: str | os.PathLike[str] | None = None,
-    overrides: dict[str, Any] | None = None,
-    *,
-    base: dict[str, Any] | None = None,
-    sets: dict[str, Any] | None = None,
-) -> Any:
+def resolve_key(cls: type, key: str) -> str:
+    """A ``--set`` key as a full dotted path of ``cls``: ``train.lr`` and ``lr`` both name TrainConfig.lr;
+    a key that is the tail of exactly one path (``top_p`` → ``sampling.top_p``) names that path."""
+    stage = next((name for name, c in STAGES.items() if c is cls), "")
+    if stage != "iterate" and key.startswith(f"{stage}."):
+        key = key[len(stage) + 1:]
+    paths = leaf_paths(cls)
+    if key in paths or any(key.startswith(p + ".") for p in paths):
+        return key  # a path, or a key inside a mapping field (loss_options.ratio_level)
+    matches = [p for p in paths if p.endswith("." + key)]
+    if len(matches) > 1:
+        raise ConfigError(f"--set {key}: ambiguous, it could be {' or '.join(matches)} — write the whole key")
+    return matches[0] if matches else key
+
+
+def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
+                *, base: dict[str, Any] | None = None, sets: dict[str, Any] | None = None) -> Any:
     """Build a stage config: defaults ← ``base`` ← YAML file ← overrides ← sets.
 
-    ``overrides`` maps (dotted) keys to values from typed CLI options; ``None``
-    values mean "not given on the command line" and are skipped. ``sets`` are
-    ``--set key=value`` pairs, applied as written (``null`` included).
+    ``overrides`` maps dotted keys to values from typed CLI options; ``None`` means "not
+    given" and is skipped. ``sets`` are ``--set key=value`` pairs, applied as written
+    (``null`` included), their keys resolved by :func:`resolve_key`.
     """
     stage = next(name for name, c in STAGES.items() if c is cls)
     data: dict[str, Any] = dict(base or {})
@@ -110,8 +114,8 @@ def load_config(
         if value is not None:
             _set_dotted(data, key, value)
     for key, value in (sets or {}).items():
-        _set_dotted(data, key, value)
-    return _from_dict(cls, data)
+        _set_dotted(data, resolve_key(cls, key), value)
+    return from_dict(cls, data)
 
 
 def default_config(stage: str) -> Any:

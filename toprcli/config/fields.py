@@ -1,13 +1,19 @@
-"""How config dataclasses are checked and converted: value checks, YAML/CLI values → types.
+"""How a config field is declared once, and how plain data becomes a config, strictly.
 
-``_from_dict`` builds a config dataclass from plain data, strictly: an unknown key
-or a bad value raises :class:`ConfigError` naming the key, the value and what is
-allowed; a dataclass with a ``check()`` method gets its cross-field rules run.
+:func:`opt` declares a field: its default, its help, its command-line flag (or none), and
+the check its value must pass. The CLI is generated from these declarations
+(``cli/builder.py``) and ``topr config show`` prints the help beside each key.
+
+:func:`from_dict` builds a config dataclass from YAML/CLI data: every unknown or moved
+key is named in one :class:`ConfigError` (with its new path or the closest valid key),
+then each value is converted to its field's type and checked; a dataclass with a
+``check()`` method gets its cross-field rules run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from typing import Any, Literal
@@ -19,14 +25,28 @@ class ConfigError(UserError):
     """A config key or value a user got wrong."""
 
 
+def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, flag: str | None = None,
+        short: str | None = None, cli: bool = True, check: dict | None = None) -> Any:
+    """A config field, declared once: default (or ``factory``), help, flag, value check.
+
+    ``flag`` defaults to ``--<name-with-dashes>`` (a bool gets ``--x/--no-x``; write another
+    pair as ``"--strict/--flexible"``); ``cli=False`` keeps the key off the flags (``--set``
+    still reaches it); ``check`` is one of the checks below.
+    """
+    meta = {"help": help, "cli": cli, "flag": flag, "short": short, **(check or {})}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
 def choice(options, what: str = "one of") -> dict:
-    """Field metadata for a string that must be one of ``options`` (a registry's names)."""
+    """A check: a string that must be one of ``options`` (a registry's names)."""
     options = tuple(options)
     return {"check": lambda v: v in options, "allowed": f"{what} {', '.join(repr(o) for o in options)}"}
 
 
 def _check(predicate, allowed: str) -> dict:
-    """Field metadata: a value check and the words that say what is allowed."""
+    """A check: a predicate and the words that say what is allowed."""
     return {"check": predicate, "allowed": allowed}
 
 
@@ -35,21 +55,21 @@ NON_NEGATIVE = _check(lambda v: v >= 0, "a number >= 0")
 AT_LEAST_ONE = _check(lambda v: v >= 1, "an integer >= 1")
 UNIT_OPEN = _check(lambda v: 0 < v < 1, "a number strictly between 0 and 1")
 UNIT_HALF_OPEN = _check(lambda v: 0 < v <= 1, "a number in (0, 1]")
+TOP_K = _check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1")
+MIN_P = _check(lambda v: 0 <= v < 1, "a number in [0, 1) (0 = off)")
 
 
-def _describe(tp: Any) -> str:
+def describe(tp: Any) -> str:
+    """What a type accepts, in words."""
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
-        parts = [_describe(a) for a in typing.get_args(tp) if a is not type(None)]
-        opt = type(None) in typing.get_args(tp)
-        return " or ".join(parts) + (" or null" if opt else "")
+        parts = [describe(a) for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(parts) + (" or null" if type(None) in typing.get_args(tp) else "")
     if origin is list:
-        return f"a list of {_describe(typing.get_args(tp)[0])}"
-    if origin is dict:
-        return "a mapping"
-    if dataclasses.is_dataclass(tp):
+        return f"a list of {describe(typing.get_args(tp)[0])}"
+    if origin is dict or dataclasses.is_dataclass(tp):
         return "a mapping"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
 
@@ -58,7 +78,7 @@ _MISSING = object()
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
-    """Convert a YAML/CLI value to ``tp`` or return _MISSING when it does not fit."""
+    """``value`` converted to ``tp``, or _MISSING when it does not fit."""
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
@@ -67,66 +87,84 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None:
             return None if type(None) in typing.get_args(tp) else _MISSING
-        for arg in typing.get_args(tp):
-            if arg is type(None):
-                continue
-            out = _coerce(arg, value, key)
-            if out is not _MISSING:
-                return out
-        return _MISSING
+        outs = (_coerce(a, value, key) for a in typing.get_args(tp) if a is not type(None))
+        return next((o for o in outs if o is not _MISSING), _MISSING)
     if origin is list:
         if not isinstance(value, (list, tuple)):
             return _MISSING
-        (inner,) = typing.get_args(tp)
-        items = [_coerce(inner, v, key) for v in value]
+        items = [_coerce(typing.get_args(tp)[0], v, key) for v in value]
         return _MISSING if any(i is _MISSING for i in items) else items
     if origin is dict:
         return dict(value) if isinstance(value, dict) else _MISSING
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
-        if not isinstance(value, dict):
-            return _MISSING
-        return _from_dict(tp, value, prefix=f"{key}.")
+        return _build(tp, value, f"{key}.") if isinstance(value, dict) else _MISSING
     if tp is bool:
         return value if isinstance(value, bool) else _MISSING
     if tp is int:
         return value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
     if tp is float:
-        if isinstance(value, bool):
-            return _MISSING
         if isinstance(value, str):  # PyYAML reads 5e-7 (no dot) as a string
             try:
                 return float(value)
             except ValueError:
                 return _MISSING
-        return float(value) if isinstance(value, (int, float)) else _MISSING
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else _MISSING
     if tp is str:
         return value if isinstance(value, str) else _MISSING
     return value
 
 
-def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+def sections(cls: type) -> dict[str, type]:
+    """The fields of ``cls`` that are config dataclasses themselves (its sections)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+
+
+def leaf_paths(cls: type, prefix: str = "") -> list[str]:
+    """Every settable key of ``cls``, dotted (``sampling.top_p``), sections expanded."""
+    subs = sections(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        out += leaf_paths(subs[f.name], f"{prefix}{f.name}.") if f.name in subs else [prefix + f.name]
+    return out
+
+
+def unknown_keys(cls: type, data: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every key of ``data`` that ``cls`` does not have, each with where it went or what was meant."""
+    names, subs, problems = {f.name for f in dataclasses.fields(cls)}, sections(cls), []
+    for key, value in data.items():
+        if key in subs and isinstance(value, dict):
+            problems += unknown_keys(subs[key], value, f"{prefix}{key}.")
+        elif key not in names:
+            home = [f"{s}.{key}" for s, tp in subs.items() if key in {f.name for f in dataclasses.fields(tp)}]
+            tails = {p.rsplit(".", 1)[-1]: p for p in reversed(leaf_paths(cls))}  # a name here wins over a section's
+            close = difflib.get_close_matches(key, sorted(tails), n=1)
+            hint = f"moved to '{prefix}{home[0]}'" if home else f"did you mean '{prefix}{tails[close[0]]}'?" if close else "no such key"
+            problems.append(f"'{prefix}{key}' ({hint})")
+    return problems
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """A ``cls`` from plain data; :class:`ConfigError` names every unknown key at once, or a bad value."""
+    problems = unknown_keys(cls, data, prefix)
+    if problems:
+        raise ConfigError(f"unknown config key{'s' if len(problems) > 1 else ''}: {'; '.join(problems)} — fix or remove them (topr config show lists every key)")
+    return _build(cls, data, prefix)
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            nested = [n for n, tp in hints.items() if dataclasses.is_dataclass(tp) and key in {f.name for f in dataclasses.fields(tp)}]
-            if nested:
-                raise ConfigError(f"unknown config key '{prefix}{key}' — it lives in a section here: '{prefix}{nested[0]}.{key}'")
-            allowed = ", ".join(sorted(fields))
-            raise ConfigError(f"unknown config key '{prefix}{key}' — allowed keys here: {allowed}")
     kwargs = {}
     for name, value in data.items():
-        tp = hints[name]
-        out = _coerce(tp, value, prefix + name)
+        out = _coerce(hints[name], value, prefix + name)
         if out is _MISSING:
-            raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {_describe(tp)}")
+            raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {describe(hints[name])}")
         check = fields[name].metadata.get("check")
         if check is not None and out is not None and not check(out):
-            raise ConfigError(
-                f"bad value for '{prefix}{name}': {value!r} — expected {fields[name].metadata['allowed']}"
-            )
+            raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {fields[name].metadata['allowed']}")
         kwargs[name] = out
     obj = cls(**kwargs)
     if hasattr(obj, "check"):  # cross-field rules, one line each

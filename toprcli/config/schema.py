@@ -1,25 +1,30 @@
 """The config dataclasses: one per stage, the shared sampling and engine parts, the pipeline.
 
-Defaults follow the paper (docs/architecture.md §4). Choice lists come from their
-registries (losses, aggregations, KL estimators, optimizers).
+Every field is declared once with :func:`~toprcli.config.fields.opt`: default, help, flag,
+check. The CLI is generated from these (``cli/builder.py``). Defaults follow the paper
+(docs/architecture.md §4). Choice lists come from their registries (losses,
+aggregations, KL estimators, optimizers).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from toprcli.config.fields import (
     AT_LEAST_ONE,
+    MIN_P,
     NON_NEGATIVE,
     POSITIVE,
+    TOP_K,
     UNIT_HALF_OPEN,
     UNIT_OPEN,
     ConfigError,
     _check,
-    _from_dict,
     choice,
     config_to_dict,
+    from_dict,
+    opt,
 )
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
@@ -29,30 +34,24 @@ from toprcli.training.optim import OPTIMIZERS
 
 @dataclass
 class DatasetSpec:
-    """Where prompts come from and how they are rendered.
+    """Where prompts come from and how they are rendered (``data/datasets.py``)."""
 
-    ``source`` is a hub id (``openai/gsm8k``), a local ``.jsonl``/``.json``/
-    ``.parquet``/``.csv`` file, or ``builtin:arith``. ``preset`` picks the
-    column mapping, gold-answer rule and instruction (``gsm8k``, ``math``,
-    ``arith``, ``verification`` — what ``topr verifier-data`` writes); ``auto``
-    infers it from the source.
-    """
-
-    source: str = "builtin:arith"
-    config_name: str | None = None
-    split: str = "train"
-    preset: Literal["auto", "gsm8k", "math", "arith", "verification", "none"] = "auto"
-    question_column: str | None = None
-    answer_column: str | None = None
-    id_column: str | None = None
-    template: str | None = None
-    chat_template: bool = False
-    system_prompt: str | None = None
-    limit: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    # builtin:arith only
-    size: int = field(default=2000, metadata=AT_LEAST_ONE)
-    level: int = field(default=2, metadata=_check(lambda v: 1 <= v <= 4, "an integer 1..4"))
-    seed: int = 0
+    source: str = opt("builtin:arith", "Prompts: builtin:gsm8k, builtin:arith, a hub id (openai/gsm8k) or a local .jsonl/.json/.parquet/.csv.",
+                      flag="--dataset", short="-d")
+    config_name: str | None = opt(None, "The hub dataset's config (openai/gsm8k: main, chosen for you).", flag="--dataset-config")
+    split: str = opt("train", "Dataset split.")
+    preset: Literal["auto", "gsm8k", "math", "arith", "verification", "none"] = opt(
+        "auto", "Column mapping, gold-answer rule and instruction; auto infers it from the source (verification: what `topr verifier-data` writes).")
+    question_column: str | None = opt(None, "Column of the question (default: the preset's).")
+    answer_column: str | None = opt(None, "Column of the gold answer (default: the preset's).")
+    id_column: str | None = opt(None, "Column of a unique prompt id (default: a hash of the question).")
+    template: str | None = opt(None, "Plain-text prompt with {question} (default: the preset's).")
+    chat_template: bool = opt(False, "Render prompts with the tokenizer's chat template (instruct models).")
+    system_prompt: str | None = opt(None, "System message for --chat-template prompts.")
+    limit: int | None = opt(None, "Use only the first K prompts.", check=AT_LEAST_ONE)
+    size: int = opt(2000, "builtin:arith: problems per split.", cli=False, check=AT_LEAST_ONE)
+    level: int = opt(2, "builtin:arith: difficulty 1..4.", cli=False, check=_check(lambda v: 1 <= v <= 4, "an integer 1..4"))
+    seed: int = opt(0, "builtin:arith: seed of the problems.", cli=False)
 
 
 # -- shared parts ---------------------------------------------------------------
@@ -68,28 +67,27 @@ class SamplingConfig:
     then min-p, top-k, top-p, renormalised). ``temperature: 0`` is greedy.
     """
 
-    temperature: float = field(default=1.0, metadata=_check(lambda v: v >= 0, "a number >= 0 (0 = greedy)"))
-    top_p: float = field(default=1.0, metadata=UNIT_HALF_OPEN)
-    top_k: int = field(default=-1, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
-    min_p: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 1, "a number in [0, 1) (0 = off)"))
-    max_new_tokens: int = field(default=512, metadata=AT_LEAST_ONE)
-    # Base seed: every prompt samples from its own stream seeded by (seed, iteration, prompt id).
-    seed: int = 0
+    temperature: float = opt(1.0, "Sampling temperature (0 = greedy).", check=_check(lambda v: v >= 0, "a number >= 0 (0 = greedy)"))
+    top_p: float = opt(1.0, "Nucleus sampling mass in (0, 1].", check=UNIT_HALF_OPEN)
+    top_k: int = opt(-1, "Keep the k most likely tokens; -1 is off.", check=TOP_K)
+    min_p: float = opt(0.0, "Drop tokens less likely than min-p × the most likely one; 0 is off.", check=MIN_P)
+    max_new_tokens: int = opt(512, "Most tokens per completion.", check=AT_LEAST_ONE)
+    seed: int = opt(0, "Base seed; each prompt samples from its own stream seeded by (seed, iteration, prompt id).")
 
 
 @dataclass
 class EngineConfig:
     """The generation engine: which backend, and how it holds the model. Shared by generate and eval."""
 
-    backend: Literal["auto", "vllm", "hf"] = "auto"  # auto: vLLM when it imports, else hf
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: float32 on CPU, bfloat16 on GPU
-    tensor_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)
-    # vLLM: share of device memory (of RAM on CPU) for weights + KV cache; None = 0.9 on GPU, 0.2 on CPU.
-    gpu_memory_utilization: float | None = field(default=None, metadata=UNIT_HALF_OPEN)
-    max_model_len: int | None = field(default=None, metadata=AT_LEAST_ONE)  # None = the model's context
-    enforce_eager: bool | None = None  # vLLM: None = eager on CPU (fast start), compiled on GPU
-    batch_size: int = field(default=64, metadata=AT_LEAST_ONE)  # prompts per engine call (hf backend)
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM(...) arguments
+    backend: Literal["auto", "vllm", "hf"] = opt("auto", "auto (vLLM when it imports), vllm or hf.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "Weights' dtype; auto: float32 on CPU, bfloat16 on GPU.")
+    tensor_parallel_size: int = opt(1, "GPUs per vLLM engine (tensor parallelism).", check=AT_LEAST_ONE)
+    gpu_memory_utilization: float | None = opt(
+        None, "vLLM's share of device memory (on CPU, of RAM) for weights + KV cache; unset: 0.9 on GPU, 0.2 on CPU.", check=UNIT_HALF_OPEN)
+    max_model_len: int | None = opt(None, "Context length (prompt + completion); unset: the model's.", check=AT_LEAST_ONE)
+    enforce_eager: bool | None = opt(None, "vLLM: no CUDA graphs / compilation; unset: eager on CPU (fast start), compiled on GPU.")
+    batch_size: int = opt(64, "Prompts per engine call (hf backend).", check=AT_LEAST_ONE)
+    engine_kwargs: dict[str, Any] = opt(factory=dict, help="Extra vllm.LLM(...) arguments.", cli=False)
 
 
 # -- stages -------------------------------------------------------------------
@@ -97,182 +95,161 @@ class EngineConfig:
 
 @dataclass
 class GenerateConfig:
-    model: str = ""
-    dataset: DatasetSpec = field(default_factory=DatasetSpec)
-    out: str = ""
-    n: int = field(default=16, metadata=AT_LEAST_ONE)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    limit: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    shard_size: int = field(default=64, metadata=AT_LEAST_ONE)
-    shard_index: int = field(default=0, metadata=NON_NEGATIVE)
-    num_shards: int = field(default=1, metadata=AT_LEAST_ONE)
-    skip_long: bool = False
-    # max_new_tokens beyond what the context leaves for a prompt: refused, unless clipped on request
-    # (then recorded in the manifest and the summary).
-    clip_to_context: bool = False
-    iteration: int = field(default=0, metadata=NON_NEGATIVE)
-    # One seed per (seed, iteration, prompt_id) for every request (vLLM; results then do not
-    # depend on batching or sharding). Off: the sampler RNG is reseeded per shard only.
-    per_request_seed: bool = True
-    # Processes (one engine each, on their own GPUs) splitting the prompts into disjoint shard
-    # ranges of the same --out; the rows do not depend on it.
-    data_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)
+    model: str = opt("", "Policy: a Hugging Face model dir (or hub id).", short="-m")
+    dataset: DatasetSpec = opt(factory=DatasetSpec)
+    out: str = opt("", "Output directory for shard-*.parquet and _manifest.json.", short="-o")
+    n: int = opt(16, "Completions per prompt (paper: 16 for GSM8K, 32 for MATH).", check=AT_LEAST_ONE)
+    sampling: SamplingConfig = opt(factory=SamplingConfig)
+    engine: EngineConfig = opt(factory=EngineConfig)
+    shard_size: int = opt(64, "Prompts per shard file (the unit of resume).", check=AT_LEAST_ONE)
+    shard_index: int = opt(0, "This process's part, 0..num-shards-1 (data parallel).", check=NON_NEGATIVE)
+    num_shards: int = opt(1, "Processes sharing the prompt set (data parallel).", check=AT_LEAST_ONE)
+    skip_long: bool = opt(False, "Drop prompts longer than the context (counted) instead of stopping.")
+    clip_to_context: bool = opt(False, "Cut completions where prompt + max-new-tokens would pass the context (recorded) instead of stopping.")
+    iteration: int = opt(0, "Round number stored in each row and mixed into the seeds.", check=NON_NEGATIVE)
+    per_request_seed: bool = opt(True, "Seed every prompt from (seed, iteration, prompt id) (vLLM); off: reseed per shard only.")
+    data_parallel_size: int = opt(1, "Launch N processes here, one engine each (GPUs or CPU cores split between them), disjoint shards.",
+                                  check=AT_LEAST_ONE)
 
 
 @dataclass
 class ScoreConfig:
-    samples: str = ""
-    out: str = ""
-    verifier: str = "gsm8k"
-    strict: bool = False
-    workers: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    timeout: float = field(default=5.0, metadata=POSITIVE)
-    reward_correct: float = 1.0
-    reward_incorrect: float = -1.0
-    reward_no_answer: float = -1.0
-    worker_memory_mb: int = field(default=4096, metadata=NON_NEGATIVE)  # address-space cap per verifier worker; 0 = none
-    overwrite: bool = False  # replace an --out scored from other inputs or settings
+    samples: str = opt("", "The samples directory `topr generate` wrote (or one Parquet file).", short="-s")
+    out: str = opt("", "Directory for the scored shards and _manifest.json.", short="-o")
+    verifier: str = opt("gsm8k", "gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> bool | float | None).",
+                        short="-v")
+    strict: bool = opt(False, "gsm8k: require '#### n' (strict), or also accept 'The answer is n' and the last number.",
+                       flag="--strict/--flexible")
+    workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)
+    timeout: float = opt(5.0, "Hard limit per check in seconds; a check past it is killed (verdict 'timeout').", check=POSITIVE)
+    reward_correct: float = opt(1.0, "Reward of a correct completion.")
+    reward_incorrect: float = opt(-1.0, "Reward of an incorrect one (also 'timeout' and 'error').")
+    reward_no_answer: float = opt(-1.0, "Reward when no answer could be read.")
+    worker_memory_mb: int = opt(4096, "Address-space cap per worker in MiB; 0 = none (e.g. plugins that load CUDA).", check=NON_NEGATIVE)
+    overwrite: bool = opt(False, "Rescore an --out scored from other samples or settings.")
 
 
 @dataclass
 class CurateConfig:
-    scored: list[str] = field(default_factory=list)
-    out: str = ""
-    # A number (constant c), "batch-mean" (c = the mean reward of all scored samples), "group-mean"
-    # or "leave-one-out"; None = constant 0 (A = R).
-    # Exclusive with positive_fraction (which solves the constant c from the data).
-    baseline: float | str | None = None
-    positive_fraction: float | None = field(default=None, metadata=UNIT_OPEN)
-    source_weights: list[float] | None = None
-    drop_uniform_prompts: bool = False
-    drop_truncated: bool = False
-    dedupe: bool = False
-    max_per_prompt: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    first_positive: bool = False
-    subsample: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    seed: int = 0
-    overwrite: bool = False  # replace an existing --out made from other inputs or settings
-    # With positive_fraction: the constant baseline to use when the data has one outcome only
-    # (P unreachable). None = fail. `topr iterate` sets it so one lopsided round cannot stop a run.
-    unreachable_baseline: float | None = None
-    # Keep only prompts whose accuracy (share of `correct` among all their scored samples) lies
-    # strictly between low and high, e.g. [0.1, 0.95] (ROLL's difficulty_mask). [0, 1] keeps mixed prompts.
-    keep_accuracy: list[float] | None = field(
-        default=None,
-        metadata=_check(lambda v: len(v) == 2 and 0 <= v[0] < v[1] <= 1, "[low, high] with 0 <= low < high <= 1"),
-    )
-    # Divide A by the reward standard deviation over all scored samples ("batch") or over the
-    # prompt's samples ("group"), as ROLL's norm_std_type: A = (R − c) / (std + 1e-6).
-    std_normalize: Literal["batch", "group"] | None = None
-    # Clip A (after std_normalize) to [−x, x] (ROLL's reward_clip, which clips the normalised reward).
-    reward_clip: float | None = field(default=None, metadata=POSITIVE)
+    scored: list[str] = opt(factory=list, help="`topr score` output dirs (or Parquet files): this round first, then earlier rounds to replay.",
+                            short="-s")
+    out: str = opt("", "The training set to write, one Parquet file; its manifest goes to <out>.manifest.json.", short="-o")
+    baseline: float | str | None = opt(
+        None, "c in A = R − c: a number, batch-mean (the mean reward), group-mean or leave-one-out (per prompt); unset: 0.")
+    positive_fraction: float | None = opt(
+        None, "Target effective share of positives p̃; solves the constant c from the data (paper: 0.1–0.2). Exclusive with --baseline.",
+        check=UNIT_OPEN)
+    source_weights: list[float] | None = opt(None, "Weight per scored input, in order (e.g. 1,0.5); written to the `weight` column.")
+    drop_uniform_prompts: bool = opt(False, "Drop prompts whose samples are all correct or all incorrect.",
+                                     flag="--drop-uniform-prompts/--keep-uniform-prompts")
+    drop_truncated: bool = opt(False, "Drop samples cut off at max_new_tokens (finish_reason = length).", flag="--drop-truncated/--keep-truncated")
+    dedupe: bool = opt(False, "Keep one copy of identical completions within a prompt.")
+    max_per_prompt: int | None = opt(None, "Keep at most this many samples per prompt (lowest sample_index first).", check=AT_LEAST_ONE)
+    first_positive: bool = opt(False, "Per prompt keep the first correct sample and every incorrect one.", flag="--first-positive/--all-positives")
+    subsample: int | None = opt(None, "Keep a uniform random subset of this many rows (after the filters).", check=AT_LEAST_ONE)
+    seed: int = opt(0, "Seed of --subsample.")
+    overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
+    unreachable_baseline: float | None = opt(
+        None, "With --positive-fraction: the constant c when the data has one outcome only; unset: fail (iterate uses 0).")
+    keep_accuracy: list[float] | None = opt(
+        None, "Keep prompts whose accuracy lies strictly between low and high, e.g. 0.1,0.95 (ROLL's difficulty_mask).",
+        check=_check(lambda v: len(v) == 2 and 0 <= v[0] < v[1] <= 1, "[low, high] with 0 <= low < high <= 1"))
+    std_normalize: Literal["batch", "group"] | None = opt(
+        None, "Divide A by the reward std over all samples (batch) or the prompt's (group), as ROLL's norm_std_type.")
+    reward_clip: float | None = opt(None, "Clip A (after --std-normalize) to [−x, x] (ROLL's reward_clip).", check=POSITIVE)
 
 
 @dataclass
 class VerifierDataConfig:
     """``topr verifier-data``: scored completions → a verification dataset (question + candidate → Yes/No)."""
 
-    scored: list[str] = field(default_factory=list)
-    out: str = ""
-    # Equal numbers of correct and incorrect candidates (the larger class is subsampled, seeded).
-    balance: bool = False
-    max_per_question: int | None = field(default=None, metadata=AT_LEAST_ONE)  # candidates per question, seeded choice
-    dedupe: bool = True  # one row per distinct (question, candidate text)
-    seed: int = 0
-    overwrite: bool = False
+    scored: list[str] = opt(factory=list, help="`topr score` output dirs (or an eval's scored/).", short="-s")
+    out: str = opt("", "The verification dataset to write, one Parquet file.", short="-o")
+    balance: bool = opt(False, "As many correct as incorrect candidates (the larger class is subsampled, seeded).")
+    max_per_question: int | None = opt(None, "At most this many candidates per question (a seeded choice).", check=AT_LEAST_ONE)
+    dedupe: bool = opt(True, "One row per distinct question and candidate text.")
+    seed: int = opt(0, "Seed of --balance and --max-per-question.")
+    overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
+
+
+_CHECK_DATA = "Check against the data's sampling {} (read from the data; a different value is refused)."
 
 
 @dataclass
 class TrainConfig:
-    model: str = ""
-    data: str = ""
-    out: str = ""
-    loss: str = field(default="topr", metadata=choice(LOSSES, "a registered loss:"))
-    loss_options: dict[str, Any] = field(default_factory=dict)
-    aggregation: str = field(default="seq-mean-token-mean", metadata=choice(AGGREGATIONS))
-    optimizer: str = field(default="adafactor", metadata=choice(OPTIMIZERS))
-    lr: float = field(default=5e-7, metadata=POSITIVE)
-    weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
-    schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = field(default=0, metadata=NON_NEGATIVE)
-    grad_clip: float | None = field(default=1.0, metadata=POSITIVE)
-    epochs: float = field(default=1.0, metadata=POSITIVE)
-    max_steps: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    batch_size: int = field(default=64, metadata=AT_LEAST_ONE)  # sequences per optimizer step
-    micro_batch_tokens: int = field(default=8192, metadata=AT_LEAST_ONE)  # token budget per forward
-    # The sampling distribution comes from the data (its `sampling` metadata): log π is computed
-    # under the same processing as μ. These are optional checks; a value that contradicts the
-    # data is refused. Only for data without sampling metadata do they set the processing.
-    temperature: float | None = field(default=None, metadata=POSITIVE)
-    top_p: float | None = field(default=None, metadata=UNIT_HALF_OPEN)
-    top_k: int | None = field(default=None, metadata=_check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1"))
-    min_p: float | None = field(default=None, metadata=_check(lambda v: 0 <= v < 1, "a number in [0, 1) (0 = off)"))
-    seed: int = 0
-    # auto: float32 on CPU, bf16 compute with float32 master weights on GPU. bfloat16: bf16 compute
-    # (autocast) with float32 master weights, gradients and optimizer arithmetic. bfloat16-pure:
-    # bf16 weights and updates (half the memory; small updates are rounded away — a warning says so).
-    dtype: Literal["auto", "float32", "bfloat16", "bfloat16-pure"] = "auto"
-    save_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # dtype of the saved policy's weights
-    # auto: on when one micro-batch's activations would take more than 1/8 of the device's memory.
-    gradient_checkpointing: bool | Literal["auto"] = "auto"
-    # Completion positions per chunk of the LM-head projection; None = as many as keep one chunk's
-    # float32 logits near 128 MiB (log-probs never hold a tokens × vocabulary tensor).
-    logprob_chunk_size: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    save_every: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    resume: bool = False
-    recompute_behavior: bool = False
-    lora_rank: int = field(default=0, metadata=NON_NEGATIVE)
-    lora_alpha: float = field(default=16.0, metadata=POSITIVE)
-    lora_dropout: float = field(default=0.0, metadata=NON_NEGATIVE)
-    lora_target_modules: list[str] | None = None
-    ref_model: str | None = None
-    kl_coef: float = field(default=0.0, metadata=NON_NEGATIVE)
-    kl_estimator: str = field(default="k3", metadata=choice(KL_ESTIMATORS))
-    entropy_coef: float = 0.0
-    whiten_advantages: bool = False
-    adv_clip: float | None = field(default=None, metadata=POSITIVE)
-    log_every: int = field(default=1, metadata=AT_LEAST_ONE)
-    tensorboard: bool = False
-    # N of seq-mean-token-sum-norm; None = the longest completion in the data (a constant per run).
-    norm_length: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    threads: int | None = field(default=None, metadata=AT_LEAST_ONE)  # torch CPU threads; None = torch's default
-    overwrite: bool = False  # replace an existing complete --out
-    # Ranks on this node: > 1 runs training under `torchrun --nproc-per-node N` in a child process.
-    nproc_per_node: int = field(default=1, metadata=AT_LEAST_ONE)
-    # A command template for other launchers (multi-node), with {config}, {nproc_per_node}, {python}, e.g.
-    # "srun torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 -m toprcli train --config {config}"
-    launcher: str | None = None
+    model: str = opt("", "Starting policy: an HF model dir or hub id; the policy that generated the data (π_k).", short="-m")
+    data: str = opt("", "Curated training set (Parquet file or shard dir from `topr curate`).", short="-d")
+    out: str = opt("", "Output dir for the new policy (HF format) + metrics.jsonl + train_summary.json.", short="-o")
+    loss: str = opt("topr", "Policy loss.", check=choice(LOSSES, "a registered loss:"))
+    loss_options: dict[str, Any] = opt(factory=dict, help="A loss option as KEY=VALUE (repeatable), e.g. ratio_level=token.", flag="--loss-option")
+    aggregation: str = opt("seq-mean-token-mean", "How per-token losses are averaged.", check=choice(AGGREGATIONS))
+    optimizer: str = opt("adafactor", "Optimizer (paper: adafactor).", check=choice(OPTIMIZERS))
+    lr: float = opt(5e-7, "Learning rate (paper: 5e-7 with Adafactor).", check=POSITIVE)
+    weight_decay: float = opt(0.0, "Decoupled weight decay.", check=NON_NEGATIVE)
+    schedule: Literal["constant", "cosine"] = opt("constant", "Learning-rate schedule after the linear warm-up.")
+    warmup_steps: int = opt(0, "Linear warm-up steps.", check=NON_NEGATIVE)
+    grad_clip: float | None = opt(1.0, "Clip the global gradient norm to this.", check=POSITIVE)
+    epochs: float = opt(1.0, "Passes over the data (fractions allowed).", check=POSITIVE)
+    max_steps: int | None = opt(None, "Optimizer steps; overrides --epochs.", check=AT_LEAST_ONE)
+    batch_size: int = opt(64, "Sequences per optimizer step (over all ranks).", check=AT_LEAST_ONE)
+    micro_batch_tokens: int = opt(8192, "Token budget of one forward pass (rows × padded length); gradients accumulate.", check=AT_LEAST_ONE)
+    temperature: float | None = opt(None, _CHECK_DATA.format("temperature"), check=POSITIVE)
+    top_p: float | None = opt(None, _CHECK_DATA.format("top-p"), check=UNIT_HALF_OPEN)
+    top_k: int | None = opt(None, _CHECK_DATA.format("top-k"), check=TOP_K)
+    min_p: float | None = opt(None, _CHECK_DATA.format("min-p"), check=MIN_P)
+    seed: int = opt(0, "Seed of the data order and initialisation.")
+    dtype: Literal["auto", "float32", "bfloat16", "bfloat16-pure"] = opt(
+        "auto", "auto: fp32 on CPU, bfloat16 on GPU; bfloat16: bf16 compute, fp32 master weights; bfloat16-pure: bf16 weights (small updates are lost).")
+    save_dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "dtype of the saved weights (float32 keeps small updates).")
+    gradient_checkpointing: bool | Literal["auto"] = opt(
+        "auto", "Recompute activations in backward (less memory); auto: on when a micro-batch's activations would take > 1/8 of the device.")
+    logprob_chunk_size: int | None = opt(
+        None, "Completion positions per LM-head chunk; unset: about 128 MiB of float32 logits per chunk.", check=AT_LEAST_ONE)
+    save_every: int | None = opt(None, "Checkpoint every N steps (for --resume).", check=AT_LEAST_ONE)
+    resume: bool = opt(False, "Continue a killed run from its last checkpoint; a finished --out is kept as is.")
+    recompute_behavior: bool = opt(False, "Replace the stored μ with this trainer's log-probs of the starting policy (the data must come from --model).")
+    lora_rank: int = opt(0, "Train LoRA adapters of this rank (0 = full fine-tuning); saved merged.", check=NON_NEGATIVE)
+    lora_alpha: float = opt(16.0, "LoRA alpha.", check=POSITIVE)
+    lora_dropout: float = opt(0.0, "LoRA dropout.", check=NON_NEGATIVE)
+    lora_target_modules: list[str] | None = opt(None, "Module names to adapt (repeatable); unset: all linear layers.", flag="--lora-target")
+    ref_model: str | None = opt(None, "Reference policy of the KL penalty; unset: the starting policy.")
+    kl_coef: float = opt(0.0, "KL penalty coefficient (0 = off).", check=NON_NEGATIVE)
+    kl_estimator: str = opt("k3", "KL estimator.", check=choice(KL_ESTIMATORS))
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient (0 = off).")
+    whiten_advantages: bool = opt(False, "Whiten advantages over each step's batch.")
+    adv_clip: float | None = opt(None, "Clip advantages to [-c, c].", check=POSITIVE)
+    log_every: int = opt(1, "Write metrics every N steps.", check=AT_LEAST_ONE)
+    tensorboard: bool = opt(False, "Also write TensorBoard events to OUT/tb.")
+    norm_length: int | None = opt(None, "N of seq-mean-token-sum-norm; unset: the longest completion in the data.", check=AT_LEAST_ONE)
+    threads: int | None = opt(None, "torch CPU threads; unset: torch's choice (a core share per rank under torchrun).", check=AT_LEAST_ONE)
+    overwrite: bool = opt(False, "Replace an existing complete --out (at the end, once the new policy is complete).")
+    nproc_per_node: int = opt(1, "Train on N ranks of this node: relaunches itself under torchrun (FSDP2).", check=AT_LEAST_ONE)
+    launcher: str | None = opt(None, "Command template for other launchers with {config}, {nproc_per_node}, {python} "
+                                     "(e.g. srun torchrun ... -m toprcli train --config {config}).")
 
 
 @dataclass
 class EvalConfig:
-    model: str = ""
-    dataset: DatasetSpec = field(default_factory=lambda: DatasetSpec(split="test"))
-    out: str = ""
-    k: int = field(default=16, metadata=AT_LEAST_ONE)
-    greedy: bool = True  # also decode one greedy completion per prompt
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(seed=1234))
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    verifier: str = "auto"  # "auto": the dataset preset's verifier (gsm8k for GSM8K/arith, math for MATH)
-    workers: int | None = field(default=None, metadata=AT_LEAST_ONE)
-    timeout: float = field(default=5.0, metadata=POSITIVE)
-    shard_size: int = field(default=64, metadata=AT_LEAST_ONE)
-    iteration: int = field(default=0, metadata=NON_NEGATIVE)
-    data_parallel_size: int = field(default=1, metadata=AT_LEAST_ONE)  # engines (processes) sharing the prompts
-    # A generative verifier (trained on `topr verifier-data` with the `judge` verifier) scores each of the
-    # k samples: best-of-k and verifier-weighted maj@k, and its accuracy, invalid-verdict rate and AUC.
-    verifier_model: str | None = None
-    # p-yes: P(Yes) / (P(Yes) + P(No)) at the verdict position (direct verifiers); sampled: the share of Yes
-    # among `verifier_samples` sampled verdicts (verifiers that write a rationale first).
-    verifier_mode: Literal["p-yes", "sampled"] = "p-yes"
-    verifier_samples: int = field(default=4, metadata=AT_LEAST_ONE)
-    verifier_max_new_tokens: int = field(default=64, metadata=AT_LEAST_ONE)  # sampled mode: tokens per verdict
-    # Render verification prompts with the verifier's chat template (as its training data was rendered).
-    verifier_chat_template: bool = False
-    # A scored dir of another policy's samples whose candidates `model` itself judges, as a verifier: what
-    # `topr iterate` evaluates each round when the policy it trains is a verifier (exclusive with verifier_model).
-    candidates: str | None = None
+    model: str = opt("", "Policy: an HF model dir or hub id.", short="-m")
+    dataset: DatasetSpec = opt(factory=lambda: DatasetSpec(split="test"))
+    out: str = opt("", "Output dir: samples/, scored/, greedy/, eval.json.", short="-o")
+    k: int = opt(16, "Samples per prompt for pass@k and maj@k.", check=AT_LEAST_ONE)
+    greedy: bool = opt(True, "Also decode one greedy completion per prompt.")
+    sampling: SamplingConfig = opt(factory=lambda: SamplingConfig(seed=1234))
+    engine: EngineConfig = opt(factory=EngineConfig)
+    verifier: str = opt("auto", "gsm8k, math, exact, regex:PATTERN, python:mod:fn, or auto (the dataset preset's).", short="-v")
+    workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)
+    timeout: float = opt(5.0, "Hard limit per check in seconds.", check=POSITIVE)
+    shard_size: int = opt(64, "Prompts per shard file (the unit of resume).", check=AT_LEAST_ONE)
+    iteration: int = opt(0, "Round number stored in each row and mixed into the seeds.", check=NON_NEGATIVE)
+    data_parallel_size: int = opt(1, "Engines (processes) sharing the prompts.", check=AT_LEAST_ONE)
+    verifier_model: str | None = opt(None, "A generative verifier (model dir) that scores each of the k samples: best-of-k, weighted maj@k.")
+    verifier_mode: Literal["p-yes", "sampled"] = opt(
+        "p-yes", "p-yes: P(Yes) at the verdict position; sampled: the share of Yes among --verifier-samples sampled verdicts.")
+    verifier_samples: int = opt(4, "Verdicts sampled per candidate (--verifier-mode sampled).", check=AT_LEAST_ONE)
+    verifier_max_new_tokens: int = opt(64, "Tokens per sampled verdict.", check=AT_LEAST_ONE)
+    verifier_chat_template: bool = opt(False, "Render verification prompts with the verifier's chat template (as it was trained).")
+    candidates: str | None = opt(None, "Judge this scored dir's samples with --model itself as the verifier (evaluating a trained verifier).")
 
     def check(self) -> None:
         if self.sampling.temperature == 0:
@@ -303,32 +280,31 @@ class WarmStartConfig:
     :data:`WARM_START_TRAIN` and then by ``train`` here (any train key).
     """
 
-    enabled: bool = False
-    init_model: bool = False  # build the built-in tiny model first (then `model` is ignored)
-    model_seed: int = 0
-    model_preset: Literal["tiny", "small"] = "tiny"
-    examples: int = field(default=2000, metadata=AT_LEAST_ONE)
-    train: dict[str, Any] = field(default_factory=dict)  # overrides of the train config
+    enabled: bool = opt(False, "Warm-start with supervised training on the dataset's gold solutions.")
+    init_model: bool = opt(False, "Build the built-in tiny model first (then `model` is ignored).")
+    model_seed: int = opt(0, "Seed of the built-in model's weights.")
+    model_preset: Literal["tiny", "small"] = opt("tiny", "The built-in model's size.")
+    examples: int = opt(2000, "Gold solutions to train on.", check=AT_LEAST_ONE)
+    train: dict[str, Any] = opt(factory=dict, help="Overrides of the train config for the warm start (any train key).")
 
 
 @dataclass
 class IterateConfig:
-    run_dir: str = "runs/topr"
-    model: str = ""
-    rounds: int = field(default=3, metadata=AT_LEAST_ONE)
-    train_from: Literal["previous", "base"] = "previous"
-    replay_rounds: int = field(default=0, metadata=NON_NEGATIVE)  # earlier rounds mixed into curation
-    replay_weight: float = field(default=1.0, metadata=NON_NEGATIVE)
-    eval_every: int = field(default=1, metadata=AT_LEAST_ONE)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    generate: GenerateConfig = field(default_factory=GenerateConfig)
-    score: ScoreConfig = field(default_factory=ScoreConfig)
-    curate: CurateConfig = field(default_factory=lambda: CurateConfig(unreachable_baseline=0.0))
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    # Before training, the generation engine gives its memory back (vLLM sleep mode on GPUs, closed
-    # elsewhere) and takes it again afterwards. auto: on GPUs, or when training runs in child processes.
-    engine_handover: Literal["auto", "release", "keep"] = "auto"
+    run_dir: str = opt("runs/topr", "Run directory; rerun the same command to resume.")
+    model: str = opt("", "The starting policy (unless warm_start.init_model builds one).", short="-m")
+    rounds: int = opt(3, "Number of rounds.", check=AT_LEAST_ONE)
+    train_from: Literal["previous", "base"] = opt("previous", "Each round trains the previous round's policy, or the base policy.")
+    replay_rounds: int = opt(0, "Earlier rounds' scored samples mixed into each round's curation.", check=NON_NEGATIVE)
+    replay_weight: float = opt(1.0, "Weight of the replayed rounds' rows.", check=NON_NEGATIVE)
+    eval_every: int = opt(1, "Evaluate every N rounds (and always the last).", check=AT_LEAST_ONE)
+    warm_start: WarmStartConfig = opt(factory=WarmStartConfig, cli=False)
+    generate: GenerateConfig = opt(factory=GenerateConfig, cli=False)
+    score: ScoreConfig = opt(factory=ScoreConfig, cli=False)
+    curate: CurateConfig = opt(factory=lambda: CurateConfig(unreachable_baseline=0.0), cli=False)
+    train: TrainConfig = opt(factory=TrainConfig, cli=False)
+    eval: EvalConfig = opt(factory=EvalConfig, cli=False)
+    engine_handover: Literal["auto", "release", "keep"] = opt(
+        "auto", "Before training the engine gives its memory back (vLLM sleep on GPUs, closed elsewhere); auto: on GPUs or with training in child processes.")
 
     def check(self) -> None:
         # The trainer reads the sampling distribution from the data generate writes; a train
@@ -353,7 +329,7 @@ class IterateConfig:
         data = config_to_dict(self.train)
         data.update(WARM_START_TRAIN)
         data.update({k: v for k, v in self.warm_start.train.items()})
-        return _from_dict(TrainConfig, data, prefix="warm_start.train.")
+        return from_dict(TrainConfig, data, prefix="warm_start.train.")
 
 
 STAGES: dict[str, type] = {

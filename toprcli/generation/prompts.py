@@ -9,7 +9,6 @@ completion in the model's context.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,14 +30,11 @@ class Prompt:
 
 
 def build_prompts(cfg: GenerateConfig, examples: list | None, tokenizer: Any) -> list[Prompt]:
-    """Examples (given or loaded from ``cfg.dataset``, first ``cfg.limit``) rendered and tokenised."""
-    spec = cfg.dataset
+    """Examples (given, or loaded from ``cfg.dataset``; the first ``dataset.limit``) rendered and tokenised."""
     if examples is None:
-        if cfg.limit is not None and spec.limit is None:
-            spec = dataclasses.replace(spec, limit=cfg.limit)
-        examples = load_examples(spec)
-    if cfg.limit is not None:
-        examples = examples[: cfg.limit]
+        examples = load_examples(cfg.dataset)
+    if cfg.dataset.limit is not None:
+        examples = examples[: cfg.dataset.limit]
     if not examples:
         raise UserError(f"dataset {cfg.dataset.source!r} has no examples — check the source, split and --limit")
     prompts = []

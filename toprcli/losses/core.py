@@ -6,6 +6,8 @@ Pure tensor code; raises ``ValueError``. The registered losses are in
 
 from __future__ import annotations
 
+import inspect
+
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -56,22 +58,25 @@ class LossSpec:
 LOSSES: Dict[str, LossSpec] = {}
 
 
-def register_loss(
-    name: str, *, options: Optional[Mapping[str, Any]] = None, description: str = "", uses_behavior: bool = True
-) -> Callable[[LossFn], LossFn]:
-    """Decorator: register ``fn`` under ``name`` with its option defaults.
+def register_loss(name: str, *, description: str = "", uses_behavior: bool = True) -> Callable[[LossFn], LossFn]:
+    """Decorator: register ``fn`` under ``name``; its options are its keyword-only parameters,
+    their defaults the ones in its signature (declared once).
 
     Example::
 
-        @register_loss("mine", options={"beta": 0.5}, description="...")
-        def _mine(logprobs, behavior_logprobs, advantages, mask, *, beta):
+        @register_loss("mine", description="...")
+        def _mine(logprobs, behavior_logprobs, advantages, mask, *, beta=0.5):
             return per_token_loss, {}
     """
 
     def deco(fn: LossFn) -> LossFn:
         if name in LOSSES:
             raise ValueError(f"loss {name!r} is already registered")
-        LOSSES[name] = LossSpec(name, fn, dict(options or {}), description, uses_behavior)
+        params = inspect.signature(fn).parameters.values()
+        options = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+        if any(v is inspect.Parameter.empty for v in options.values()):
+            raise ValueError(f"loss {name!r}: every keyword-only option needs a default")
+        LOSSES[name] = LossSpec(name, fn, options, description, uses_behavior)
         return fn
 
     return deco

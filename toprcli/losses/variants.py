@@ -23,7 +23,6 @@ from toprcli.losses.core import (
 
 @register_loss(
     "topr",
-    options={"ratio_level": "sequence", "positive_weight": 1.0, "negative_weight": 1.0},
     description="TOPR: positives as SFT, negatives weighted by clip(π/μ, 0, 1) (sequence ratio, stop-grad)",
 )
 def topr_loss(logprobs, behavior_logprobs, advantages, mask, *, ratio_level="sequence",
@@ -75,7 +74,6 @@ def reinforce_loss(logprobs, behavior_logprobs, advantages, mask):
 
 @register_loss(
     "is",
-    options={"max_weight": 1e3, "ratio_level": "sequence"},
     description="importance sampling: coef min(π/μ, max_weight) (stop-grad) for every sample",
 )
 def is_loss(logprobs, behavior_logprobs, advantages, mask, *, max_weight=1e3, ratio_level="sequence"):
@@ -97,7 +95,6 @@ def is_loss(logprobs, behavior_logprobs, advantages, mask, *, max_weight=1e3, ra
 
 @register_loss(
     "tis",
-    options={"lower": 0.0, "upper": 1.0, "ratio_level": "sequence"},
     description="truncated importance sampling: coef clip(π/μ, lower, upper) for every sample",
 )
 def tis_loss(logprobs, behavior_logprobs, advantages, mask, *, lower=0.0, upper=1.0, ratio_level="sequence"):
@@ -122,7 +119,6 @@ def tis_loss(logprobs, behavior_logprobs, advantages, mask, *, lower=0.0, upper=
 
 @register_loss(
     "ppo",
-    options={"clip_ratio": 0.2, "clip_low": None, "clip_high": None, "dual_clip": None},
     description="PPO clipped surrogate per token (grad through r), optional dual clip for A < 0",
 )
 def ppo_loss(logprobs, behavior_logprobs, advantages, mask, *, clip_ratio=0.2, clip_low=None,
@@ -154,7 +150,6 @@ def ppo_loss(logprobs, behavior_logprobs, advantages, mask, *, clip_ratio=0.2, c
 
 @register_loss(
     "cispo",
-    options={"clip_low": None, "clip_high": 0.28},
     description="CISPO (MiniMax-M1): coef sg(clip(r_t, 1−ε_lo, 1+ε_hi)) per token on log π",
 )
 def cispo_loss(logprobs, behavior_logprobs, advantages, mask, *, clip_low=None, clip_high=0.28):
@@ -177,7 +172,6 @@ def cispo_loss(logprobs, behavior_logprobs, advantages, mask, *, clip_low=None, 
 
 @register_loss(
     "kimi15",
-    options={"tau": 0.1},
     description="Kimi k1.5: −A log π + τ/2 (log π − log μ)² per token",
 )
 def kimi15_loss(logprobs, behavior_logprobs, advantages, mask, *, tau=0.1):

@@ -83,7 +83,6 @@ def _run_key(cfg: GenerateConfig, backend_name: str) -> dict[str, Any]:
     return {
         "model": str(cfg.model),
         "dataset": dataclasses.asdict(cfg.dataset),
-        "limit": cfg.limit,
         "skip_long": cfg.skip_long,
         "clip_to_context": cfg.clip_to_context,
         "max_model_len": cfg.engine.max_model_len,

@@ -61,6 +61,11 @@ class LossSetup:
     norm_length: Optional[int]
     ref_model: Optional[str]  # None: the starting policy (when kl_coef > 0)
 
+    def loss_kwargs(self) -> dict[str, Any]:
+        """The keywords of ``policy_loss`` this setup fixes (the trainer adds the batch's tensors)."""
+        return dict(aggregation=self.aggregation, norm_length=self.norm_length, adv_clip=self.adv_clip,
+                    kl_coef=self.kl_coef, kl_estimator=self.kl_estimator, entropy_coef=self.entropy_coef, **self.options)
+
 
 @dataclass
 class Prepared:
@@ -118,9 +123,7 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
     # One dry run validates everything the loss reads (names, aggregation, KL estimator, option values).
     policy_loss(  # raises ValueError for what the loss rejects
         setup.name, one.clone().requires_grad_(), one, torch.ones(1), torch.ones(1, 1),
-        aggregation=setup.aggregation, norm_length=setup.norm_length, adv_clip=setup.adv_clip,
-        ref_logprobs=one, kl_coef=setup.kl_coef, kl_estimator=setup.kl_estimator,
-        entropy=one if setup.entropy_coef else None, entropy_coef=setup.entropy_coef, **setup.options,
+        ref_logprobs=one, entropy=one if setup.entropy_coef else None, **setup.loss_kwargs(),
     )
     return setup
 

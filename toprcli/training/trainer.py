@@ -122,9 +122,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
                     # 3. Loss: the micro-batch's share of the step's loss, so gradients sum to the step's.
                     mb_loss, metrics = policy_loss(
                         loss.name, logprobs, mb.behavior, mb.advantages, mb.mask, weights=mb.weights,
-                        aggregation=loss.aggregation, norm_length=loss.norm_length, adv_clip=loss.adv_clip,
-                        ref_logprobs=mb.ref, kl_coef=loss.kl_coef, kl_estimator=loss.kl_estimator,
-                        entropy=entropy, entropy_coef=loss.entropy_coef, **loss.options,
+                        ref_logprobs=mb.ref, entropy=entropy, **loss.loss_kwargs(),
                     )
                     share = loss_denominator(data, mb_rows, loss.aggregation) / denominator if denominator > 0 else 0.0
                     # 4. Backward (FSDP2 sums gradients over ranks; see distributed.shard_model).

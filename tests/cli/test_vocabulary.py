@@ -1,0 +1,137 @@
+"""One declaration per option, one vocabulary across commands.
+
+Every stage command is generated from its config class (cli/builder.py): each field is
+reachable (a flag, or --set), each flag's help shows the field's real default, every
+stage command speaks the same words, and a short flag means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from conftest import FIXTURES
+from toprcli.cli import curate, eval as eval_cli, generate, iterate, score, train, verifier_data
+from toprcli.cli.builder import _show, flags
+from toprcli.cli.main import app
+from toprcli.config import ConfigError, config_to_dict, load_config
+from toprcli.config.fields import leaf_paths
+
+STAGES = [s.STAGE for s in (generate, score, curate, train, eval_cli, iterate, verifier_data)]
+COMMON = {"--config", "--set", "--json", "--progress", "--verbose"}
+# A short flag means one thing everywhere (-d: a dataset to sample, or the data to train on; -s: what to read).
+SHORT = {"-m": {"--model"}, "-d": {"--dataset", "--data"}, "-o": {"--out"}, "-c": {"--config"},
+         "-s": {"--samples", "--scored"}, "-v": {"--verifier"}, "-w": {"--workers"}, "-h": {"--help"}}
+
+
+def click_command(name: str):
+    group = typer.main.get_command(app)
+    return group.commands[name]
+
+
+def _get(cfg, path: str):
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
+def test_every_field_is_reachable_and_its_help_shows_the_real_default(stage):
+    cmd = click_command(stage.name)
+    params = {p.name: p for p in cmd.params}
+    flagged = {f.key: f for f, _ in flags(stage.config)}
+    default = stage.config()
+    for path in leaf_paths(stage.config):
+        value = _get(default, path)
+        if path in flagged:
+            opt = params[flagged[path].param]
+            assert f"(default: {_show(value)})" in opt.help, (path, opt.help)
+        # --set reaches every key, flagged or not: set it to its default and read it back.
+        cfg = load_config(stage.config, sets={path: config_to_dict(default) and _plain(value)})
+        assert _get(cfg, path) == value, path
+    # A field with a flag is one the config declares: no option that is not a field.
+    options = {p.name for p in cmd.params} - {"config_", "set_", "json_", "progress_", "verbose_", "more_", *stage.extra}
+    assert options == {f.param for f in flagged.values()}
+
+
+def _plain(value):
+    return config_to_dict(value) if dataclasses.is_dataclass(value) else value
+
+
+def test_set_takes_short_keys_where_unambiguous():
+    from toprcli.config import GenerateConfig, IterateConfig, TrainConfig
+
+    assert load_config(TrainConfig, sets={"lr": "1e-6"}).lr == load_config(TrainConfig, sets={"train.lr": "1e-6"}).lr == 1e-6
+    assert load_config(GenerateConfig, sets={"top_p": 0.9}).sampling.top_p == 0.9
+    assert load_config(IterateConfig, sets={"lr": 1e-6}).train.lr == 1e-6
+    with pytest.raises(ConfigError, match="ambiguous, it could be generate.sampling.top_p or train.top_p or eval.sampling.top_p"):
+        load_config(IterateConfig, sets={"top_p": 0.9})
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
+def test_every_stage_command_speaks_the_same_vocabulary(stage):
+    cmd = click_command(stage.name)
+    names = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+    assert COMMON <= names and "--no-progress" in names, COMMON - names
+    for p in cmd.params:
+        shorts = [o for o in p.opts if o.startswith("-") and not o.startswith("--")]
+        for s in shorts:
+            assert s in SHORT and set(p.opts) & SHORT[s], f"{stage.name}: {s} means {p.opts}"
+
+
+def test_every_command_takes_verbose_and_short_flags_agree_everywhere():
+    group = typer.main.get_command(app)
+    for name in ("init-model", "import-gguf"):
+        assert "--verbose" in {o for p in group.commands[name].params for o in p.opts}
+    for name, cmd in {**group.commands, **group.commands["config"].commands}.items():
+        for p in getattr(cmd, "params", []):
+            for s in (o for o in p.opts if o.startswith("-") and not o.startswith("--")):
+                assert s in SHORT and set(p.opts) & SHORT[s], f"{name}: {s} means {p.opts}"
+
+
+def test_one_json_shape_the_stage_result(tmp_path):
+    """--json prints the stage result (stage, out, skipped, wall time, then the stage's summary) for every stage."""
+    import json
+
+    from builders import scored_table
+    from toprcli import shards
+
+    shards.write_shard(tmp_path / "scored", 0, scored_table([("p1", "Q1", "#### 1", "correct"), ("p1", "Q1", "#### 2", "incorrect")]))
+    for args in (["curate", "-s", str(tmp_path / "scored"), "-o", str(tmp_path / "t.parquet")],
+                 ["verifier-data", "-s", str(tmp_path / "scored"), "-o", str(tmp_path / "v.parquet")]):
+        r = CliRunner().invoke(app, [*args, "--json"])
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert {"stage", "out", "skipped", "wall_time_s"} <= set(out) and out["stage"] == args[0] and out["out"] == args[-1]
+
+
+def test_an_old_config_gets_one_message_naming_every_moved_and_misspelt_key(tmp_path):
+    from toprcli.config import GenerateConfig
+
+    f = tmp_path / "old.yaml"
+    f.write_text("temperature: 0.7\ntop_p: 0.9\nlimit: 8\nbackend: hf\nshard_sise: 4\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(GenerateConfig, f)
+    msg = str(e.value)
+    for part in ("'temperature' (moved to 'sampling.temperature')", "'top_p' (moved to 'sampling.top_p')",
+                 "'limit' (moved to 'dataset.limit')", "'backend' (moved to 'engine.backend')", "'shard_sise' (did you mean 'shard_size'?)"):
+        assert part in msg
+    assert "\n" not in msg
+
+
+def test_import_roll_into_a_file_keeps_every_key_on_one_line(tmp_path):
+    src = FIXTURES / "roll" / "rlvr_offpolicy_topr.yaml"
+    done = subprocess.run([sys.executable, "-m", "toprcli", "config", "import-roll", str(src), "-o", str(tmp_path / "t.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    from toprcli.config import read_yaml
+    from toprcli.roll.importer import import_roll
+
+    keys = [r.key for r in import_roll(read_yaml(src)).rows]
+    lines = done.stdout.splitlines()
+    assert len(keys) > 30 and all(any(k in line for line in lines) for k in keys), [k for k in keys if not any(k in ln for ln in lines)]

@@ -1,0 +1,169 @@
+"""One builder makes every stage command from its config class.
+
+Each config field declares its help, flag and check once (``config.fields.opt``); here
+those declarations become typer options (their help ends with the field's real default),
+and every stage command gets the same vocabulary: ``--config/-c``, ``--set KEY=VALUE``,
+``--json`` (the stage result), ``--progress/--no-progress`` and ``--verbose``. A command
+module keeps only what is its own: how it runs and its summary table (:class:`Stage`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import typer
+
+from toprcli.cli.common import RESUME, echo, progress_bars, send_noise_to, user_errors
+from toprcli.config.fields import describe, sections
+from toprcli.stages import StageResult
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A config field on the command line."""
+
+    key: str  # its dotted path in the config ("sampling.top_p")
+    param: str  # the Python parameter name typer sees
+    annotation: Any
+    parse: Callable[[Any], Any]  # typer's value → the config value
+
+
+@dataclass
+class Stage:
+    """What a stage command is made of; the rest (options, config, output) is the builder's."""
+
+    name: str
+    config: type
+    run: Callable[..., StageResult | None]  # (cfg, progress, **extra)
+    show: Callable[[StageResult, Any], None]  # the summary table(s)
+    doc: str
+    log: Callable[[Any], str] = lambda cfg: f"{cfg.out}.log"  # where other libraries' output goes
+    resume: str = RESUME
+    more: str | None = None  # a list field that also takes positional values (curate -s a b c)
+    default_config: Callable[[], Any] | None = None  # the config file used when --config is not given
+    transient: bool = True  # progress bars vanish when the stage ends
+    extra: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # the command's own options: name → (annotation, default), passed to run
+
+
+def _yaml_value(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _cli_type(tp: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """The type typer parses a field's value as, and how that becomes the config value."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    if bool in args:  # bool, or bool | "auto": a --x/--no-x flag
+        return bool, lambda v: v
+    if len(args) == 1 and typing.get_origin(args[0]) is list:
+        inner = typing.get_args(args[0])[0]
+        if inner is str:
+            return list[str], lambda v: list(v) or None
+        return list[str], lambda v: [_yaml_value(x) for item in v for x in item.split(",") if x.strip()] or None
+    if len(args) == 1 and args[0] in (int, float, str):
+        return args[0], lambda v: v
+    if len(args) == 1 and typing.get_origin(args[0]) is Literal:  # checked by the config: one error line naming the choices
+        return str, lambda v: v
+    if len(args) == 1 and typing.get_origin(args[0]) is dict:  # KEY=VALUE pairs
+        from toprcli.config import parse_override
+
+        return list[str], lambda v: dict(parse_override(x) for x in v) or None
+    return str, _yaml_value  # a union such as float | str: read as YAML, checked by the config
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None or value == [] or value == {} else '""' if value == "" else str(value)
+
+
+def flags(cls: type) -> list[tuple[Flag, Any]]:
+    """Every field of ``cls`` (sections expanded) that has a flag, with its typer option."""
+    out: list[tuple[Flag, Any]] = []
+
+    def walk(tp: type, instance: Any, prefix: str) -> None:
+        hints, subs = typing.get_type_hints(tp), sections(tp)
+        for f in dataclasses.fields(tp):
+            meta, value = f.metadata, getattr(instance, f.name)
+            if not meta.get("cli", True):
+                continue
+            if f.name in subs:
+                walk(subs[f.name], value, f"{prefix}{f.name}.")
+                continue
+            kind, parse = _cli_type(hints[f.name])
+            decl = meta.get("flag") or "--" + f.name.replace("_", "-")
+            if kind is bool and "/" not in decl:
+                decl = f"{decl}/--no-{decl[2:]}"
+            names = [decl] + ([meta["short"]] if meta.get("short") else [])
+            tp = hints[f.name]
+            allowed = f" ({meta['allowed']})" if kind is str and "allowed" in meta else ""
+            allowed = f" ({describe(tp)})" if typing.get_origin(tp) is Literal else allowed
+            help_text = f"{meta.get('help', '')}{allowed} (default: {_show(value)})"
+            option = typer.Option(*names, help=help_text, show_default=False)
+            out.append((Flag(prefix + f.name, (prefix + f.name).replace(".", "__"), Annotated[kind | None, option], parse), value))
+
+    walk(cls, cls(), "")
+    return out
+
+
+def _common_params(stage: Stage) -> list[inspect.Parameter]:
+    def p(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+    found = "the built-in demo settings" if stage.default_config else "none"
+    return [
+        p("config_", Annotated[str | None, typer.Option("--config", "-c", help=f"YAML config: a stage's keys, or a pipeline config with a section per stage; the options here override it (default: {found}).", show_default=False)], None),
+        p("set_", Annotated[list[str] | None, typer.Option("--set", help="Set any key, KEY=VALUE (repeatable): dotted (sampling.top_p=0.9), or its last part where that is unambiguous (top_p=0.9).", show_default=False)], None),
+        p("json_", Annotated[bool, typer.Option("--json", help="Print the stage result as JSON on stdout instead of tables.")], False),
+        p("progress_", Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars (on stderr).")], True),
+        p("verbose_", Annotated[bool, typer.Option("--verbose", help="Show other libraries' warnings, banners and bars (by default they go to the command's log file).")], False),
+    ]
+
+
+def build(stage: Stage) -> Callable[..., None]:
+    """The typer command of ``stage``: one option per flagged config field, the common vocabulary, the run."""
+    options = flags(stage.config)
+    params = [inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f.annotation) for f, _ in options]
+    params += _common_params(stage)
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for name, (a, d) in stage.extra.items()]
+    if stage.more:
+        params.append(inspect.Parameter("more_", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[list[str] | None, typer.Argument(metavar="DIR", show_default=False, help=f"More --{stage.more} values.")]))
+
+    def command(**kw: Any) -> None:
+        from toprcli.config import load_config, parse_override
+
+        overrides = {f.key: f.parse(kw[f.param]) if kw[f.param] is not None else None for f, _ in options}
+        if stage.more and kw["more_"]:
+            overrides[stage.more] = (overrides[stage.more] or []) + list(kw["more_"])
+        sets = dict(parse_override(s) for s in kw["set_"] or [])
+        path = kw["config_"] or (stage.default_config() if stage.default_config else None)
+        cfg = load_config(stage.config, path, overrides, sets=sets)
+        send_noise_to(stage.log(cfg), kw["verbose_"])
+        with progress_bars(kw["progress_"] and not kw["json_"], transient=stage.transient) as progress:
+            result = stage.run(cfg, progress, **{name: kw[name] for name in stage.extra})
+        if result is None:  # a rank other than 0 under torchrun: it prints nothing
+            return
+        if kw["json_"]:
+            echo(json.dumps(result.as_dict(), default=str))
+        else:
+            stage.show(result, cfg)
+
+    command.__signature__ = inspect.Signature(params)  # what typer reads the options from
+    command.__name__ = stage.name.replace("-", "_")
+    command.__doc__ = stage.doc
+    return user_errors(resume=stage.resume)(command)
+
+
+def register(app: typer.Typer, *stages: Stage) -> None:
+    for stage in stages:
+        app.command(stage.name)(build(stage))
