@@ -44,7 +44,7 @@ def _get(cfg, path: str):
 def test_every_field_is_reachable_and_its_help_shows_the_real_default(stage):
     cmd = click_command(stage.name)
     params = {p.name: p for p in cmd.params}
-    flagged = {f.key: f for f, _ in flags(stage.config)}
+    flagged = {f.key: f for f in flags(stage.config)}
     default = stage.config()
     for path in leaf_paths(stage.config):
         value = _get(default, path)

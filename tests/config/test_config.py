@@ -139,12 +139,12 @@ def test_shipped_configs_are_valid():
 
 
 def test_a_verifier_trained_by_iterate_judges_candidates_as_it_was_trained():
-    from toprcli.config import ConfigError, IterateConfig, load_config
+    from toprcli.config import ConfigError, IterateConfig, from_dict
 
     with pytest.raises(ConfigError, match="verifier_chat_template"):
-        load_config(IterateConfig, base={"generate": {"dataset": {"chat_template": True}}, "eval": {"candidates": "scored"}})
-    cfg = load_config(IterateConfig, base={"generate": {"dataset": {"chat_template": True}},
+        from_dict(IterateConfig, {"generate": {"dataset": {"chat_template": True}}, "eval": {"candidates": "scored"}})
+    cfg = from_dict(IterateConfig, {"generate": {"dataset": {"chat_template": True}},
                                            "eval": {"candidates": "scored", "verifier_chat_template": True}})
     assert cfg.eval.candidates == "scored"
     with pytest.raises(ConfigError, match="choose one"):
-        load_config(IterateConfig, base={"eval": {"candidates": "scored", "verifier_model": "m"}})
+        from_dict(IterateConfig, {"eval": {"candidates": "scored", "verifier_model": "m"}})

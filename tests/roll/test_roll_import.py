@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES
 from toprcli.cli.main import app
-from toprcli.config import IterateConfig, TrainConfig, load_config
+from toprcli.config import IterateConfig, TrainConfig, from_dict
 from toprcli.errors import UserError
 from toprcli.roll.importer import LEFT_OUT, MAPPED, UNKNOWN, import_roll
 from toprcli.roll.interp import resolve
@@ -116,7 +116,7 @@ def test_unresolved_value_is_refused_only_where_it_is_mapped():
 def test_offpolicy_example_with_negative_weight_imports_as_topr(tmp_path):
     result = import_roll(load(OFFPOLICY))
     assert result.unknown == []
-    cfg = load_config(IterateConfig, base=result.config)  # what `topr config check` validates
+    cfg = from_dict(IterateConfig, result.config)  # what `topr config check` validates
     assert cfg.model == "Qwen/Qwen2.5-7B"
     assert cfg.train.loss == "topr"
     assert cfg.train.loss_options == {"ratio_level": "token", "negative_weight": 0.5}
@@ -157,7 +157,7 @@ def test_example_topr_calls_out_the_documented_but_unread_keys():
     # rl_loss_coef IS read by ROLL (a loss scale), and 0.0 switches the policy loss off
     assert any(c.startswith("rl_loss_coef: 0.0") and "multiplies" in c for c in result.callouts)
     # no pg_variant: ROLL's ActorWorker trains PPO-clip, and the import says so
-    cfg = load_config(IterateConfig, base=result.config)
+    cfg = from_dict(IterateConfig, result.config)
     assert cfg.train.loss == "ppo" and cfg.train.loss_options == {"clip_ratio": 0.2, "dual_clip": pytest.approx(1.4)}
     assert any("never TOPR" in c for c in result.callouts)
     assert (cfg.train.kl_coef, cfg.train.kl_estimator, cfg.train.ref_model) == (0.001, "k3", "Qwen/Qwen2.5-7B")
@@ -173,7 +173,7 @@ def test_every_variant_gives_options_the_trainer_accepts():
     for variant, loss in (("vanilla", "reinforce"), ("ppo", "ppo"), ("tis", "tis"), ("topr", "topr"), ("cispo", "cispo"), ("kimi15", "kimi15")):
         data = minimal(actor_train={"pg_variant": variant, **knobs}, dual_clip_loss=True, use_pg_clip_range=True, pg_clip_high=0.28)
         result = import_roll(data)
-        train = load_config(IterateConfig, base=result.config).train
+        train = from_dict(IterateConfig, result.config).train
         assert train.loss == loss
         setup = resolve_loss(TrainConfig(loss=train.loss, loss_options=train.loss_options))  # runs the loss once
         assert setup.name == loss

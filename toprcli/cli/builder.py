@@ -1,11 +1,9 @@
 """One builder makes every stage command from its config class.
 
-Each config field declares its help, flag and check once (``config.fields.opt``); here
-those declarations become typer options (their help ends with the field's real default),
-and every stage command gets the same vocabulary: ``--config/-c``, ``--set KEY=VALUE``,
-``--json`` (the stage result), ``--progress/--no-progress`` and ``--verbose``. A command
-module keeps only what is its own: how it runs and its summary table (:class:`Stage`).
-"""
+Each field's declaration (``config.fields.opt``) becomes a typer option whose help ends with
+the field's real default; every stage command gets the same vocabulary (``--config/-c``,
+``--set KEY=VALUE``, ``--json``, ``--progress/--no-progress``, ``--verbose``). A command module
+keeps only what is its own: how it runs and its summary table (:class:`Stage`)."""
 
 from __future__ import annotations
 
@@ -27,12 +25,12 @@ from toprcli.stages import StageResult
 
 @dataclass(frozen=True)
 class Flag:
-    """A config field on the command line."""
+    """A config field on the command line: its dotted key, typer's parameter, how the value becomes the config's."""
 
-    key: str  # its dotted path in the config ("sampling.top_p")
-    param: str  # the Python parameter name typer sees
+    key: str
+    param: str
     annotation: Any
-    parse: Callable[[Any], Any]  # typer's value → the config value
+    parse: Callable[[Any], Any]
 
 
 @dataclass
@@ -44,12 +42,12 @@ class Stage:
     run: Callable[..., StageResult | None]  # (cfg, progress, **extra)
     show: Callable[[StageResult, Any], None]  # the summary table(s)
     doc: str
-    log: Callable[[Any], str] = lambda cfg: f"{cfg.out}.log"  # where other libraries' output goes
-    resume: str = RESUME
+    log: Callable[[Any], str | None] = lambda cfg: f"{cfg.out}.log"  # where other libraries' output goes
+    resume: str = RESUME  # the advice printed when a signal stops the command
     more: str | None = None  # a list field that also takes positional values (curate -s a b c)
     default_config: Callable[[], Any] | None = None  # the config file used when --config is not given
     transient: bool = True  # progress bars vanish when the stage ends
-    extra: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # the command's own options: name → (annotation, default), passed to run
+    extra: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # own options: name → (annotation, default), passed to run
 
 
 def _yaml_value(text: str) -> Any:
@@ -86,9 +84,9 @@ def _show(value: Any) -> str:
     return "unset" if value is None or value == [] or value == {} else '""' if value == "" else str(value)
 
 
-def flags(cls: type) -> list[tuple[Flag, Any]]:
+def flags(cls: type) -> list[Flag]:
     """Every field of ``cls`` (sections expanded) that has a flag, with its typer option."""
-    out: list[tuple[Flag, Any]] = []
+    out: list[Flag] = []
 
     def walk(tp: type, instance: Any, prefix: str) -> None:
         hints, subs = typing.get_type_hints(tp), sections(tp)
@@ -104,12 +102,9 @@ def flags(cls: type) -> list[tuple[Flag, Any]]:
             if kind is bool and "/" not in decl:
                 decl = f"{decl}/--no-{decl[2:]}"
             names = [decl] + ([meta["short"]] if meta.get("short") else [])
-            tp = hints[f.name]
-            allowed = f" ({meta['allowed']})" if kind is str and "allowed" in meta else ""
-            allowed = f" ({describe(tp)})" if typing.get_origin(tp) is Literal else allowed
-            help_text = f"{meta.get('help', '')}{allowed} (default: {_show(value)})"
-            option = typer.Option(*names, help=help_text, show_default=False)
-            out.append((Flag(prefix + f.name, (prefix + f.name).replace(".", "__"), Annotated[kind | None, option], parse), value))
+            allowed = f" ({describe(hints[f.name])})" if typing.get_origin(hints[f.name]) is Literal else f" ({meta['allowed']})" if kind is str and "allowed" in meta else ""
+            option = typer.Option(*names, help=f"{meta.get('help', '')}{allowed} (default: {_show(value)})", show_default=False)
+            out.append(Flag(prefix + f.name, (prefix + f.name).replace(".", "__"), Annotated[kind | None, option], parse))
 
     walk(cls, cls(), "")
     return out
@@ -132,7 +127,7 @@ def _common_params(stage: Stage) -> list[inspect.Parameter]:
 def build(stage: Stage) -> Callable[..., None]:
     """The typer command of ``stage``: one option per flagged config field, the common vocabulary, the run."""
     options = flags(stage.config)
-    params = [inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f.annotation) for f, _ in options]
+    params = [inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f.annotation) for f in options]
     params += _common_params(stage)
     params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for name, (a, d) in stage.extra.items()]
     if stage.more:
@@ -142,7 +137,7 @@ def build(stage: Stage) -> Callable[..., None]:
     def command(**kw: Any) -> None:
         from toprcli.config import load_config, parse_override
 
-        overrides = {f.key: f.parse(kw[f.param]) if kw[f.param] is not None else None for f, _ in options}
+        overrides = {f.key: f.parse(kw[f.param]) if kw[f.param] is not None else None for f in options}
         if stage.more and kw["more_"]:
             overrides[stage.more] = (overrides[stage.more] or []) + list(kw["more_"])
         sets = dict(parse_override(s) for s in kw["set_"] or [])

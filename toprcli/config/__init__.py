@@ -1,14 +1,9 @@
-"""Typed configs for every stage, YAML loading and CLI overrides, in one place.
+"""Typed configs for every stage, YAML loading and command-line values, in one place.
 
-Each stage has a dataclass (``schema.py``) whose fields carry their own default, help,
-flag and check (``fields.opt``); defaults follow the paper (docs/architecture.md §4). A
-YAML file may hold one stage's keys at top level, or a whole pipeline (the iterate
-config) with one section per stage; ``topr generate --config demo.yaml`` then reads the
-``generate:`` section. Command-line values override the file.
-
-Validation is strict and happens once, here: every unknown or moved key is named in one
-:class:`ConfigError` (a :class:`UserError`, so the CLI prints one line and exits 2), a bad
-value is named with what is allowed.
+Each stage has a dataclass (``schema.py``) whose fields declare their default, help, flag and
+check once (``fields.opt``). A YAML file holds one stage's keys, or a pipeline (iterate) config
+with a section per stage, of which a stage command reads its own. Validation is strict and
+happens once, here: a :class:`ConfigError` (one line, exit 2) names every unknown or moved key.
 """
 
 from __future__ import annotations
@@ -18,37 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from toprcli.config.fields import ConfigError, config_to_dict, from_dict, leaf_paths
-from toprcli.config.schema import (
-    STAGES,
-    WARM_START_TRAIN,
-    CurateConfig,
-    DatasetSpec,
-    EngineConfig,
-    EvalConfig,
-    GenerateConfig,
-    IterateConfig,
-    SamplingConfig,
-    ScoreConfig,
-    TrainConfig,
-    VerifierDataConfig,
-    WarmStartConfig,
-)
+from toprcli.config.schema import STAGES, WARM_START_TRAIN, CurateConfig, DatasetSpec, EngineConfig, EvalConfig, GenerateConfig
+from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, TrainConfig, VerifierDataConfig, WarmStartConfig
 
-__all__ = [
-    "STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig",
-    "GenerateConfig", "IterateConfig", "SamplingConfig", "ScoreConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig",
-    "config_to_dict", "default_config", "from_dict", "load_config", "parse_override", "read_yaml", "resolve_key", "stage_section",
-]
+__all__ = ["STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
+           "IterateConfig", "SamplingConfig", "ScoreConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig", "config_to_dict",
+           "default_config", "from_dict", "load_config", "parse_override", "read_yaml", "resolve_key", "stage_section"]
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
+    *parents, leaf = dotted.split(".")
     node = data
-    for p in parts[:-1]:
+    for p in parents:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ConfigError(f"cannot set '{dotted}': '{p}' is not a mapping")
-    node[parts[-1]] = value
+    node[leaf] = value
 
 
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -99,17 +79,14 @@ def resolve_key(cls: type, key: str) -> str:
 
 
 def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
-                *, base: dict[str, Any] | None = None, sets: dict[str, Any] | None = None) -> Any:
-    """Build a stage config: defaults ← ``base`` ← YAML file ← overrides ← sets.
+                *, sets: dict[str, Any] | None = None) -> Any:
+    """Build a stage config: defaults ← YAML file ← overrides ← sets.
 
-    ``overrides`` maps dotted keys to values from typed CLI options; ``None`` means "not
-    given" and is skipped. ``sets`` are ``--set key=value`` pairs, applied as written
-    (``null`` included), their keys resolved by :func:`resolve_key`.
+    ``overrides`` maps dotted keys to typed command-line values; None means "not given". ``sets``
+    are ``--set key=value`` pairs, applied as written (``null`` included), keys resolved by :func:`resolve_key`.
     """
     stage = next(name for name, c in STAGES.items() if c is cls)
-    data: dict[str, Any] = dict(base or {})
-    if path is not None:
-        data.update(stage_section(read_yaml(path), stage))
+    data = stage_section(read_yaml(path), stage) if path is not None else {}
     for key, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(data, key, value)

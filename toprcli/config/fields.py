@@ -1,14 +1,6 @@
-"""How a config field is declared once, and how plain data becomes a config, strictly.
-
-:func:`opt` declares a field: its default, its help, its command-line flag (or none), and
-the check its value must pass. The CLI is generated from these declarations
-(``cli/builder.py``) and ``topr config show`` prints the help beside each key.
-
-:func:`from_dict` builds a config dataclass from YAML/CLI data: every unknown or moved
-key is named in one :class:`ConfigError` (with its new path or the closest valid key),
-then each value is converted to its field's type and checked; a dataclass with a
-``check()`` method gets its cross-field rules run.
-"""
+"""A config field declared once (:func:`opt`: default, help, flag, check), and plain data made into a
+config strictly (:func:`from_dict`: every unknown or moved key named in one error, each value
+converted to its field's type and checked, then the dataclass's own ``check()``)."""
 
 from __future__ import annotations
 
@@ -27,12 +19,8 @@ class ConfigError(UserError):
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, flag: str | None = None,
         short: str | None = None, cli: bool = True, check: dict | None = None) -> Any:
-    """A config field, declared once: default (or ``factory``), help, flag, value check.
-
-    ``flag`` defaults to ``--<name-with-dashes>`` (a bool gets ``--x/--no-x``; write another
-    pair as ``"--strict/--flexible"``); ``cli=False`` keeps the key off the flags (``--set``
-    still reaches it); ``check`` is one of the checks below.
-    """
+    """A config field: default (or ``factory``), help, ``flag`` (default ``--name``; a bool gets ``--x/--no-x``,
+    or write ``"--strict/--flexible"``), ``cli=False`` for no flag (``--set`` reaches it), a ``check`` below."""
     meta = {"help": help, "cli": cli, "flag": flag, "short": short, **(check or {})}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
@@ -46,7 +34,7 @@ def choice(options, what: str = "one of") -> dict:
 
 
 def _check(predicate, allowed: str) -> dict:
-    """A check: a predicate and the words that say what is allowed."""
+    """A check: a predicate, and words saying what is allowed."""
     return {"check": predicate, "allowed": allowed}
 
 

@@ -11,26 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toprcli.config.fields import (
-    AT_LEAST_ONE,
-    MIN_P,
-    NON_NEGATIVE,
-    POSITIVE,
-    TOP_K,
-    UNIT_HALF_OPEN,
-    UNIT_OPEN,
-    ConfigError,
-    _check,
-    choice,
-    config_to_dict,
-    from_dict,
-    opt,
-)
+from toprcli.config.fields import AT_LEAST_ONE, MIN_P, NON_NEGATIVE, POSITIVE, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
+from toprcli.config.fields import _check, choice, config_to_dict, from_dict, opt
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
-
-# -- datasets -----------------------------------------------------------------
-
 
 @dataclass
 class DatasetSpec:
@@ -54,18 +38,10 @@ class DatasetSpec:
     seed: int = opt(0, "builtin:arith: seed of the problems.", cli=False)
 
 
-# -- shared parts ---------------------------------------------------------------
-
-
 @dataclass
 class SamplingConfig:
-    """What to sample: the distribution μ is drawn from (docs/architecture.md §5).
-
-    Declared once and shared by ``generate`` and ``eval``. Every samples shard
-    records it; ``score`` and ``curate`` carry it on; ``train`` reads it from the
-    data and computes log π under the same processing (logits / temperature,
-    then min-p, top-k, top-p, renormalised). ``temperature: 0`` is greedy.
-    """
+    """The distribution μ is drawn from, shared by generate and eval; it travels with the data and train
+    computes log π under the same processing (docs/architecture.md §5)."""
 
     temperature: float = opt(1.0, "Sampling temperature (0 = greedy).", check=_check(lambda v: v >= 0, "a number >= 0 (0 = greedy)"))
     top_p: float = opt(1.0, "Nucleus sampling mass in (0, 1].", check=UNIT_HALF_OPEN)
@@ -90,9 +66,6 @@ class EngineConfig:
     engine_kwargs: dict[str, Any] = opt(factory=dict, help="Extra vllm.LLM(...) arguments.", cli=False)
 
 
-# -- stages -------------------------------------------------------------------
-
-
 @dataclass
 class GenerateConfig:
     model: str = opt("", "Policy: a Hugging Face model dir (or hub id).", short="-m")
@@ -108,8 +81,7 @@ class GenerateConfig:
     clip_to_context: bool = opt(False, "Cut completions where prompt + max-new-tokens would pass the context (recorded) instead of stopping.")
     iteration: int = opt(0, "Round number stored in each row and mixed into the seeds.", check=NON_NEGATIVE)
     per_request_seed: bool = opt(True, "Seed every prompt from (seed, iteration, prompt id) (vLLM); off: reseed per shard only.")
-    data_parallel_size: int = opt(1, "Launch N processes here, one engine each (GPUs or CPU cores split between them), disjoint shards.",
-                                  check=AT_LEAST_ONE)
+    data_parallel_size: int = opt(1, "Launch N processes here, one engine each (GPUs or CPU cores split between them), disjoint shards.", check=AT_LEAST_ONE)
 
 
 @dataclass
@@ -131,11 +103,9 @@ class ScoreConfig:
 
 @dataclass
 class CurateConfig:
-    scored: list[str] = opt(factory=list, help="`topr score` output dirs (or Parquet files): this round first, then earlier rounds to replay.",
-                            short="-s")
+    scored: list[str] = opt(factory=list, help="`topr score` output dirs (or Parquet files): this round first, then earlier rounds to replay.", short="-s")
     out: str = opt("", "The training set to write, one Parquet file; its manifest goes to <out>.manifest.json.", short="-o")
-    baseline: float | str | None = opt(
-        None, "c in A = R − c: a number, batch-mean (the mean reward), group-mean or leave-one-out (per prompt); unset: 0.")
+    baseline: float | str | None = opt(None, "c in A = R − c: a number, batch-mean (the mean reward), group-mean or leave-one-out (per prompt); unset: 0.")
     positive_fraction: float | None = opt(
         None, "Target effective share of positives p̃; solves the constant c from the data (paper: 0.1–0.2). Exclusive with --baseline.",
         check=UNIT_OPEN)
@@ -149,8 +119,7 @@ class CurateConfig:
     subsample: int | None = opt(None, "Keep a uniform random subset of this many rows (after the filters).", check=AT_LEAST_ONE)
     seed: int = opt(0, "Seed of --subsample.")
     overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
-    unreachable_baseline: float | None = opt(
-        None, "With --positive-fraction: the constant c when the data has one outcome only; unset: fail (iterate uses 0).")
+    unreachable_baseline: float | None = opt(None, "With --positive-fraction: the constant c when the data has one outcome only; unset: fail (iterate uses 0).")
     keep_accuracy: list[float] | None = opt(
         None, "Keep prompts whose accuracy lies strictly between low and high, e.g. 0.1,0.95 (ROLL's difficulty_mask).",
         check=_check(lambda v: len(v) == 2 and 0 <= v[0] < v[1] <= 1, "[low, high] with 0 <= low < high <= 1"))
@@ -203,8 +172,7 @@ class TrainConfig:
     save_dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "dtype of the saved weights (float32 keeps small updates).")
     gradient_checkpointing: bool | Literal["auto"] = opt(
         "auto", "Recompute activations in backward (less memory); auto: on when a micro-batch's activations would take > 1/8 of the device.")
-    logprob_chunk_size: int | None = opt(
-        None, "Completion positions per LM-head chunk; unset: about 128 MiB of float32 logits per chunk.", check=AT_LEAST_ONE)
+    logprob_chunk_size: int | None = opt(None, "Completion positions per LM-head chunk; unset: about 128 MiB of float32 logits per chunk.", check=AT_LEAST_ONE)
     save_every: int | None = opt(None, "Checkpoint every N steps (for --resume).", check=AT_LEAST_ONE)
     resume: bool = opt(False, "Continue a killed run from its last checkpoint; a finished --out is kept as is.")
     recompute_behavior: bool = opt(False, "Replace the stored μ with this trainer's log-probs of the starting policy (the data must come from --model).")
@@ -253,15 +221,11 @@ class EvalConfig:
 
     def check(self) -> None:
         if self.sampling.temperature == 0:
-            raise ConfigError(
-                "bad value for 'sampling.temperature': 0 — eval samples k completions per prompt; "
-                "use a temperature > 0 (the greedy pass is separate: greedy: true)"
-            )
+            raise ConfigError("bad value for 'sampling.temperature': 0 — eval samples k completions per prompt; "
+                              "use a temperature > 0 (the greedy pass is separate: greedy: true)")
         if self.verifier_model and self.candidates:
-            raise ConfigError(
-                "verifier_model and candidates both given — verifier_model judges this eval's samples with another model; "
-                "candidates judges other samples with this model: choose one"
-            )
+            raise ConfigError("verifier_model and candidates both given — verifier_model judges this eval's samples with another model; "
+                              "candidates judges other samples with this model: choose one")
 
 
 # The warm start is supervised training on gold solutions: these keys of the train
@@ -274,11 +238,7 @@ WARM_START_TRAIN = {
 
 @dataclass
 class WarmStartConfig:
-    """Supervised training on gold solutions before round 0.
-
-    Trains with the pipeline's ``train`` config, overridden first by
-    :data:`WARM_START_TRAIN` and then by ``train`` here (any train key).
-    """
+    """Supervised training on gold solutions before round 0: the pipeline's ``train`` config ← WARM_START_TRAIN ← ``train`` here."""
 
     enabled: bool = opt(False, "Warm-start with supervised training on the dataset's gold solutions.")
     init_model: bool = opt(False, "Build the built-in tiny model first (then `model` is ignored).")
@@ -312,32 +272,19 @@ class IterateConfig:
         for key in ("temperature", "top_p", "top_k", "min_p"):
             want, have = getattr(self.train, key), getattr(self.generate.sampling, key)
             if want is not None and want != have:
-                raise ConfigError(
-                    f"train.{key} is {want!r} but generate.sampling.{key} is {have!r} — training reads the "
-                    f"sampling settings from the data; drop train.{key} (or make it equal)"
-                )
+                raise ConfigError(f"train.{key} is {want!r} but generate.sampling.{key} is {have!r} — training reads the "
+                                  f"sampling settings from the data; drop train.{key} (or make it equal)")
         # Training a verifier: each round's policy judges eval.candidates, rendered as its training prompts were.
         if self.eval.candidates and self.eval.verifier_chat_template != self.generate.dataset.chat_template:
-            raise ConfigError(
-                f"eval.verifier_chat_template is {self.eval.verifier_chat_template} but generate.dataset.chat_template is "
-                f"{self.generate.dataset.chat_template} — the verifier judges eval.candidates with the prompts it was trained on; make them equal"
-            )
+            raise ConfigError(f"eval.verifier_chat_template is {self.eval.verifier_chat_template} but generate.dataset.chat_template is "
+                              f"{self.generate.dataset.chat_template} — the verifier judges eval.candidates with the prompts it was trained on; make them equal")
         self.warm_start_train()
 
     def warm_start_train(self) -> TrainConfig:
         """The train config of the warm start: ``train`` ← WARM_START_TRAIN ← ``warm_start.train``."""
-        data = config_to_dict(self.train)
-        data.update(WARM_START_TRAIN)
-        data.update({k: v for k, v in self.warm_start.train.items()})
+        data = {**config_to_dict(self.train), **WARM_START_TRAIN, **self.warm_start.train}
         return from_dict(TrainConfig, data, prefix="warm_start.train.")
 
 
-STAGES: dict[str, type] = {
-    "generate": GenerateConfig,
-    "score": ScoreConfig,
-    "curate": CurateConfig,
-    "verifier_data": VerifierDataConfig,
-    "train": TrainConfig,
-    "eval": EvalConfig,
-    "iterate": IterateConfig,
-}
+STAGES: dict[str, type] = {"generate": GenerateConfig, "score": ScoreConfig, "curate": CurateConfig, "verifier_data": VerifierDataConfig,
+                           "train": TrainConfig, "eval": EvalConfig, "iterate": IterateConfig}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toprcli.config import ConfigError, IterateConfig, load_config
+from toprcli.config import ConfigError, IterateConfig, from_dict
 from toprcli.errors import UserError
 from toprcli.roll import keys as K
 from toprcli.roll.interp import dotted, resolve
@@ -225,7 +225,7 @@ def to_yaml(result: ImportResult, source: str) -> str:
 def validate(result: ImportResult) -> Any:
     """The imported config as an :class:`IterateConfig` (a ConfigError names any bad key)."""
     try:
-        return load_config(IterateConfig, base=result.config)
+        return from_dict(IterateConfig, result.config)
     except ConfigError as e:
         raise UserError(f"the imported config does not validate: {e}") from None
 
