@@ -25,7 +25,7 @@ from toprcli.cli.main import app
 
 README = REPO / "README.md"
 RUN_MARK = "<!-- readme-test: run -->"
-FENCE = re.compile(r"(?P<mark><!-- readme-test: run -->\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)\n```", re.S)
+FENCE = re.compile(r"(?P<mark><!-- readme-test: run -->\n)?^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)\n(?P<code>.*?)\n(?P=indent)```", re.S | re.M)
 SHELL_WORDS = {"do", "then", "else", "time", "nohup", "env", "srun", "exec"}
 SEPARATORS = {";", "&&", "||", "|", "&", ">", ">>", "<", "2>", "(", ")"}
 

@@ -16,6 +16,11 @@ from toprcli.config.fields import _check, choice, config_to_dict, from_dict, opt
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
 
+# verl's data_source values and the verifier each names (score.verifier_by_source adds to or overrides them).
+VERIFIER_BY_SOURCE = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "HuggingFaceH4/MATH-500": "math", "DigitalLearningGmbH/MATH-lighteval": "math",
+                      "lighteval/MATH": "math", "hendrycks/competition_math": "math", "EleutherAI/hendrycks_math": "math"}
+
+
 @dataclass
 class DatasetSpec:
     """Where prompts come from and how they are rendered (``data/datasets.py``)."""
@@ -24,14 +29,17 @@ class DatasetSpec:
                       flag="--dataset", short="-d")
     config_name: str | None = opt(None, "The hub dataset's config (openai/gsm8k: main, chosen for you).", flag="--dataset-config")
     split: str = opt("train", "Dataset split.")
-    preset: Literal["auto", "gsm8k", "math", "arith", "verification", "none"] = opt(
-        "auto", "Column mapping, gold-answer rule and instruction; auto infers it from the source (verification: what `topr verifier-data` writes).")
-    question_column: str | None = opt(None, "Column of the question (default: the preset's).")
-    answer_column: str | None = opt(None, "Column of the gold answer (default: the preset's).")
+    preset: Literal["auto", "gsm8k", "math", "arith", "verification", "verl", "trl", "messages", "none"] = opt(
+        "auto", "Column mapping, gold-answer rule and instruction; auto: verl/trl/messages from the columns, else from the source's name.")
+    question_column: str | None = opt(None, "Column of the question; a.b reads field b of struct column a (not in CSV) (default: the preset's).")
+    answer_column: str | None = opt(None, "Column of the gold answer, e.g. reward_model.ground_truth (default: the preset's).")
     id_column: str | None = opt(None, "Column of a unique prompt id (default: a hash of the question).")
     template: str | None = opt(None, "Plain-text prompt with {question} (default: the preset's).")
     chat_template: bool = opt(False, "Render prompts with the tokenizer's chat template (instruct models).")
-    system_prompt: str | None = opt(None, "System message for --chat-template prompts.")
+    system_prompt: str | None = opt(None, "System message for --chat-template prompts, only where a row has no system turn of its own.")
+    few_shot: int = opt(0, "Prepend k solved examples from --few-shot-split (paper: 8 for GSM8K, 4 for MATH).", check=NON_NEGATIVE)
+    few_shot_split: str = opt("train", "The split few-shot examples come from (never the problem itself).")
+    few_shot_seed: int = opt(0, "Seed of the few-shot choice (with each problem's id).")
     limit: int | None = opt(None, "Use only the first K prompts.", check=AT_LEAST_ONE)
     size: int = opt(2000, "builtin:arith: problems per split.", cli=False, check=AT_LEAST_ONE)
     level: int = opt(2, "builtin:arith: difficulty 1..4.", cli=False, check=_check(lambda v: 1 <= v <= 4, "an integer 1..4"))
@@ -88,8 +96,9 @@ class GenerateConfig:
 class ScoreConfig:
     samples: str = opt("", "The samples directory `topr generate` wrote (or one Parquet file).", short="-s")
     out: str = opt("", "Directory for the scored shards and _manifest.json.", short="-o")
-    verifier: str = opt("gsm8k", "gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> bool | float | None).",
-                        short="-v")
+    verifier: str = opt("gsm8k", "gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> bool | float | None) "
+                                 "| data_source (each row's verl data_source picks one through --verifier-by-source).", short="-v")
+    verifier_by_source: dict[str, str] = opt(factory=lambda: dict(VERIFIER_BY_SOURCE), help="data_source=verifier pairs for --verifier data_source.")
     strict: bool = opt(False, "gsm8k: require '#### n' (strict), or also accept 'The answer is n' and the last number.",
                        flag="--strict/--flexible")
     workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)

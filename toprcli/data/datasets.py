@@ -14,14 +14,17 @@ splits, shipped as package data with their MIT licence in ``toprcli/data/gsm8k/`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toprcli.config import DatasetSpec
+from toprcli.data import formats
 from toprcli.data.arith import arith_problems
 from toprcli.errors import UserError
 from toprcli.shards import read_file_metadata
@@ -37,9 +40,12 @@ HUB_DEFAULT_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
 @dataclass(frozen=True)
 class Example:
     prompt_id: str
-    question: str
+    question: str  # the problem (for chat datasets: the last user message)
     answer: str | None  # the gold reference the verifier compares against
-    solution: str | None = None  # a full gold solution, for supervised warm starts
+    solution: str | None = None  # a full gold solution, for supervised warm starts and few-shot prompts
+    messages: tuple | None = None  # a chat dataset's conversation, rendered as given (formats.py)
+    data_source: str | None = None  # verl's data_source: which verifier scores the row
+    shots: tuple = ()  # few-shot examples shown before the problem
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class Preset:
             return gsm8k_gold(raw)
         if self.name == "math":
             return last_boxed(raw) or raw.strip()
+        if self.name in ("trl", "messages"):  # a reference solution: the verifiers' own rules (#### n, \boxed{})
+            return gsm8k_gold(raw) if "####" in raw else last_boxed(raw) or raw.strip()
         return raw
 
 
@@ -103,6 +111,10 @@ PRESETS: dict[str, Preset] = {
         chat_instruction="{question}",
         verifier="judge",
     ),
+    # Chat datasets (formats.py): the prompt is a conversation rendered as given; these say where the gold is.
+    "verl": Preset("verl", ("prompt",), ("reward_model.ground_truth",), "{question}", "{question}", verifier="data_source"),
+    "trl": Preset("trl", ("prompt",), ("answer", "solution"), "{question}", "{question}", verifier="math"),
+    "messages": Preset("messages", ("messages",), (), "{question}", "{question}", verifier="math"),
     "none": Preset(
         name="none",
         question_columns=("question", "problem", "prompt", "input", "instruction"),
@@ -157,9 +169,12 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def resolve_preset(spec: DatasetSpec) -> Preset:
+def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Preset:
+    """The spec's preset; ``auto``: a chat format detected from a row's columns, else from the source's name."""
     if spec.preset != "auto":
         return PRESETS[spec.preset]
+    if row is not None and (fmt := formats.detect(row)):
+        return PRESETS[fmt]
     src = spec.source.lower()
     if src.startswith("builtin:arith"):
         return PRESETS["arith"]
@@ -300,14 +315,15 @@ def _diagnose_local(path: Path) -> str | None:
     return None
 
 
-def _pick_column(columns: list[str], explicit: str | None, candidates: tuple[str, ...], what: str, src: str) -> str | None:
+def _pick_column(row: dict[str, Any], explicit: str | None, candidates: tuple[str, ...], what: str, spec: DatasetSpec) -> str | None:
+    """The column (or dotted path into struct columns) holding ``what``: the one asked for, else the first candidate present."""
     if explicit is not None:
-        if explicit not in columns:
-            raise UserError(
-                f"dataset {src!r} has no column {explicit!r} for the {what} — columns are: {', '.join(columns)}"
-            )
-        return explicit
-    return next((c for c in candidates if c in columns), None)
+        if formats.has_path(row, explicit):
+            return explicit
+        if "." in explicit and Path(spec.source).suffix.lower() == ".csv":
+            raise UserError(f"dataset {spec.source!r}: CSV files have no nested columns, so {explicit!r} cannot be a path — use a flat column or another format")
+        raise UserError(f"dataset {spec.source!r} has no column {explicit!r} for the {what} — columns are: {', '.join(row)}")
+    return next((c for c in candidates if formats.has_path(row, c)), None)
 
 
 def prompt_ids(questions: list[str], split: str) -> list[str]:
@@ -323,51 +339,77 @@ def prompt_ids(questions: list[str], split: str) -> list[str]:
 
 
 def load_examples(spec: DatasetSpec) -> list[Example]:
-    """The examples of a dataset spec, with stable prompt ids and gold answers."""
-    preset = resolve_preset(spec)
+    """The examples of a dataset spec, with stable prompt ids, gold answers and (few_shot) their shots."""
     rows = _load_rows(spec)
     if not rows:
         raise UserError(f"dataset {spec.source!r} split {spec.split!r} is empty — check the source and split")
-    columns = list(rows[0].keys())
-    q_col = _pick_column(columns, spec.question_column, preset.question_columns, "question", spec.source)
+    preset = resolve_preset(spec, rows[0])
+    q_col = _pick_column(rows[0], spec.question_column, preset.question_columns, "question", spec)
     if q_col is None:
         raise UserError(
             f"dataset {spec.source!r} has no question column (looked for {', '.join(preset.question_columns)}) — "
-            f"columns are: {', '.join(columns)}; set dataset.question_column"
+            f"columns are: {', '.join(rows[0])}; set dataset.question_column"
         )
-    a_col = _pick_column(columns, spec.answer_column, preset.answer_columns, "answer", spec.source)
-    id_col = _pick_column(columns, spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec.source)
-
-    questions = [str(r[q_col]) for r in rows]
-    ids = [str(r[id_col]) for r in rows] if id_col else prompt_ids(questions, spec.split)
+    a_col = _pick_column(rows[0], spec.answer_column, preset.answer_columns, "answer", spec)
+    id_col = _pick_column(rows[0], spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec)
+    parts = [_question(r, q_col, preset, f"dataset {spec.source!r} row {n}, column {q_col!r}") for n, r in enumerate(rows)]
+    keys = [json.dumps(m) if m else q for q, m, _ in parts]  # a conversation is identified by all of it
+    ids = [str(formats.get_path(r, id_col)) for r in rows] if id_col else prompt_ids(keys, spec.split)
     if id_col and len(set(ids)) != len(ids):
         raise UserError(f"dataset {spec.source!r}: column {id_col!r} has duplicate ids — pick a unique id column")
     examples = []
-    for pid, q, r in zip(ids, questions, rows):
-        raw = None if a_col is None or r.get(a_col) is None else str(r[a_col])
-        examples.append(Example(prompt_id=pid, question=q, answer=preset.gold(raw), solution=raw))
+    for pid, (q, messages, reference), r in zip(ids, parts, rows):
+        raw = reference if reference is not None else _text(formats.get_path(r, a_col) if a_col else None)
+        solution = _text(formats.get_path(r, "extra_info.answer")) if preset.name == "verl" else None
+        examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source"))))
+    if spec.few_shot:
+        pool = [e for e in load_examples(dataclasses.replace(spec, split=spec.few_shot_split, few_shot=0, limit=None)) if e.solution]
+        examples = [dataclasses.replace(e, shots=tuple(formats.choose_shots(pool, e.prompt_id, e.question, spec.few_shot, spec.few_shot_seed)))
+                    for e in examples]
     return examples
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _question(row: dict[str, Any], column: str, preset: Preset, where: str) -> tuple[str, tuple | None, str | None]:
+    """(question, conversation or None, reference solution or None) of one row."""
+    value = formats.get_path(row, column)
+    if not isinstance(value, (list, tuple)) and preset.name not in ("verl", "trl", "messages"):
+        return str(value), None, None
+    messages, reference = formats.check_messages(value, where), None
+    if preset.name == "messages":
+        messages, reference = formats.split_reference(messages, where)
+    if not any(m["role"] == "user" for m in messages):
+        raise UserError(f"{where}: the conversation has no user turn — the last user message is the question")
+    return formats.last_user(messages), tuple(messages), reference
 
 
 # -- rendering ----------------------------------------------------------------
 
 
 def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = None) -> str:
-    """The prompt text exactly as the model sees it."""
-    preset = resolve_preset(spec)
+    """The prompt text exactly as the model sees it: a chat dataset's conversation as given, or the preset's
+    instruction around the question; few-shot examples first; ``system_prompt`` where there is no system turn."""
+    if example.messages is not None and not spec.chat_template:
+        raise UserError(f"dataset {spec.source!r} holds chat messages — pass --chat-template (dataset.chat_template: true) to render them")
     if spec.chat_template:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise UserError("dataset.chat_template is set but the tokenizer has no chat template — turn it off or use an instruct model")
-        instruction = spec.template or preset.chat_instruction
-        messages = []
-        if spec.system_prompt:
-            messages.append({"role": "system", "content": spec.system_prompt})
-        messages.append({"role": "user", "content": instruction.replace("{question}", example.question)})
+        if example.messages is not None:
+            messages, shots = list(example.messages), [(s.question, s.solution) for s in example.shots]
+        else:
+            instruction = spec.template or resolve_preset(spec).chat_instruction
+            messages = [{"role": "user", "content": instruction.replace("{question}", example.question)}]
+            shots = [(instruction.replace("{question}", s.question), s.solution) for s in example.shots]
+        messages = formats.with_shots(formats.with_system(messages, spec.system_prompt), shots)
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    template = spec.template or preset.template
+    template = spec.template or resolve_preset(spec).template
     if "{question}" not in template:
         raise UserError(f"prompt template {template!r} has no {{question}} placeholder — add one")
-    return template.replace("{question}", example.question)
+    shots = "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in example.shots)
+    return shots + template.replace("{question}", example.question)
 
 
 def encode_prompt(text: str, tokenizer: Any, spec: DatasetSpec) -> list[int]:
@@ -376,4 +418,8 @@ def encode_prompt(text: str, tokenizer: Any, spec: DatasetSpec) -> list[int]:
 
 
 def default_verifier(spec: DatasetSpec) -> str:
-    return resolve_preset(spec).verifier
+    """The verifier a dataset's answers are checked with (``data_source``: per row, verl's source names it)."""
+    if spec.preset != "auto":
+        return PRESETS[spec.preset].verifier
+    rows = _load_rows(dataclasses.replace(spec, limit=1, few_shot=0))
+    return resolve_preset(spec, rows[0] if rows else None).verifier

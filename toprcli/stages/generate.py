@@ -317,14 +317,20 @@ def _run_shards(
         report(progress, "generate", base_prompts, total, completions=base_comps, **{"tok/s": f"{base_tokens / elapsed:,.0f}"})
 
 
+MESSAGES_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+
 def _shard_table(block: list[Prompt], results: list, tokenizer: Any, cfg: GenerateConfig, policy: str) -> tuple[pa.Table, dict[str, Any]]:
     cols: dict[str, list] = {f.name: [] for f in shards.SAMPLES_SCHEMA}
     questions: list[str | None] = []
+    extra: dict[str, list] = {"messages": [], "data_source": []}  # chat datasets' conversation, verl's data_source
     all_ids = []
     finish: Counter[str] = Counter()
     for p, comps in zip(block, results):
         for i, c in enumerate(comps):
             questions.append(p.question)
+            extra["messages"].append(list(p.messages) if p.messages is not None else None)
+            extra["data_source"].append(p.data_source)
             cols["prompt_id"].append(p.prompt_id)
             cols["prompt"].append(p.prompt)
             cols["answer"].append(p.answer)
@@ -340,6 +346,9 @@ def _shard_table(block: list[Prompt], results: list, tokenizer: Any, cfg: Genera
     cols["completion"] = tokenizer.batch_decode(all_ids, skip_special_tokens=True) if all_ids else []
     # Beyond the contract: the question before rendering, which a generative verifier is shown.
     table = pa.table(cols, schema=shards.SAMPLES_SCHEMA).append_column(pa.field("question", pa.string()), pa.array(questions, pa.string()))
+    for name, values in extra.items():  # only when the dataset has them
+        if any(v is not None for v in values):
+            table = table.append_column(name, pa.array(values, MESSAGES_TYPE if name == "messages" else pa.string()))
     lengths = [len(x) for x in all_ids]
     stats = {
         "prompts": len(block),

@@ -137,7 +137,19 @@ def _validate_inputs(files: dict[int, Path]) -> int:
 
 def _settings(cfg: ScoreConfig) -> dict[str, Any]:
     d = config_to_dict(cfg)
-    return {k: d[k] for k in _SCORE_KEYS}
+    return {k: d[k] for k in _SCORE_KEYS + (("verifier_by_source",) if cfg.verifier == "data_source" else ())}
+
+
+def _check_sources(files: dict[int, Path], mapping: dict[str, str]) -> None:
+    """--verifier data_source: every row names a source the map knows (else one error, before any work)."""
+    sources: set[str | None] = set()
+    for path in files.values():
+        if "data_source" not in pq.read_schema(path).names:
+            raise UserError(f"{path} has no data_source column — --verifier data_source is for verl-format datasets; pick a verifier")
+        sources |= set(pq.read_table(path, columns=["data_source"]).column(0).to_pylist())
+    unknown = sorted(str(s) for s in sources - set(mapping))
+    if unknown:
+        raise UserError(f"no verifier for data_source {', '.join(unknown)} — add it: --verifier-by-source {unknown[0]}=math (or gsm8k, exact)")
 
 
 def _reusable(path: Path, settings: dict[str, Any], input_fp: str) -> bool:
@@ -170,7 +182,8 @@ def score_table(
         part = table.slice(start, VERIFY_SLICE)
         completions = [c if c is not None else "" for c in part.column("completion").to_pylist()]
         answers = part.column("answer").to_pylist()
-        rows = part.drop_columns([c for c in SCORE_COLUMNS if c in part.column_names]).to_pylist() if needs_row else None
+        columns = pool.verifier.row_columns
+        rows = (part.select(list(columns)) if columns else part.drop_columns([c for c in SCORE_COLUMNS if c in part.column_names])).to_pylist() if needs_row else None
         for v in pool.map(completions, answers, rows, progress=progress):
             rewards_out.append(reward_of(v, rewards))
             correct_out.append(v.correct)
@@ -242,7 +255,9 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     # Everything a user can get wrong is checked before anything is written.
     files = input_shards(samples)
     total_rows = _validate_inputs(files)
-    verifier = resolve_verifier(cfg.verifier, strict=cfg.strict)
+    verifier = resolve_verifier(cfg.verifier, strict=cfg.strict, by_source=cfg.verifier_by_source)
+    if cfg.verifier == "data_source":
+        _check_sources(files, cfg.verifier_by_source)
     rewards = Rewards(cfg.reward_correct, cfg.reward_incorrect, cfg.reward_no_answer)
     settings = _settings(cfg)
     fingerprints = {i: shards.fingerprint(p) for i, p in files.items()}

@@ -65,8 +65,8 @@ class Verifier:
     rebuilds the verifier from ``spec`` and ``options`` (functions do not
     travel between processes), so both must be plain data.
 
-    ``needs_row``: the pool ships the whole input row (plugins only; it costs
-    IPC). ``chunk_size``: rows per task sent to a worker — large for
+    ``needs_row``: the pool ships the input row (plugins: all of it, which costs
+    IPC; ``row_columns`` narrows it). ``chunk_size``: rows per task sent to a worker — large for
     microsecond checks so pipe traffic is amortised, small for sympy.
     ``preload``: modules a fresh worker imports before it says it is ready.
     ``warmup``: called once per worker so first-call costs (regex compiles,
@@ -82,6 +82,7 @@ class Verifier:
     check: CheckFn
     options: Mapping[str, Any] = field(default_factory=dict)
     needs_row: bool = False
+    row_columns: tuple[str, ...] | None = None  # with needs_row: only these columns travel (None: the whole row)
     chunk_size: int = 256
     preload: tuple[str, ...] = ()
     warmup: Callable[[], None] | None = None

@@ -1,6 +1,7 @@
 """Resolve a ``--verifier`` spec string to a :class:`Verifier`.
 
-Specs: ``gsm8k``, ``math``, ``exact``, ``regex:PATTERN``, ``python:MODULE:FUNCTION``.
+Specs: ``gsm8k``, ``math``, ``exact``, ``regex:PATTERN``, ``python:MODULE:FUNCTION``, and
+``data_source`` (verl datasets: each row's ``data_source`` names its verifier, through ``by_source``).
 Every resolution error (unknown name, bad regex, a plugin that does not import
 or is not callable) is a one-line :class:`~toprcli.errors.UserError`.
 """
@@ -14,11 +15,33 @@ from typing import Any
 from toprcli.errors import UserError
 from toprcli.verifiers.base import Verifier
 
-BUILTIN = ("gsm8k", "math", "exact", "judge")
-SPEC_HELP = "gsm8k, math, exact, judge, regex:PATTERN or python:MODULE:FUNCTION"
+BUILTIN = ("gsm8k", "math", "exact", "judge", "data_source")
+SPEC_HELP = "gsm8k, math, exact, judge, data_source, regex:PATTERN or python:MODULE:FUNCTION"
 
 
-def resolve_verifier(spec: str, *, strict: bool = False) -> Verifier:
+def check_by_source(completion: str, answer: str | None, row: dict | None = None, *, checks: dict) -> Any:
+    """The check the row's ``data_source`` names (score refuses unmapped sources before it starts)."""
+    source = (row or {}).get("data_source")
+    if source not in checks:
+        raise ValueError(f"no verifier for data_source {source!r}")
+    return checks[source](completion, answer, row)
+
+
+def _by_source(strict: bool, by_source: dict[str, str] | None) -> Verifier:
+    mapping = dict(by_source or {})
+    subs = {name: resolve_verifier(name, strict=strict) for name in sorted(set(mapping.values()))}
+    if any(s.needs_row and s.row_columns is None for s in subs.values()):
+        raise UserError("verifier_by_source: map data sources to gsm8k, math, exact or regex:PATTERN (plugins take the row themselves)")
+    warmups = [s.warmup for s in subs.values() if s.warmup]
+    return Verifier(
+        "data_source", "data_source", functools.partial(check_by_source, checks={src: subs[v].check for src, v in mapping.items()}),
+        {"strict": strict, "by_source": mapping}, needs_row=True, row_columns=("data_source",),
+        chunk_size=min([s.chunk_size for s in subs.values()], default=64), preload=tuple(m for s in subs.values() for m in s.preload),
+        warmup=(lambda: [w() for w in warmups]) if warmups else None,
+    )
+
+
+def resolve_verifier(spec: str, *, strict: bool = False, by_source: dict[str, str] | None = None) -> Verifier:
     """Build the verifier named by ``spec``; ``strict`` applies to gsm8k (require ``####``).
 
     Each verifier's module is imported here, when it is asked for: the math verifier pulls
@@ -27,6 +50,8 @@ def resolve_verifier(spec: str, *, strict: bool = False) -> Verifier:
     if not isinstance(spec, str) or not spec.strip():
         raise UserError(f"empty --verifier — choose one of: {SPEC_HELP}")
     spec = spec.strip()
+    if spec == "data_source":
+        return _by_source(strict, by_source)
     options: dict[str, Any] = {"strict": strict} if spec == "gsm8k" else {}
     if spec == "gsm8k":
         from toprcli.verifiers import gsm8k

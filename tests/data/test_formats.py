@@ -1,0 +1,175 @@
+"""The datasets users already have: verl's RLVR parquet, TRL's conversational format, chat `messages`,
+nested gold answers, few-shot prompts — built the way those projects write them, read by the real loaders."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from toprcli.cli.main import app
+from toprcli.config import DatasetSpec
+from toprcli.data.datasets import default_verifier, load_examples, render_prompt, resolve_preset
+from toprcli.errors import UserError
+
+# verl's examples/data_preprocess/gsm8k.py: the instruction it appends to every question.
+VERL_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+SYSTEM = "You are a careful math tutor."
+
+
+def gsm8k_rows(gsm8k_dir, n=4, split="test"):
+    return [json.loads(line) for line in (gsm8k_dir / f"{split}.jsonl").read_text().splitlines()[:n]]
+
+
+def verl_file(path, gsm8k_dir, n=4):
+    """A parquet file as verl's gsm8k.py preprocessing writes it (with `datasets`)."""
+    import datasets
+
+    rows = []
+    for i, r in enumerate(gsm8k_rows(gsm8k_dir, n)):
+        rows.append({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": r["question"] + " " + VERL_INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": r["answer"].split("####")[-1].strip().replace(",", "")},
+            "extra_info": {"split": "test", "index": i, "answer": r["answer"], "question": r["question"]},
+        })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return path, rows
+
+
+def trl_file(path, gsm8k_dir, n=4):
+    """TRL's conversational prompt-only format (a system turn and a user turn) with an answer column, as JSON lines."""
+    import datasets
+
+    rows = [{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["question"]}], "answer": r["answer"]}
+            for r in gsm8k_rows(gsm8k_dir, n)]
+    datasets.Dataset.from_list(rows).to_json(str(path))
+    return path, rows
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.mark.parametrize("name", ["gsm8k/test.parquet", "verl_data.parquet"])
+def test_verl_parquet_is_read_as_written(name, tmp_path, gsm8k_dir, smollm2_tokenizer):
+    path, rows = verl_file(tmp_path / name, gsm8k_dir)
+    spec = DatasetSpec(source=str(path), split="test", chat_template=True, system_prompt=SYSTEM)
+    examples = load_examples(spec)
+    assert resolve_preset(spec, rows[0]).name == "verl" and default_verifier(spec) == "data_source"
+    for ex, row in zip(examples, rows):
+        assert ex.answer == row["reward_model"]["ground_truth"] and ex.data_source == "openai/gsm8k"
+        assert ex.question == row["prompt"][0]["content"] and ex.solution == row["extra_info"]["answer"]
+        # Rendered exactly as the conversation is, with --system-prompt added because the row has no system turn.
+        want = smollm2_tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}, *row["prompt"]], tokenize=False, add_generation_prompt=True)
+        assert render_prompt(ex, spec, smollm2_tokenizer) == want
+
+
+def test_trl_conversation_keeps_its_own_system_turn(tmp_path, gsm8k_dir, smollm2_tokenizer):
+    path, rows = trl_file(tmp_path / "trl_gsm8k.jsonl", gsm8k_dir)
+    spec = DatasetSpec(source=str(path), split="test", chat_template=True, system_prompt="IGNORED: the row has its own")
+    examples = load_examples(spec)
+    assert resolve_preset(spec, rows[0]).name == "trl"
+    for ex, row in zip(examples, rows):
+        want = smollm2_tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        text = render_prompt(ex, spec, smollm2_tokenizer)
+        assert text == want and "IGNORED" not in text and "#### <number>" not in text  # no preset instruction
+        assert ex.answer == row["answer"].split("####")[-1].strip().replace(",", "") and ex.question == row["prompt"][1]["content"]
+
+
+def test_messages_last_assistant_turn_is_the_reference(tmp_path, gsm8k_dir, smollm2_tokenizer):
+    rows = [{"messages": [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}]} for r in gsm8k_rows(gsm8k_dir)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = DatasetSpec(source=str(tmp_path / "chat.jsonl"), split="test", chat_template=True)
+    ex = load_examples(spec)
+    assert resolve_preset(spec, rows[0]).name == "messages"
+    assert ex[0].answer == "18" and ex[0].solution == rows[0]["messages"][1]["content"]
+    assert render_prompt(ex[0], spec, smollm2_tokenizer) == smollm2_tokenizer.apply_chat_template(rows[0]["messages"][:1], tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("prompt, words", [
+    ([{"role": "user"}], "message 0 must be a mapping with string 'role' and 'content'"),
+    ([{"role": "narrator", "content": "x"}], "role 'narrator'"),
+    ([{"role": "system", "content": "x"}], "no user turn"),
+])
+def test_a_malformed_conversation_is_one_clear_error(tmp_path, prompt, words):
+    rows = [{"prompt": [{"role": "user", "content": "fine"}], "answer": "1"}, {"prompt": prompt, "answer": "2"}]
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(UserError, match=words) as e:
+        load_examples(DatasetSpec(source=str(tmp_path / "bad.jsonl"), split="test"))
+    assert "row 1" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_chat_messages_need_the_chat_template(tmp_path, gsm8k_dir):
+    path, _ = trl_file(tmp_path / "t.jsonl", gsm8k_dir, n=1)
+    spec = DatasetSpec(source=str(path), split="test")
+    with pytest.raises(UserError, match="holds chat messages — pass --chat-template"):
+        render_prompt(load_examples(spec)[0], spec)
+
+
+def test_nested_columns_and_a_literal_dotted_name(tmp_path):
+    table = pa.table({"q": ["What is 2+3?"], "reward_model": [{"ground_truth": "5", "style": "rule"}], "reward_model.ground_truth": ["LITERAL"]})
+    pq.write_table(table, tmp_path / "n.parquet")
+    spec = DatasetSpec(source=str(tmp_path / "n.parquet"), split="test", question_column="q", answer_column="reward_model.ground_truth")
+    assert load_examples(spec)[0].answer == "LITERAL"  # a column named a.b wins over the path
+    pq.write_table(table.drop_columns(["reward_model.ground_truth"]), tmp_path / "m.parquet")
+    assert load_examples(DatasetSpec(source=str(tmp_path / "m.parquet"), question_column="q", answer_column="reward_model.ground_truth"))[0].answer == "5"
+    (tmp_path / "c.csv").write_text("q,a\nWhat?,1\n")
+    with pytest.raises(UserError, match="CSV files have no nested columns"):
+        load_examples(DatasetSpec(source=str(tmp_path / "c.csv"), question_column="q", answer_column="reward_model.ground_truth"))
+
+
+def test_few_shot_prompts_hold_k_examples_never_the_problem(gsm8k_dir, smollm2_tokenizer):
+    spec = DatasetSpec(source="builtin:gsm8k", split="test", limit=5, few_shot=8)
+    examples = load_examples(spec)
+    train = {e.question for e in load_examples(DatasetSpec(source="builtin:gsm8k", split="train"))}
+    for ex in examples:
+        assert len(ex.shots) == 8 and len({s.prompt_id for s in ex.shots}) == 8
+        assert all(s.question in train and s.question != ex.question and "####" in s.solution for s in ex.shots)
+        text = render_prompt(ex, spec)
+        assert text.count("Question: ") == 9 and text.rstrip().endswith(ex.question + "\nAnswer:")
+    assert [s.prompt_id for s in load_examples(spec)[0].shots] == [s.prompt_id for s in examples[0].shots]  # seeded: the same again
+    # From the test split itself: the problem is never its own example.
+    same = load_examples(DatasetSpec(source="builtin:gsm8k", split="test", limit=20, few_shot=4, few_shot_split="test"))
+    assert all(ex.question not in {s.question for s in ex.shots} for ex in same)
+    # Under a chat template: alternating user/assistant turns before the problem.
+    chat = DatasetSpec(source="builtin:gsm8k", split="test", limit=1, few_shot=4, chat_template=True)
+    ex = load_examples(chat)[0]
+    text = render_prompt(ex, chat, smollm2_tokenizer)
+    assert text.count("<|im_start|>user") == 5 and text.count("<|im_start|>assistant") == 5  # 4 answered, 1 to answer
+    assert text.index(ex.shots[-1].solution) < text.index(ex.question)
+
+
+@pytest.mark.real_model
+def test_verl_data_generated_and_scored_by_data_source(tmp_path, gsm8k_dir, smollm2_dir, smollm2_tokenizer):
+    """generate keeps the conversation and data_source; score picks gsm8k by data_source and rewards a right `#### n`."""
+    path, rows = verl_file(tmp_path / "gsm8k.parquet", gsm8k_dir, n=2)
+    r = CliRunner().invoke(app, ["generate", "-m", str(smollm2_dir), "-d", str(path), "--split", "test", "-o", str(tmp_path / "s"),
+                                 "--chat-template", "--n", "1", "--max-new-tokens", "4", "--backend", "hf", "--json"])
+    assert r.exit_code == 0, r.output
+    samples = pq.read_table(tmp_path / "s" / "shard-00000.parquet")
+    assert samples.column("data_source").to_pylist() == ["openai/gsm8k"] * 2
+    assert samples.column("messages").to_pylist() == [row["prompt"] for row in rows]
+    assert samples.column("prompt").to_pylist() == [smollm2_tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) for row in rows]
+    assert samples.column("answer").to_pylist() == [row["reward_model"]["ground_truth"] for row in rows]
+    # The model's 4 tokens are wrong; a completion ending in the right `#### n` is rewarded.
+    right = samples.set_column(samples.schema.get_field_index("completion"), "completion",
+                               pa.array([f"Step by step.\n#### {row['reward_model']['ground_truth']}" for row in rows]))
+    from toprcli import shards
+
+    shards.write_shard(tmp_path / "right", 0, right, metadata=shards.read_file_metadata(tmp_path / "s" / "shard-00000.parquet"))
+    for src, want in (("s", -1.0), ("right", 1.0)):
+        r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / src), "-o", str(tmp_path / f"{src}-scored"), "--verifier", "data_source", "-w", "1", "--json"])
+        assert r.exit_code == 0, r.output
+        assert pq.read_table(tmp_path / f"{src}-scored").column("reward").to_pylist() == [want, want]
+    r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / "right"), "-o", str(tmp_path / "x"), "--verifier", "data_source",
+                                 "--set", "verifier_by_source={}"])
+    assert r.exit_code == 2 and "no verifier for data_source openai/gsm8k" in r.output and len(r.output.strip().splitlines()) == 1

@@ -1,0 +1,107 @@
+"""The dataset formats the ecosystem publishes, read as they are written.
+
+* **Chat messages**: a prompt column holding ``[{"role": ..., "content": ...}, ...]`` (TRL's
+  conversational format, verl's ``prompt``) is kept as a conversation and rendered with the
+  tokenizer's chat template exactly as given — its own system turn kept, no instruction added.
+* **Nested columns**: ``reward_model.ground_truth`` reads a field of a struct column; a column
+  literally named ``a.b`` wins over the path.
+* **Formats, detected from the columns** (never the file name):
+  ``verl`` — ``prompt`` messages and ``reward_model.ground_truth`` (``data_source`` kept);
+  ``trl`` — ``prompt`` messages and an ``answer``/``solution`` column;
+  ``messages`` — a ``messages`` conversation whose last assistant turn is the reference solution.
+* **Few-shot prompts**: k solved examples from another split, chosen per problem from a seed and
+  the problem's id (so a resumed or resharded run picks the same ones), never the problem itself.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from toprcli.errors import UserError
+
+ROLES = ("system", "user", "assistant", "tool")
+def get_path(row: dict[str, Any], column: str) -> Any:
+    """``row[column]``, or the field a dotted path names inside struct columns (a literal key wins)."""
+    if column in row:
+        return row[column]
+    value: Any = row
+    for part in column.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def has_path(row: dict[str, Any], column: str) -> bool:
+    if column in row:
+        return True
+    head, _, rest = column.partition(".")
+    return bool(rest) and isinstance(row.get(head), dict) and has_path(row[head], rest)
+
+
+def is_messages(value: Any) -> bool:
+    """Does ``value`` look like a chat conversation (a non-empty list of role/content mappings)?"""
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def check_messages(value: Any, where: str) -> list[dict[str, str]]:
+    """``value`` as a list of {"role", "content"} messages, or one clear error naming the row."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise UserError(f"{where}: expected a list of chat messages [{{role, content}}, ...], got {str(value)[:80]!r}")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise UserError(f"{where}: message {i} must be a mapping with string 'role' and 'content', got {str(m)[:80]!r}")
+        if m["role"] not in ROLES:
+            raise UserError(f"{where}: message {i} has role {m['role']!r} — use one of {', '.join(ROLES)}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def detect(row: dict[str, Any]) -> str | None:
+    """The format a row is written in: verl, trl, messages, or None (plain columns)."""
+    if is_messages(row.get("prompt")):
+        return "verl" if has_path(row, "reward_model.ground_truth") else "trl"
+    if is_messages(row.get("messages")):
+        return "messages"
+    return None
+
+
+def split_reference(messages: list[dict[str, str]], where: str) -> tuple[list[dict[str, str]], str]:
+    """A ``messages`` conversation → (the prompt turns, the last assistant turn's content)."""
+    if messages[-1]["role"] != "assistant":
+        raise UserError(f"{where}: the conversation must end with the assistant's reference answer, it ends with a {messages[-1]['role']!r} turn")
+    if not any(m["role"] == "user" for m in messages[:-1]):
+        raise UserError(f"{where}: the conversation has no user turn before the reference answer")
+    return messages[:-1], messages[-1]["content"]
+
+
+def last_user(messages: list[dict[str, str]]) -> str:
+    return next(m["content"] for m in reversed(messages) if m["role"] == "user")
+
+
+def with_system(messages: list[dict[str, str]], system_prompt: str | None) -> list[dict[str, str]]:
+    """The conversation with ``system_prompt`` first, only where it has no system turn of its own."""
+    if system_prompt and not any(m["role"] == "system" for m in messages):
+        return [{"role": "system", "content": system_prompt}, *messages]
+    return list(messages)
+
+
+def with_shots(messages: list[dict[str, str]], shots: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """Few-shot turns (user question, assistant solution) after the leading system turns."""
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] == "system":
+        lead += 1
+    turns = [t for q, a in shots for t in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+    return [*messages[:lead], *turns, *messages[lead:]]
+
+
+def choose_shots(pool: list[Any], prompt_id: str, question: str, k: int, seed: int) -> list[Any]:
+    """k examples of ``pool`` for one problem: seeded by (seed, prompt id), never the problem itself."""
+    rng = random.Random(f"{seed}:{prompt_id}")
+    picked = [pool[i] for i in rng.sample(range(len(pool)), min(len(pool), k + 1))]  # one spare: the problem may be drawn
+    picked = [e for e in picked if e.question != question][:k]
+    if len(picked) < k:
+        raise UserError(f"few_shot {k}: the few-shot split has only {len(pool)} solved examples to choose from — lower dataset.few_shot")
+    return picked
