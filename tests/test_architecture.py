@@ -41,6 +41,7 @@ LAYERS = {
     "toprcli.stages": 4,
     "toprcli.launch": 5,
     "toprcli.pipeline": 5,
+    "toprcli.runs": 5,  # runs that grow: extension, changes from the next round, branches
     "toprcli.report": 5,
     "toprcli.cli": 6,
     "toprcli.__main__": 6,

@@ -4,11 +4,13 @@
 Reads a pipeline config (:class:`~toprcli.config.IterateConfig`). Writes a run
 directory::
 
-    RUN_DIR/config.yaml          the resolved config the run was started with
+    RUN_DIR/config.yaml          the resolved config (updated when the run is extended or changed: runs.py)
+    RUN_DIR/lineage.json         a branch's parent run and round (runs.py)
     RUN_DIR/state.json           steps done, with wall times (read by `topr report`)
     RUN_DIR/base/                the built-in tiny model (warm_start.init_model)
     RUN_DIR/warmstart/gold.parquet, policy/   supervised warm start on gold solutions
     RUN_DIR/round-000/eval/      the starting policy, evaluated
+    RUN_DIR/round-001/config.yaml   the resolved config this round ran with
     RUN_DIR/round-001/samples/ scored/ train.parquet policy/ eval/
     ...
 
@@ -29,9 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from toprcli.config import EngineConfig, IterateConfig, TrainConfig, config_to_dict
+from toprcli import runs
+from toprcli.config import EngineConfig, IterateConfig, TrainConfig
 from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
 from toprcli.generation import open_backend
@@ -39,18 +40,14 @@ from toprcli.generation.base import cuda_available
 from toprcli.launch import generate_data_parallel, runs_in_child, train_in_child
 from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 from toprcli.progress import ProgressFn
-from toprcli.shards import check_writable, output_lock, read_file_metadata, read_manifest, write_json_atomic, write_text_atomic
+from toprcli.runs import round_dir
+from toprcli.shards import check_writable, output_lock, read_file_metadata, read_manifest, write_json_atomic
 from toprcli.stages import curate, generate, score, train, warmstart
 from toprcli.stages import eval as eval_stage
 
 STATE_FILE = "state.json"
 # What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
 VERIFIER_KEYS = ("best_of_k_verifier", "weighted_maj@k", "candidates_maj@k", "verifier_accuracy", "verifier_invalid_rate", "verifier_auc")
-CONFIG_FILE = "config.yaml"
-
-
-def round_dir(run_dir: Path, r: int) -> Path:
-    return run_dir / f"round-{r:03d}"
 
 
 @dataclass
@@ -137,11 +134,14 @@ class State:
 
 
 class Pipeline:
-    def __init__(self, cfg: IterateConfig, *, progress: ProgressFn | None = None, on_round: Callable[[int, dict], None] | None = None):
+    def __init__(self, cfg: IterateConfig, *, progress: ProgressFn | None = None, on_round: Callable[[int, dict], None] | None = None,
+                 apply_from_next_round: bool = False):
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.progress = progress
         self.on_round = on_round
+        self.apply_from_next_round = apply_from_next_round
+        self._round_cfgs: dict[int, IterateConfig] = {}
         self.handover = _wants_handover(cfg)
         self.engine = EngineHolder(cfg.generate.engine, cfg.generate.sampling.seed, sleep_mode=self.handover)
         self.state: State | None = None
@@ -167,6 +167,12 @@ class Pipeline:
     def verifier(self) -> str:
         v = self.cfg.score.verifier
         return default_verifier(self.cfg.generate.dataset) if v == "auto" else v
+
+    def round_cfg(self, r: int) -> IterateConfig:
+        """The config round ``r`` runs with: what it recorded when it started, else the current one."""
+        if r not in self._round_cfgs:
+            self._round_cfgs[r] = runs.round_config(self.run_dir, r) or self.cfg
+        return self._round_cfgs[r]
 
     # steps ----------------------------------------------------------------
 
@@ -221,7 +227,7 @@ class Pipeline:
             train.run(tcfg, progress=self.progress)
 
     def _generate(self, r: int) -> None:
-        gcfg = replace(self.cfg.generate, model=self.policy_after(r - 1), out=str(round_dir(self.run_dir, r) / "samples"), iteration=r)
+        gcfg = replace(self.round_cfg(r).generate, model=self.policy_after(r - 1), out=str(round_dir(self.run_dir, r) / "samples"), iteration=r)
         if gcfg.data_parallel_size > 1:  # one engine per process; this process's engine would hold memory for nothing
             self.engine.close()
             generate_data_parallel(gcfg)
@@ -230,26 +236,26 @@ class Pipeline:
 
     def _score(self, r: int) -> None:
         d = round_dir(self.run_dir, r)
-        scfg = replace(self.cfg.score, samples=str(d / "samples"), out=str(d / "scored"), verifier=self.verifier())
+        scfg = replace(self.round_cfg(r).score, samples=str(d / "samples"), out=str(d / "scored"), verifier=self.verifier())
         score.run(scfg, progress=self.progress)
 
     def _curate(self, r: int) -> None:
-        d = round_dir(self.run_dir, r)
-        earlier = [round_dir(self.run_dir, q) / "scored" for q in range(r - 1, max(0, r - 1 - self.cfg.replay_rounds), -1)]
+        d, rc = round_dir(self.run_dir, r), self.round_cfg(r)
+        earlier = [round_dir(self.run_dir, q) / "scored" for q in range(r - 1, max(0, r - 1 - rc.replay_rounds), -1)]
         sources = [str(d / "scored")] + [str(p) for p in earlier]
-        weights = [1.0] + [self.cfg.replay_weight] * len(earlier)
-        ccfg = replace(self.cfg.curate, scored=sources, out=str(d / "train.parquet"), source_weights=weights if earlier else None)
+        weights = [1.0] + [rc.replay_weight] * len(earlier)
+        ccfg = replace(rc.curate, scored=sources, out=str(d / "train.parquet"), source_weights=weights if earlier else None)
         curate.run(ccfg, progress=self.progress)
 
     def _train(self, r: int) -> None:
         d = round_dir(self.run_dir, r)
-        start = self.policy_after(r - 1) if self.cfg.train_from == "previous" else self.base_policy()
-        tcfg = replace(self.cfg.train, model=start, data=str(d / "train.parquet"), out=str(d / "policy"), resume=True)
+        start = self.policy_after(r - 1) if self.round_cfg(r).train_from == "previous" else self.base_policy()
+        tcfg = replace(self.round_cfg(r).train, model=start, data=str(d / "train.parquet"), out=str(d / "policy"), resume=True)
         self._run_training(tcfg)
 
     def _eval(self, r: int) -> None:
         policy = self.policy_after(r)
-        ecfg = replace(self.cfg.eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
+        ecfg = replace(self.round_cfg(r).eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
         if ecfg.verifier == "auto":
             ecfg = replace(ecfg, verifier=self.verifier())
         if ecfg.data_parallel_size > 1:
@@ -264,20 +270,8 @@ class Pipeline:
     # driving --------------------------------------------------------------
 
     def check_run_dir(self) -> None:
-        """Refuse to resume a run dir that was started with a different config."""
-        resolved = config_to_dict(self.cfg)
-        path = self.run_dir / CONFIG_FILE
-        if path.exists():
-            previous = yaml.safe_load(path.read_text()) or {}
-            diff = sorted(_diff_keys(previous, resolved))
-            if diff:
-                shown = ", ".join(diff[:5]) + (" ..." if len(diff) > 5 else "")
-                raise UserError(
-                    f"run dir {self.run_dir} was started with a different config (changed: {shown}) — "
-                    "rerun with the original config, or pass a new --run-dir"
-                )
-        else:
-            write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
+        """Refuse a changed config the run cannot take (runs.reconcile); record the one it can."""
+        runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
 
     def run(self) -> list[dict[str, Any]]:
         check_writable(self.run_dir)
@@ -293,6 +287,9 @@ class Pipeline:
                     continue
                 t0 = time.perf_counter()
                 self.engine.handover_s = {}
+                if step.key.startswith("round-"):  # the round's config is recorded when it starts
+                    r = int(step.key.split("/")[0].split("-")[1])
+                    runs.record_round(self.run_dir, r, self.round_cfg(r))
                 step.run()
                 self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)
                 if step.key.endswith("/eval") and self.on_round is not None:
@@ -308,15 +305,6 @@ def _wants_handover(cfg: IterateConfig) -> bool:
     if cfg.engine_handover != "auto":
         return cfg.engine_handover == "release"
     return cuda_available() or runs_in_child(cfg.train) or runs_in_child(cfg.warm_start_train())
-
-
-def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: set[str] = set()
-        for k in set(a) | set(b):
-            out |= _diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return set() if a == b else {prefix.rstrip(".")}
 
 
 # -- summaries ----------------------------------------------------------------

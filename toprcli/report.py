@@ -3,7 +3,9 @@
 Reads ``RUN_DIR/round-*/eval/eval.json``, ``round-*/train.parquet`` metadata,
 ``round-*/scored/`` rewards and verdicts, and ``*/policy/metrics.jsonl``.
 Writes ``RUN_DIR/report/{accuracy,mix,rewards,loss}.png`` and
-``RUN_DIR/report/summary.md``.
+``RUN_DIR/report/summary.md``; each round says which settings changed from the round before
+(``round-*/config.yaml``) and a branch names its parent (``lineage.json``). Several runs are
+compared on shared axes (:func:`write_comparison`), each named by what differs in its config.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from toprcli.errors import UserError
-from toprcli.pipeline import round_dir, run_summary
+from toprcli.pipeline import run_summary
+from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, changed_keys, round_dir
 from toprcli.shards import complete_shards, read_table
 
 VERDICT_COLORS = {"correct": "#2e7d32", "incorrect": "#c62828", "no_answer": "#9e9e9e", "timeout": "#6a1b9a", "error": "#ef6c00"}
@@ -27,9 +32,23 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
     rows = run_summary(run_dir)
     if not rows:
         raise UserError(f"{run_dir} has no round-* directories — is it a `topr iterate` run dir?")
+    configs: dict[int, dict] = {}
     for row in rows:
         row.update(_reward_stats(round_dir(run_dir, row["round"]) / "scored"))
+        path = round_dir(run_dir, row["round"]) / CONFIG_FILE
+        if path.exists():
+            configs[row["round"]] = yaml.safe_load(path.read_text()) or {}
+            before = configs.get(row["round"] - 1)
+            if before is not None:
+                row["config_changed"] = sorted(changed_keys(before, configs[row["round"]]) - {"rounds"})
+            first = configs.get(min(configs))
+            row["eval_comparable"] = not any(k.startswith("eval.") for k in changed_keys(first, configs[row["round"]]))
     return rows
+
+
+def lineage(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / LINEAGE_FILE
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _reward_stats(scored: Path) -> dict[str, Any]:
@@ -83,6 +102,7 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     lines = [f"# Run report: {run_dir}", "", "| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(k)) for _, k in cols) + " |")
+    lines += _changes(rows, run_dir)
     first = next((r for r in rows if r.get("pass@1") is not None), None)
     last = next((r for r in reversed(rows) if r.get("pass@1") is not None), None)
     if first is not None and last is not None and last is not first:
@@ -91,6 +111,19 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
                   f"{100 * last['pass@1']:.1f}% (round {last['round']}): {delta:+.1f} points."]
     lines += ["", "Plots: `accuracy.png`, `mix.png`, `rewards.png`, `loss.png`.", ""]
     return "\n".join(lines)
+
+
+def _changes(rows: list[dict[str, Any]], run_dir: Path) -> list[str]:
+    """Lineage and what changed when, in words."""
+    out = []
+    if (lin := lineage(run_dir)) is not None:
+        out += ["", f"Branched from {lin['parent']} at round {lin['round']} (changed: {', '.join(lin['changed']) or 'nothing'})."]
+    for r in rows:
+        if r.get("config_changed"):
+            out += ["", f"Round {r['round']} ran with changed settings: {', '.join(r['config_changed'])}."]
+        if r.get("eval_comparable") is False:
+            out += [f"Round {r['round']}'s eval settings differ from round 0's: its accuracy is not comparable with earlier rounds."]
+    return out
 
 
 def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str, series: tuple[tuple[str, str], ...]) -> None:
@@ -161,3 +194,72 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
 
     (out / "summary.md").write_text(markdown(rows, run_dir))
     return rows, out
+
+
+COMPARED = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("p", "p (raw positive share)"), ("p_effective", "p̃ (effective positive share)"),
+            ("train_final_loss", "training loss (final step)"))
+
+
+def run_label(run_dir: Path, reference: dict[str, Any] | None) -> str:
+    """A run's name in a comparison: its directory, and what differs in its config from the first run's."""
+    cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {} if (run_dir / CONFIG_FILE).exists() else {}
+    keys = sorted(changed_keys(reference, cfg) - {"run_dir", "rounds"}) if reference is not None else []
+
+    def value(key: str) -> Any:
+        node: Any = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    diff = ", ".join(f"{k}={value(k)}" for k in keys[:3]) + (" ..." if len(keys) > 3 else "")
+    return f"{run_dir.name} ({diff})" if diff else run_dir.name
+
+
+def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[dict[str, Any]], Path]:
+    """Several runs on one set of axes per metric (``compare.png``) and their final rounds side by side (``compare.md``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    dirs = [Path(d) for d in run_dirs]
+    first_cfg = dirs[0] / CONFIG_FILE
+    reference = yaml.safe_load(first_cfg.read_text()) or {} if first_cfg.exists() else None
+    runs = [{"run_dir": str(d), "label": run_label(d, reference if i else None), "lineage": lineage(d), "rounds": collect(d)}
+            for i, d in enumerate(dirs)]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(COMPARED), figsize=(4 * len(COMPARED), 3.6))
+    for ax, (key, title) in zip(axes, COMPARED):
+        for run in runs:
+            pts = [(r["round"], r[key]) for r in run["rounds"] if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=run["label"])
+        ax.set(xlabel="round", title=title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(runs), 3), fontsize="small")
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(out / "compare.png", dpi=110)
+    plt.close(fig)
+    (out / "compare.md").write_text(comparison_markdown(runs))
+    return runs, out
+
+
+def final_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
+    """Metric × run: each run's last round."""
+    last = [run["rounds"][-1] for run in runs]
+    return [["round", *[r["round"] for r in last]], *[[title, *[r.get(key) for r in last]] for key, title in COMPARED]]
+
+
+def comparison_markdown(runs: list[dict[str, Any]]) -> str:
+    head = ["metric", *[run["label"] for run in runs]]
+    lines = ["# Runs compared", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in final_rows(runs)]
+    for run in runs:
+        if run["lineage"]:
+            lines += ["", f"{run['label']}: branched from {run['lineage']['parent']} at round {run['lineage']['round']}."]
+    return "\n".join(lines + ["", "Plot: `compare.png`.", ""])

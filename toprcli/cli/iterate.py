@@ -23,6 +23,9 @@ DOC = """Run generate → score → curate → train → eval per round; killed 
       [bold]topr iterate --config configs/demo.yaml[/]
       [bold]topr iterate -c configs/gsm8k-llama3-8b.yaml --run-dir runs/gsm8k[/]
       [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft[/]
+      [bold]topr iterate -c configs/demo.yaml --rounds 5[/]   (a finished 3-round demo, extended)
+      [bold]topr iterate -c configs/demo.yaml --set train.lr=1e-4 --apply-from-next-round[/]
+      [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft-from-1 --branch-from runs/demo/round-001[/]
     """
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 ROUND_COLUMNS = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "train rows", "wall s")
@@ -52,10 +55,16 @@ def default_config() -> Path:
     return DEMO
 
 
-def run(cfg: IterateConfig, progress, report: bool = True) -> StageResult:
+def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round: bool = False, branch_from: str | None = None) -> StageResult:
     from toprcli.pipeline import Pipeline
     from toprcli.report import write_report
+    from toprcli.runs import branch, reconcile
 
+    if not branch_from:  # a refused change is one error line, before anything is printed
+        reconcile(Path(cfg.run_dir), cfg, apply_from_next_round=apply_from_next_round, write=False)
+    if branch_from:
+        lineage = branch(branch_from, Path(cfg.run_dir), cfg)
+        err_console.print(f"branch of {lineage['parent']} at round {lineage['round']} ({lineage['links']}s; changed: {', '.join(lineage['changed']) or 'nothing'})", highlight=False)
     err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False)
     seen: list[dict] = []
     t0 = time.perf_counter()
@@ -66,7 +75,7 @@ def run(cfg: IterateConfig, progress, report: bool = True) -> StageResult:
         if progress is not None:  # not under --json
             print_rounds(f"after round {r}", seen)
 
-    rows = Pipeline(cfg, progress=progress, on_round=on_round).run()
+    rows = Pipeline(cfg, progress=progress, on_round=on_round, apply_from_next_round=apply_from_next_round).run()
     out = str(write_report(cfg.run_dir)[1]) if report else None
     return StageResult("iterate", cfg.run_dir, {"rounds": rows, "report": out}, wall_time_s=time.perf_counter() - t0)
 
@@ -84,5 +93,9 @@ def log_file(cfg: IterateConfig) -> Path:
     return Path(cfg.run_dir) / "topr.log"
 
 
-REPORT = (Annotated[bool, typer.Option(help="Write plots and summary.md into RUN_DIR/report at the end.")], True)
-STAGE = Stage("iterate", IterateConfig, run, show, DOC, log=log_file, default_config=default_config, extra={"report": REPORT})
+EXTRA = {
+    "report": (Annotated[bool, typer.Option(help="Write plots and summary.md into RUN_DIR/report at the end.")], True),
+    "apply_from_next_round": (Annotated[bool, typer.Option(help="Use a changed config from the next round on (rounds already started keep theirs).")], False),
+    "branch_from": (Annotated[str | None, typer.Option(help="Start --run-dir from RUN/round-00K of another run (hard links, no copies); the config applies from round K+1.")], None),
+}
+STAGE = Stage("iterate", IterateConfig, run, show, DOC, log=log_file, default_config=default_config, extra=EXTRA)

@@ -1,4 +1,4 @@
-"""`topr report`: plots and a markdown summary of a run directory."""
+"""`topr report`: plots and a markdown summary of a run directory, or several runs compared."""
 
 from __future__ import annotations
 
@@ -8,29 +8,46 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import console, grid_table, user_errors
+from toprcli.cli.common import console, echo, grid_table, user_errors
 
 
 @user_errors
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A `topr iterate` run directory.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the per-round metrics as JSON (a list of objects) instead of a table.")] = False,
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR...", help="One or more `topr iterate` run directories.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="With several runs: the directory for compare.png and compare.md.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the per-round metrics as JSON (one run: a list of rounds; several: every run's series).")] = False,
 ) -> None:
-    """Per-round pass@1, maj@k, invalid rate, p and p̃, rewards and loss curves, as PNG plots and markdown.
+    """Per-round pass@1, maj@k, invalid rate, p and p̃, rewards and loss curves, as PNG plots and markdown;
+    what changed when, and a branch's parent. Several runs: their curves on shared axes, named by what
+    differs in their configs, and their final rounds side by side.
 
     Examples:
       [bold]topr report runs/demo[/]
       [bold]topr report runs/demo --json | jq '.[] | {round, "pass@1"}'[/]
+      [bold]topr report runs/demo runs/sft --out runs/compare[/]
     """
-    from toprcli.report import write_report
+    from toprcli.errors import UserError
+    from toprcli.report import final_rows, write_comparison, write_report
 
-    rows, out = write_report(run_dir)
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2, default=str))
+    if len(run_dirs) > 1:
+        if out is None:
+            raise UserError("several runs: pass --out DIR for the comparison's plot and table")
+        runs, where = write_comparison(run_dirs, out)
+        if as_json:
+            echo(json.dumps({"runs": runs}, default=str))
+            return
+        rows = final_rows(runs)
+        console.print(grid_table("final rounds", ["", *[r["label"] for r in runs]], rows))
+        console.print(f"wrote {where}/compare.png and {where}/compare.md", highlight=False)
         return
-    cols = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "mean reward")
-    console.print(grid_table(f"run {run_dir}", cols, [
-        [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"), r.get("p"), r.get("p_effective"), r.get("reward_mean")]
+    rows, where = write_report(run_dirs[0])
+    if as_json:
+        echo(json.dumps(rows, indent=2, default=str))
+        return
+    cols = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "mean reward", "changed")
+    console.print(grid_table(f"run {run_dirs[0]}", cols, [
+        [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"), r.get("p"), r.get("p_effective"),
+         r.get("reward_mean"), ", ".join(r.get("config_changed") or []) or None]
         for r in rows
     ]))
-    console.print(f"wrote {out}/summary.md and {out}/{{accuracy,mix,rewards,loss}}.png", highlight=False)
+    console.print(f"wrote {where}/summary.md and {where}/{{accuracy,mix,rewards,loss}}.png", highlight=False)

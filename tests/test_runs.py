@@ -1,0 +1,144 @@
+"""Runs a researcher can grow, branch and compare: `topr iterate` extended, changed from the next round,
+branched from a round, killed and resumed; `topr report` over several runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import KILLER
+from toprcli.cli.main import app
+
+pytestmark = pytest.mark.integration
+
+MICRO = """
+run_dir: {run_dir}
+rounds: 1
+warm_start: {{init_model: true}}
+generate:
+  dataset: {{source: builtin:arith, split: train, level: 1, size: 8}}
+  n: 2
+  sampling: {{max_new_tokens: 16}}
+  engine: {{backend: hf}}
+  shard_size: 4
+score: {{verifier: gsm8k, workers: 1}}
+curate: {{positive_fraction: 0.5, unreachable_baseline: 0.0}}
+train: {{loss: topr, optimizer: adamw, lr: 1.0e-3, batch_size: 4, save_every: 1}}
+eval:
+  dataset: {{source: builtin:arith, split: test, level: 1, size: 4}}
+  k: 2
+  sampling: {{max_new_tokens: 16}}
+  engine: {{backend: hf}}
+"""
+
+
+def iterate(config: Path, *args: str) -> str:
+    r = CliRunner().invoke(app, ["iterate", "-c", str(config), "--no-report", "--no-progress", *args])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def refused(config: Path, *args: str) -> str:
+    r = CliRunner().invoke(app, ["iterate", "-c", str(config), "--no-report", "--no-progress", *args])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.output
+    return lines[0]
+
+
+def digests(root: Path) -> dict[str, tuple[str, int]]:
+    """Every file below ``root``: its sha256 and modification time (untouched means both equal)."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def one_round(tmp_path_factory) -> tuple[Path, Path]:
+    """A finished 1-round run (tiny model, hf backend), shared by the tests that only read it or branch from it."""
+    root = tmp_path_factory.mktemp("runs")
+    config = root / "micro.yaml"
+    config.write_text(MICRO.format(run_dir=root / "base-run"))
+    iterate(config)
+    return config, root / "base-run"
+
+
+def test_extend_a_finished_run_and_change_the_lr_from_the_next_round(tmp_path):
+    config = tmp_path / "micro.yaml"
+    config.write_text(MICRO.format(run_dir=tmp_path / "run"))
+    run = tmp_path / "run"
+    iterate(config)
+    round1 = digests(run / "round-001")
+    # Raising rounds extends the run; round 1 stays byte for byte what it was.
+    iterate(config, "--rounds", "2")
+    assert (run / "round-002" / "eval" / "eval.json").exists() and digests(run / "round-001") == round1
+    # A changed lr is refused without the flag, named with the way out; applied from round 3 with it.
+    line = refused(config, "--rounds", "3", "--set", "train.lr=5e-4")
+    assert "changed: train.lr" in line and "--apply-from-next-round" in line
+    iterate(config, "--rounds", "3", "--set", "train.lr=5e-4", "--apply-from-next-round")
+    lrs = [yaml.safe_load((run / f"round-00{r}" / "config.yaml").read_text())["train"]["lr"] for r in (1, 2, 3)]
+    assert lrs == [1e-3, 1e-3, 5e-4]
+    rows = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).stdout)
+    assert [r.get("config_changed") for r in rows[1:]] == [[], [], ["train.lr"]]
+    # What cannot change, and rounds below what is trained, are refused with the reason.
+    line = refused(config, "--rounds", "3", "--set", "generate.dataset.size=6", "--apply-from-next-round")
+    assert "generate.dataset.size (the training data) cannot change" in line
+    assert "has 3 trained rounds; rounds 2 would drop them" in refused(config, "--rounds", "2")
+    # An eval setting may change, and report says the rounds are no longer comparable.
+    iterate(config, "--rounds", "4", "--set", "eval.k=3", "--apply-from-next-round", "--set", "train.lr=5e-4")
+    rows = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).stdout)
+    assert [r["eval_comparable"] for r in rows] == [True, True, True, True, False]
+    assert "not comparable" in (run / "report" / "summary.md").read_text()
+
+
+def test_branch_reuses_the_parent_round_and_reports_its_lineage(one_round, tmp_path):
+    config, parent = one_round
+    child = tmp_path / "child"
+    out = iterate(config, "--run-dir", str(child), "--rounds", "2", "--set", "train.lr=5e-4", "--branch-from", str(parent / "round-001"))
+    assert "branch of" in out
+    for name in ("policy/model.safetensors", "train.parquet", "eval/eval.json"):
+        a, b = (parent / "round-001" / name).stat(), (child / "round-001" / name).stat()
+        assert (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev), name  # the same file, not a copy
+    assert (child / "round-002" / "policy" / "config.json").exists() and not (parent / "round-002").exists()
+    lineage = json.loads((child / "lineage.json").read_text())
+    assert lineage == {"parent": str(parent.resolve()), "round": 1, "changed": ["train.lr"], "links": "hardlink"}
+    assert yaml.safe_load((child / "round-002" / "config.yaml").read_text())["train"]["lr"] == 5e-4
+    report = CliRunner().invoke(app, ["report", str(child)])
+    assert report.exit_code == 0 and f"Branched from {parent.resolve()} at round 1" in (child / "report" / "summary.md").read_text()
+    # Runs compared: both series, named by what differs, the plot on disk.
+    r = CliRunner().invoke(app, ["report", str(parent), str(child), "--out", str(tmp_path / "cmp"), "--json"])
+    assert r.exit_code == 0, r.output
+    runs = json.loads(r.stdout)["runs"]
+    assert [run["label"] for run in runs] == ["base-run", "child (train.lr=0.0005)"]
+    assert [len(run["rounds"]) for run in runs] == [2, 3] and runs[1]["lineage"]["round"] == 1
+    parent_rows = json.loads(CliRunner().invoke(app, ["report", str(parent), "--json"]).stdout)
+    assert runs[0]["rounds"][1]["pass@1"] == parent_rows[1]["pass@1"] == runs[1]["rounds"][1]["pass@1"]  # the shared round
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000 and "child (train.lr=0.0005)" in (tmp_path / "cmp" / "compare.md").read_text()
+    # A branch must not change what the inherited rounds were made with.
+    line = refused(config, "--run-dir", str(tmp_path / "bad"), "--rounds", "2", "--set", "score.verifier=math", "--branch-from", str(parent / "round-001"))
+    assert "score.verifier (the verifier) differs from the parent's" in line and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("how", ["extend", "branch"])
+def test_a_kill_during_an_extension_or_a_branch_resumes_cleanly(one_round, tmp_path, how):
+    config, parent = one_round
+    run = tmp_path / "run"
+    if how == "extend":
+        subprocess.run(["cp", "-a", str(parent), str(run)], check=True)
+        args = ["--run-dir", str(run), "--rounds", "2"]
+    else:
+        args = ["--run-dir", str(run), "--rounds", "2", "--branch-from", str(parent / "round-001")]
+    cmd = [sys.executable, str(KILLER), "iterate", "-c", str(config), "--no-report", "--no-progress", *args]
+    killed = subprocess.run(cmd, env={**os.environ, "KILL_AFTER_CHECKPOINT": "1"}, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (run / "round-002" / "policy.partial" / "checkpoints").is_dir() and not (run / "round-002" / "policy").exists()
+    iterate(config, *args)
+    steps = [json.loads(line)["step"] for line in (run / "round-002" / "policy" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)) and (run / "round-002" / "eval" / "eval.json").exists()

@@ -1,0 +1,167 @@
+"""Runs that grow: extend a run, change a setting from the next round on, branch from a round.
+
+A run directory records the config it was started with (``config.yaml``, updated when the run
+is extended or changed) and each round the resolved config it ran with
+(``round-00k/config.yaml``, written when the round starts and never changed after), so
+``topr report`` and the round's own files say what changed when. A branch records where it
+came from in ``lineage.json``.
+
+* Raising ``rounds`` continues a run; lowering it below the rounds already trained is refused.
+* Any other change needs ``--apply-from-next-round`` (never a prompt: runs have no terminal
+  under CI or Slurm); rounds already started keep their recorded config. Settings that would
+  make the completed rounds inconsistent — the model, the training data, the verifier — stay
+  refused; a changed eval setting is allowed and flagged by ``report``.
+* ``--branch-from RUN/round-00k`` starts a new run directory holding rounds 0..k of RUN as hard
+  links (symbolic links where the two are on different filesystems), so nothing large is copied;
+  the new config applies from round k+1 on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from toprcli.config import IterateConfig, config_to_dict, from_dict
+from toprcli.errors import UserError
+from toprcli.shards import write_json_atomic, write_text_atomic
+
+CONFIG_FILE = "config.yaml"
+LINEAGE_FILE = "lineage.json"
+# Keys whose change would make completed rounds inconsistent with the ones to come, and why.
+FROZEN = {"model": "the model", "warm_start": "the starting policy", "generate.dataset": "the training data",
+          "score.verifier": "the verifier", "score.strict": "the verifier", "score.verifier_by_source": "the verifier",
+          "score.reward_correct": "the rewards", "score.reward_incorrect": "the rewards", "score.reward_no_answer": "the rewards"}
+EVAL_KEYS = "eval."  # changes allowed, but they break comparability across rounds (report says so)
+
+
+def round_dir(run_dir: Path, r: int) -> Path:
+    return Path(run_dir) / f"round-{r:03d}"
+
+
+def changed_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
+    """The dotted keys whose values differ between two plain configs."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: set[str] = set()
+        for k in set(a) | set(b):
+            out |= changed_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return set() if a == b else {prefix.rstrip(".")}
+
+
+def trained_rounds(run_dir: Path) -> int:
+    """How many rounds finished training (the last round with a complete policy)."""
+    done = [int(p.parent.parent.name.split("-")[1]) for p in Path(run_dir).glob("round-*/policy/config.json")]
+    return max(done, default=0)
+
+
+def _frozen(keys: list[str]) -> list[str]:
+    return [f"{k} ({why})" for k in keys for prefix, why in FROZEN.items() if k == prefix or k.startswith(prefix + ".")]
+
+
+def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool, write: bool = True) -> list[str]:
+    """Check ``cfg`` against the run's recorded config and (``write``) record it; returns the keys that changed.
+
+    Raises :class:`UserError` for a change that is refused (with the key and why)."""
+    path, resolved = Path(run_dir) / CONFIG_FILE, config_to_dict(cfg)
+    if not path.exists():
+        if write:
+            write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
+        return []
+    changed = sorted(changed_keys(yaml.safe_load(path.read_text()) or {}, resolved) - {"run_dir"})  # a run may move
+    done = trained_rounds(run_dir)
+    if cfg.rounds < done:
+        raise UserError(f"run dir {run_dir} has {done} trained rounds; rounds {cfg.rounds} would drop them — set rounds >= {done}, or pass a new --run-dir")
+    others = [k for k in changed if k != "rounds"]
+    if frozen := _frozen(others):
+        raise UserError(f"run dir {run_dir}: {', '.join(frozen)} cannot change — the completed rounds were made with the old value; "
+                        "start a new --run-dir (or --branch-from a round of this one)")
+    if others and not apply_from_next_round:
+        shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
+        raise UserError(f"run dir {run_dir} was started with a different config (changed: {shown}) — pass --apply-from-next-round "
+                        "to use it from the next round on, rerun with the original config, or pass a new --run-dir")
+    if changed and write:
+        write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
+    return changed
+
+
+def round_config(run_dir: Path, r: int) -> IterateConfig | None:
+    """The config round ``r`` ran (or runs) with, when it has started."""
+    path = round_dir(run_dir, r) / CONFIG_FILE
+    return from_dict(IterateConfig, yaml.safe_load(path.read_text())) if path.exists() else None
+
+
+def record_round(run_dir: Path, r: int, cfg: IterateConfig) -> None:
+    path = round_dir(run_dir, r) / CONFIG_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+# -- branching ----------------------------------------------------------------------------
+
+
+def parse_branch(source: str) -> tuple[Path, int]:
+    """``RUN/round-00k`` → (RUN, k), checked: round k of RUN is complete."""
+    path = Path(source)
+    try:
+        k = int(path.name.split("-")[1]) if path.name.startswith("round-") else -1
+    except (IndexError, ValueError):
+        k = -1
+    if k < 0 or not (path.parent / CONFIG_FILE).exists():
+        raise UserError(f"--branch-from {source}: not a round of a `topr iterate` run — write RUN_DIR/round-00K")
+    if k > 0 and not (path / "policy" / "config.json").exists() or k == 0 and not (path / "eval" / "eval.json").exists():
+        raise UserError(f"--branch-from {source}: round {k} is not complete — finish it first (rerun that run)")
+    return path.parent, k
+
+
+def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | None:
+    """Start ``run_dir`` from round k of another run (once; a rerun finds it done). Returns the lineage."""
+    if (run_dir / LINEAGE_FILE).exists():
+        return json.loads((run_dir / LINEAGE_FILE).read_text())
+    if (run_dir / CONFIG_FILE).exists():
+        raise UserError(f"--branch-from: {run_dir} is already a run — branch into a new --run-dir")
+    parent, k = parse_branch(source)
+    if cfg.rounds <= k:
+        raise UserError(f"--branch-from {source}: set rounds > {k} (the branch continues from round {k + 1})")
+    parent_cfg = yaml.safe_load((parent / CONFIG_FILE).read_text()) or {}
+    changed = sorted(changed_keys(parent_cfg, config_to_dict(cfg)) - {"run_dir", "rounds"})
+    if frozen := _frozen(changed):
+        raise UserError(f"--branch-from {source}: {', '.join(frozen)} differs from the parent's — the inherited rounds used the parent's")
+    tmp = run_dir.with_name(run_dir.name + ".branching")
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed branch starts over: nothing in it is the run yet
+    how = {"hardlink"}
+    for name in ["base", "warmstart", *(f"round-{r:03d}" for r in range(k + 1))]:
+        if (parent / name).exists():
+            _link_tree(parent / name, tmp / name, how)
+    for r in range(k + 1):  # rounds of runs older than per-round records ran with the parent's config
+        if not (tmp / f"round-{r:03d}" / CONFIG_FILE).exists() and (tmp / f"round-{r:03d}").exists():
+            write_text_atomic(tmp / f"round-{r:03d}" / CONFIG_FILE, yaml.safe_dump(parent_cfg, sort_keys=False))
+    lineage = {"parent": str(parent.resolve()), "round": k, "changed": changed, "links": sorted(how)[-1]}
+    write_json_atomic(tmp / LINEAGE_FILE, lineage)
+    tmp.rename(run_dir) if not run_dir.exists() else _merge_into(tmp, run_dir)
+    return lineage
+
+
+def _link_tree(src: Path, dst: Path, how: set[str]) -> None:
+    """Recreate ``src``'s directories under ``dst`` with every file a hard link (a symlink across filesystems)."""
+    for root, _dirs, files in os.walk(src):
+        target = dst / Path(root).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            try:
+                os.link(Path(root) / f, target / f)
+            except OSError:  # another filesystem: a reference to the parent's file
+                os.symlink((Path(root) / f).resolve(), target / f)
+                how.add("symlink")
+
+
+def _merge_into(tmp: Path, run_dir: Path) -> None:
+    """``run_dir`` exists but is empty of a run (e.g. made by the user): move the branch's entries in."""
+    for entry in tmp.iterdir():
+        entry.rename(run_dir / entry.name)
+    tmp.rmdir()
