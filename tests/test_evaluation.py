@@ -136,3 +136,41 @@ def test_verifier_metrics_by_hand():
     assert verifier_metrics(pids, correct, keys, scores, k=2)["best_of_2_verifier"] == 0.5
     with pytest.raises(ValueError, match="same length"):
         verifier_metrics(pids, correct, keys, scores[:3], k=2)
+
+
+# -- intervals ------------------------------------------------------------------------
+
+
+def _exact_interval(values, level):
+    """The percentile interval of the bootstrap distribution computed exactly: all n**n resamples, equally likely."""
+    import itertools
+
+    import numpy as np
+
+    means = sorted(float(np.mean(s)) for s in itertools.product(values, repeat=len(values)))
+    cdf = np.arange(1, len(means) + 1) / len(means)
+    q = [(1 - level) / 2, (1 + level) / 2]
+    return tuple(means[int(np.searchsorted(cdf, x))] for x in q)  # inverse CDF: the smallest mean with F >= q
+
+
+@pytest.mark.parametrize("values", [[0.0, 0.25, 1.0], [1.0, 0.0, 0.0], [0.5, 0.75, 0.125]])
+@pytest.mark.parametrize("level", [0.95, 0.8, 0.5])
+def test_bootstrap_interval_matches_the_exact_enumeration_for_n_3(values, level):
+    from toprcli.evaluation import bootstrap_interval
+
+    assert bootstrap_interval(values, resamples=200_000, seed=0, level=level) == pytest.approx(_exact_interval(values, level))
+    assert bootstrap_interval(values, resamples=500, seed=3) == bootstrap_interval(values, resamples=500, seed=3)  # seeded
+
+
+def test_paired_bootstrap_interval_of_a_difference():
+    from toprcli.evaluation import bootstrap_interval, paired_bootstrap_interval
+
+    a = {f"p{i}": float(i % 2) for i in range(40)}
+    same = paired_bootstrap_interval(a, dict(a), resamples=300)
+    assert same == (0.0, 0.0, 40)
+    better = {p: 1.0 for p in a}  # correct everywhere a was wrong: +0.5 on the 40 shared prompts
+    lo, hi, n = paired_bootstrap_interval(better, {**a, "only-in-a": 1.0}, resamples=2000, seed=1)
+    assert n == 40 and 0 < lo <= 0.5 <= hi
+    assert (lo, hi) == bootstrap_interval([better[p] - a[p] for p in sorted(a)], resamples=2000, seed=1)
+    with pytest.raises(ValueError, match="share no prompt"):
+        paired_bootstrap_interval({"x": 1.0}, {"y": 1.0})

@@ -121,12 +121,22 @@ def test_micro_run_completes_with_every_artifact(reference):
     assert samples.num_rows == 16 * 4 and set(samples.column("iteration").to_pylist()) == {1}
     ev = json.loads((reference / "round-001" / "eval" / "eval.json").read_text())
     assert {"pass@1", "maj@k", "invalid_rate", "greedy_accuracy"} <= set(ev["metrics"])
+    # Each accuracy has its 95% bootstrap interval over prompts, from the per-prompt scores kept beside it.
+    from toprcli.evaluation import bootstrap_interval
+
+    m, per_prompt = ev["metrics"], ev["per_prompt"]
+    assert m["bootstrap"] == {"method": "percentile", "level": 0.95, "resamples": 1000, "seed": 0, "over": "prompts"}
+    for key in ("pass@1", "maj@k", "greedy_accuracy"):
+        assert len(per_prompt[key]) == m["prompts"] and sum(per_prompt[key].values()) / m["prompts"] == pytest.approx(m[key])
+        assert m["intervals"][key] == list(bootstrap_interval(list(per_prompt[key].values()), resamples=1000, seed=0))
+        assert m["intervals"][key][0] <= m[key] <= m["intervals"][key][1]
     state = json.loads((reference / "state.json").read_text())
     assert "round-001/train" in state["steps"]
 
     rows = json.loads(CliRunner().invoke(app, ["report", str(reference), "--json"]).stdout)
     assert [r["round"] for r in rows] == [0, 1]
     assert {"round", "pass@1", "maj@k", "invalid_rate"} <= set(rows[1])
+    assert rows[1]["intervals"] == m["intervals"] and "[" in (reference / "report" / "summary.md").read_text()
     # The micro policy is barely trained: p̃ is the configured 0.5 when the round has both
     # outcomes, else the fallback baseline c = 0 applies (all negatives: p̃ = 0).
     expected = 0.5 if 0 < rows[1]["p"] < 1 else (0.0 if rows[1]["p"] == 0 else 1.0)

@@ -81,6 +81,32 @@ def majority_vote_correct(
     return sum(group_correct[a] for a in tied) / len(tied)
 
 
+def prompt_scores(
+    prompt_ids: Sequence[str],
+    correct: Sequence[bool],
+    k: int,
+    vote_keys: Sequence[Hashable | None],
+) -> tuple[dict[str, dict[str, float]], list[int]]:
+    """Per prompt: pass@1 (share correct), pass@k (unbiased) and maj@k (over its first k samples), as
+    ``{"pass@1": {prompt_id: value}, ...}``; and the sample counts of prompts with fewer than k samples."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, pid in enumerate(prompt_ids):
+        groups[pid].append(i)
+    if not groups:
+        raise ValueError("no samples to evaluate")
+    scores: dict[str, dict[str, float]] = {"pass@1": {}, "pass@k": {}, "maj@k": {}}
+    short = []
+    for pid, rows in groups.items():
+        n, c = len(rows), sum(bool(correct[i]) for i in rows)
+        if n < k:
+            short.append(n)
+        first = rows[:k]
+        scores["pass@1"][pid] = c / n
+        scores["pass@k"][pid] = pass_at_k(n, c, min(k, n))
+        scores["maj@k"][pid] = majority_vote_correct([vote_keys[i] for i in first], [correct[i] for i in first])
+    return scores, short
+
+
 def eval_metrics(
     prompt_ids: Sequence[str],
     correct: Sequence[bool],
@@ -107,39 +133,55 @@ def eval_metrics(
         vote_keys = [normalize_answer(a) for a in extracted]
     elif len(vote_keys) != len(prompt_ids):
         raise ValueError(f"{len(vote_keys)} vote keys for {len(prompt_ids)} samples")
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, pid in enumerate(prompt_ids):
-        groups[pid].append(i)
-    if not groups:
-        raise ValueError("no samples to evaluate")
-    pass1, passk, majk = [], [], []
-    short = []
-    for rows in groups.values():
-        n = len(rows)
-        c = sum(bool(correct[i]) for i in rows)
-        pass1.append(c / n)
-        if n < k:
-            short.append(n)
-        passk.append(pass_at_k(n, c, min(k, n)))
-        first = rows[:k]
-        majk.append(majority_vote_correct([vote_keys[i] for i in first], [correct[i] for i in first]))
+    scores, short = prompt_scores(prompt_ids, correct, k, vote_keys)
     if short:
         warnings.warn(
-            f"pass@{k}/maj@{k}: {len(short)} of {len(groups)} prompts have fewer than {k} samples "
+            f"pass@{k}/maj@{k}: {len(short)} of {len(scores['pass@1'])} prompts have fewer than {k} samples "
             f"(as few as {min(short)}); for those, pass@n and maj@n of their n samples are averaged in",
             FewerSamplesThanK,
             stacklevel=2,
         )
     invalid_rate = sum(bool(v) for v in invalid) / len(invalid)
     return {
-        "prompts": len(groups),
+        "prompts": len(scores["pass@1"]),
         "samples": len(prompt_ids),
-        "pass@1": float(np.mean(pass1)),
-        f"pass@{k}": float(np.mean(passk)),
-        f"maj@{k}": float(np.mean(majk)),
+        "pass@1": float(np.mean(list(scores["pass@1"].values()))),
+        f"pass@{k}": float(np.mean(list(scores["pass@k"].values()))),
+        f"maj@{k}": float(np.mean(list(scores["maj@k"].values()))),
         "invalid_rate": float(invalid_rate),
         "prompts_fewer_than_k": len(short),
     }
+
+
+def bootstrap_interval(values: Sequence[float], *, resamples: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (N,), one per prompt.
+
+    Draws ``resamples`` samples of N prompts with replacement (numpy's default_rng(seed)), takes
+    each one's mean, and returns the empirical (1 − level)/2 and (1 + level)/2 quantiles (inverse
+    CDF: each bound is a mean some resample had).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or len(x) == 0:
+        raise ValueError(f"need a non-empty 1-d sequence of per-prompt values, got shape {x.shape}")
+    if resamples < 1 or not 0 < level < 1:
+        raise ValueError(f"need resamples >= 1 and 0 < level < 1, got {resamples}, {level}")
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    for start in range(0, resamples, 256):  # (256, N) indices at a time: bounded memory
+        idx = rng.integers(0, len(x), size=(min(256, resamples - start), len(x)))
+        means[start:start + len(idx)] = x[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return float(lo), float(hi)
+
+
+def paired_bootstrap_interval(a: dict[str, float], b: dict[str, float], **kw) -> tuple[float, float, int]:
+    """Interval of mean(a − b) over the prompts both were evaluated on (same prompt ids), resampling
+    prompts jointly; returns (low, high, prompts shared)."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        raise ValueError("the two evaluations share no prompt")
+    lo, hi = bootstrap_interval([a[p] - b[p] for p in shared], **kw)
+    return lo, hi, len(shared)
 
 
 def accuracy(correct: Iterable[bool]) -> float:

@@ -318,11 +318,13 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
     if ev is not None:
         m = ev["metrics"]
         out.update({"pass@1": m["pass@1"], "maj@k": m["maj@k"], "pass@k": m["pass@k"], "k": ev["k"], "invalid_rate": m["invalid_rate"], "greedy_accuracy": m.get("greedy_accuracy")})
+        if "intervals" in m:  # 95% percentile bootstrap over prompts (evals written before they existed have none)
+            out.update({"intervals": m["intervals"], "bootstrap": m["bootstrap"]})
         out.update({key: m[key] for key in VERIFIER_KEYS if key in m})
     curated = d / "train.parquet"
     if curated.exists():
         meta = read_file_metadata(curated)
-        out.update({key: meta[key] for key in ("p", "c", "p_effective", "rows_out") if key in meta})
+        out.update({key: meta[key] for key in ("p", "c", "p_effective", "p_target", "rows_out") if key in meta})
     summary = d / "policy" / "train_summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())

@@ -92,16 +92,25 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _with_ci(row: dict[str, Any], key: str) -> str:
+    """A metric and, where the eval has one, its 95% interval: ``0.412 [0.371, 0.455]``."""
+    ci = (row.get("intervals") or {}).get(key)
+    return _fmt(row.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
 def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     cols = [("round", "round"), ("pass@1", "pass@1"), ("maj@k", "maj@k"), ("pass@k", "pass@k"), ("greedy", "greedy_accuracy"),
-            ("invalid", "invalid_rate"), ("p", "p"), ("c", "c"), ("p̃", "p_effective"), ("train rows", "rows_out"), ("mean reward", "reward_mean")]
+            ("invalid", "invalid_rate"), ("p", "p"), ("c", "c"), ("p̃ target", "p_target"), ("p̃", "p_effective"), ("train rows", "rows_out"), ("mean reward", "reward_mean")]
     if any("best_of_k_verifier" in r for r in rows):  # a generative verifier judged candidates each round
         cols[6:6] = [("maj@k (candidates)", "candidates_maj@k"), ("best-of-k (verifier)", "best_of_k_verifier"),
                      ("weighted maj@k", "weighted_maj@k"), ("verifier accuracy", "verifier_accuracy"),
                      ("verifier invalid", "verifier_invalid_rate"), ("verifier AUC", "verifier_auc")]
     lines = [f"# Run report: {run_dir}", "", "| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(k)) for _, k in cols) + " |")
+        lines.append("| " + " | ".join(_with_ci(row, k) for _, k in cols) + " |")
+    boot = next((r["bootstrap"] for r in rows if r.get("bootstrap")), None)
+    if boot:
+        lines += ["", f"[low, high]: 95% percentile bootstrap interval over prompts ({boot['resamples']} resamples, seed {boot['seed']})."]
     lines += _changes(rows, run_dir)
     first = next((r for r in rows if r.get("pass@1") is not None), None)
     last = next((r for r in reversed(rows) if r.get("pass@1") is not None), None)
@@ -127,15 +136,17 @@ def _changes(rows: list[dict[str, Any]], run_dir: Path) -> list[str]:
 
 
 def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str, series: tuple[tuple[str, str], ...]) -> None:
-    """One line per metric over rounds, on a 0..1 scale."""
+    """One line per metric over rounds, on a 0..1 scale, with its 95% interval as error bars where the eval has one."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in series:
-        pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
+        pts = [(r["round"], r[key], (r.get("intervals") or {}).get(key)) for r in rows if r.get(key) is not None]
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=label)
+            xs, ys, cis = zip(*pts)
+            err = [[y - (ci or (y, y))[0] for y, ci in zip(ys, cis)], [(ci or (y, y))[1] - y for y, ci in zip(ys, cis)]]
+            ax.errorbar(xs, ys, yerr=err if any(cis) else None, marker="o", capsize=3, label=label)
     ax.set(xlabel="round", ylabel=ylabel, title=title, ylim=(0, 1))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
@@ -163,7 +174,7 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
                 (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate"),
                  ("best_of_k_verifier", "best-of-k (verifier)"), ("weighted_maj@k", "verifier-weighted maj@k")))
     _round_plot(rows, out / "mix.png", "Training mix per round", "share",
-                (("p", "raw positive share p"), ("p_effective", "effective positive share p̃")))
+                (("p", "raw positive share p"), ("p_target", "p̃ target"), ("p_effective", "effective positive share p̃")))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     scored = [r for r in rows if r.get("verdicts")]
@@ -228,6 +239,8 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[
     reference = yaml.safe_load(first_cfg.read_text()) or {} if first_cfg.exists() else None
     runs = [{"run_dir": str(d), "label": run_label(d, reference if i else None), "lineage": lineage(d), "rounds": collect(d)}
             for i, d in enumerate(dirs)]
+    for run in runs[1:]:
+        run["paired_vs_first"] = paired_difference(dirs[0], Path(run["run_dir"]))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, len(COMPARED), figsize=(4 * len(COMPARED), 3.6))
@@ -249,6 +262,30 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[
     return runs, out
 
 
+def paired_difference(a: Path, b: Path) -> dict[str, Any] | None:
+    """``b``'s final evaluated round minus ``a``'s, per metric, with a paired bootstrap interval over the
+    prompts both were evaluated on (None when either has no per-prompt scores or they share no prompt)."""
+    from toprcli.evaluation import paired_bootstrap_interval
+
+    def last_eval(run: Path) -> dict[str, Any] | None:
+        evals = sorted(run.glob("round-*/eval/eval.json"))
+        return json.loads(evals[-1].read_text()) if evals else None
+
+    ea, eb = last_eval(a), last_eval(b)
+    if not ea or not eb or "per_prompt" not in ea or "per_prompt" not in eb:
+        return None
+    boot = ea["metrics"].get("bootstrap", {})
+    out: dict[str, Any] = {"rounds": [ea["iteration"], eb["iteration"]], "bootstrap": boot}
+    for key in set(ea["per_prompt"]) & set(eb["per_prompt"]):
+        pa, pb = ea["per_prompt"][key], eb["per_prompt"][key]
+        shared = set(pa) & set(pb)
+        if shared:
+            lo, hi, n = paired_bootstrap_interval(pb, pa, resamples=boot.get("resamples", 1000), seed=boot.get("seed", 0))
+            out[key] = {"difference": sum(pb[p] - pa[p] for p in shared) / n, "interval": [lo, hi], "prompts": n,
+                        "outside_noise": lo > 0 or hi < 0}
+    return out
+
+
 def final_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
     """Metric × run: each run's last round."""
     last = [run["rounds"][-1] for run in runs]
@@ -262,4 +299,9 @@ def comparison_markdown(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         if run["lineage"]:
             lines += ["", f"{run['label']}: branched from {run['lineage']['parent']} at round {run['lineage']['round']}."]
+        for key, d in (run.get("paired_vs_first") or {}).items():
+            if isinstance(d, dict) and "interval" in d:
+                verdict = "outside the noise" if d["outside_noise"] else "within the noise"
+                lines += ["", f"{run['label']} − {runs[0]['label']}, {key}: {d['difference']:+.3f} [{d['interval'][0]:+.3f}, "
+                              f"{d['interval'][1]:+.3f}] over {d['prompts']} shared prompts (paired bootstrap): {verdict}."]
     return "\n".join(lines + ["", "Plot: `compare.png`.", ""])

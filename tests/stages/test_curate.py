@@ -99,6 +99,20 @@ def test_positive_fraction_hits_target(tmp_path, p):
     shards.validate_columns(t, "curated", "train.parquet")
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_at_least_p_rule_follows_the_data_once_it_passes_the_target(tmp_path, p):
+    """p̃ = max(target, p): below the target it is the fixed rule; above it the raw baseline c = 0 (p̃ = p)."""
+    scored = pm1_data(tmp_path, p, seed=3)
+    fixed, _ = run(tmp_path, scored, positive_fraction=0.3)
+    result, t = run(tmp_path, scored, positive_fraction=0.3, positive_fraction_rule="at-least-p", overwrite=True)
+    if result["p"] < 0.3:
+        assert result["c"] == pytest.approx(fixed["c"]) and result["p_target"] == 0.3 == fixed["p_target"]
+    else:
+        assert result["p_target"] == pytest.approx(result["p"]) and result["c"] == pytest.approx(0.0, abs=1e-9)
+        assert result["p_effective"] == pytest.approx(result["p"]) and fixed["p_effective"] == pytest.approx(0.3)
+        np.testing.assert_allclose(t.column("advantage").to_numpy(), t.column("reward").to_numpy())
+
+
 def test_paper_example_c_0_7(tmp_path):
     # exactly half correct → p = 0.5, P = 0.15 → c = 0.7; A = +0.3 / -1.7
     correct = [True, False] * 8

@@ -34,7 +34,8 @@ def show(result: StageResult, cfg: CurateConfig) -> None:
         ("p (share correct)", s["p"]), ("p̃ (effective positive share)", s["p_effective"]),
     ]
     if s["positive_fraction"] is not None:
-        rows.append(("p̃ target (--positive-fraction)", s["positive_fraction"]))
+        rule = "" if cfg.positive_fraction_rule == "fixed" else f", rule {cfg.positive_fraction_rule}"
+        rows.append((f"p̃ target (--positive-fraction {s['positive_fraction']}{rule})", s["p_target"]))
     rows += [("positives kept (A ≥ 0)", f"{s['positives']:,}"), ("negatives kept (A < 0)", f"{s['negatives']:,}"),
              ("wall time (s)", round(result.wall_time_s, 2))]
     console.print(summary_table(f"{'already curated' if result.skipped else 'curated'} → {result.out}", rows))

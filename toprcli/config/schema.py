@@ -118,6 +118,8 @@ class CurateConfig:
     positive_fraction: float | None = opt(
         None, "Target effective share of positives p̃; solves the constant c from the data (paper: 0.1–0.2). Exclusive with --baseline.",
         check=UNIT_OPEN)
+    positive_fraction_rule: Literal["fixed", "at-least-p"] = opt(
+        "fixed", "fixed: p̃ = --positive-fraction; at-least-p: p̃ = max(--positive-fraction, p), the raw baseline (c = 0) once the share p of correct samples passes it.")
     source_weights: list[float] | None = opt(None, "Weight per scored input, in order (e.g. 1,0.5); written to the `weight` column.")
     drop_uniform_prompts: bool = opt(False, "Drop prompts whose samples are all correct or all incorrect.",
                                      flag="--drop-uniform-prompts/--keep-uniform-prompts")
@@ -227,6 +229,8 @@ class EvalConfig:
     verifier_max_new_tokens: int = opt(64, "Tokens per sampled verdict.", check=AT_LEAST_ONE)
     verifier_chat_template: bool = opt(False, "Render verification prompts with the verifier's chat template (as it was trained).")
     candidates: str | None = opt(None, "Judge this scored dir's samples with --model itself as the verifier (evaluating a trained verifier).")
+    bootstrap_resamples: int = opt(1000, "Resamples of the percentile bootstrap (over prompts) behind every 95% interval.", check=AT_LEAST_ONE)
+    bootstrap_seed: int = opt(0, "Seed of the bootstrap resamples.")
 
     def check(self) -> None:
         if self.sampling.temperature == 0:

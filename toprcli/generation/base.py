@@ -54,11 +54,8 @@ class SamplingParams:
     max_new_tokens: int = 512
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        self.processing()  # validates temperature, top_p, top_k, min_p
+        # A user's values were checked at config load; this is the sampling math's own guard (a public API).
+        self.processing()
 
     @property
     def greedy(self) -> bool:

@@ -85,6 +85,7 @@ class CurateCounts:
     p: float  # weighted share of `correct` rows in the kept set (±1 rewards: the closed form's p)
     p_effective: float  # Σ_{A≥0} w|A| / Σ w|A| over the kept rows (NaN, stored as null, when every A = 0)
     positive_fraction: float | None  # the requested p̃ (None: the baseline was given)
+    p_target: float | None  # the p̃ solved for: positive_fraction, or max(positive_fraction, p) with the at-least-p rule
     rows_in: int
     rows_out: int
     prompts_in: int
@@ -241,9 +242,13 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
 
     # -- baseline and advantages ------------------------------------------------
     r_k, w_k = reward[kept], row_weight[kept]
+    target = None
     if kind == "positive-fraction":
+        target = cfg.positive_fraction
+        if cfg.positive_fraction_rule == "at-least-p":  # never below the data's own share: c = 0 once p passes the target
+            target = max(target, cu.positive_share(correct[kept], w_k))
         try:
-            c_const = cu.solve_baseline(r_k, cfg.positive_fraction, w_k)
+            c_const = cu.solve_baseline(r_k, target, w_k)
         except ValueError:
             value = float(r_k[w_k > 0][0])
             if cfg.unreachable_baseline is not None:
@@ -262,7 +267,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         adv = cu.scale_advantages(adv, std[kept] if isinstance(std, np.ndarray) else std, cfg.reward_clip)
     w32 = w_k.astype(np.float32)
 
-    counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped)
+    counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped, target)
 
     # -- pass 2: stream the kept rows out ----------------------------------------
     advantage_full = np.zeros(n_total, dtype=np.float32)
@@ -359,7 +364,7 @@ def _fmt_dropped(dropped: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in dropped.items()) or "no filters"
 
 
-def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped) -> CurateCounts:
+def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped, target=None) -> CurateCounts:
     src_k = row_source[kept]
     n_src = len(cfg.scored)
     rows_in = np.bincount(row_source, minlength=n_src)
@@ -387,6 +392,7 @@ def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correc
         p=cu.positive_share(correct[kept], w32),
         p_effective=cu.effective_positive_share(adv, w32),
         positive_fraction=cfg.positive_fraction,
+        p_target=None if target is None else float(target),
         rows_in=int(len(keep)),
         rows_out=int(len(kept)),
         prompts_in=int(groups.max(initial=-1)) + 1,

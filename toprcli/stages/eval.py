@@ -23,7 +23,7 @@ from toprcli import shards
 from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, config_to_dict
 from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
-from toprcli.evaluation import accuracy, eval_metrics
+from toprcli.evaluation import accuracy, bootstrap_interval, eval_metrics, prompt_scores
 from toprcli.generation import open_backend
 from toprcli.generation.model_info import check_model
 from toprcli.progress import ProgressFn
@@ -126,7 +126,7 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
 
     t = tables["sampled"]
     t = t.take(pc.sort_indices(t, sort_keys=[("prompt_id", "ascending"), ("sample_index", "ascending")]))
-    metrics: dict[str, Any] = _sampled_metrics(cfg, t)
+    metrics, per_prompt = _sampled_metrics(cfg, t)
     lengths = pc.list_value_length(t.column("completion_token_ids")).to_numpy()
     metrics["mean_completion_tokens"] = float(np.mean(lengths))
     metrics["maj@k"] = metrics[f"maj@{cfg.k}"]
@@ -135,6 +135,11 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         g = tables["greedy"]
         metrics["greedy_accuracy"] = accuracy(g.column("correct").to_pylist())
         metrics["greedy_invalid_rate"] = float(np.mean([v == NO_ANSWER for v in g.column("verdict").to_pylist()]))
+        per_prompt["greedy_accuracy"] = {p: float(c) for p, c in zip(g.column("prompt_id").to_pylist(), g.column("correct").to_pylist())}
+    # Intervals over prompts (the unit that was sampled), seeded: docs/architecture.md §4.
+    metrics["intervals"] = {name: list(bootstrap_interval(list(v.values()), resamples=cfg.bootstrap_resamples, seed=cfg.bootstrap_seed))
+                            for name, v in per_prompt.items()}
+    metrics["bootstrap"] = {"method": "percentile", "level": 0.95, "resamples": cfg.bootstrap_resamples, "seed": cfg.bootstrap_seed, "over": "prompts"}
     metrics.update(judged)
     result = {
         "model": cfg.model,
@@ -143,6 +148,7 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         "k": cfg.k,
         "iteration": cfg.iteration,
         "metrics": metrics,
+        "per_prompt": per_prompt,  # what the intervals resample, and what a paired comparison of two evals matches
         "config": config_to_dict(cfg),
         "wall_time_s": time.perf_counter() - t0,
     }
@@ -150,10 +156,12 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
     return result
 
 
-def _sampled_metrics(cfg: EvalConfig, t: Any) -> dict[str, Any]:
-    """pass@1/pass@k/maj@k of the sampled pass; answers vote together when the verifier finds them equivalent."""
+def _sampled_metrics(cfg: EvalConfig, t: Any) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """pass@1/pass@k/maj@k of the sampled pass, and pass@1 and maj@k per prompt; answers vote together when
+    the verifier finds them equivalent."""
     prompt_ids, correct = t.column("prompt_id").to_pylist(), t.column("correct").to_pylist()
     extracted = t.column("extracted_answer").to_pylist()
     keys = vote_keys(cfg.verifier, prompt_ids, extracted, correct, cfg.k, workers=cfg.workers, timeout=cfg.timeout)
     invalid = [v == NO_ANSWER for v in t.column("verdict").to_pylist()]
-    return eval_metrics(prompt_ids, correct, extracted, invalid, k=cfg.k, vote_keys=keys)
+    scores, _ = prompt_scores(prompt_ids, correct, cfg.k, keys)
+    return eval_metrics(prompt_ids, correct, extracted, invalid, k=cfg.k, vote_keys=keys), {"pass@1": scores["pass@1"], "maj@k": scores["maj@k"]}
