@@ -1,0 +1,54 @@
+"""SIGINT/SIGTERM inside and outside a deferred section (toprcli.interrupt), in this process."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from toprcli import interrupt
+
+
+@pytest.fixture
+def installed():
+    saved = {s: signal.getsignal(s) for s in interrupt.SIGNALS}
+    interrupt.reset()
+    interrupt.install()
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+    interrupt.reset()
+
+
+def test_a_signal_outside_a_deferred_section_stops_at_once(installed):
+    with pytest.raises(interrupt.Interrupted) as e:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000_000):  # the handler runs between bytecodes
+            pass
+    assert (e.value.name, e.value.exit_code) == ("SIGINT", 130)
+
+
+def test_deferred_records_the_first_signal_and_a_second_stops_at_once(installed):
+    steps = 0
+    with pytest.raises(interrupt.Interrupted) as e:
+        with interrupt.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(3):  # the loop runs on to its boundary
+                steps += 1
+            assert interrupt.requested() == signal.SIGTERM
+    assert steps == 3 and e.value.exit_code == 143 and "stopped after finishing" in str(e.value)  # raised on leaving
+    interrupt.reset()
+    with pytest.raises(interrupt.Interrupted):
+        with interrupt.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # insisted: no waiting for the boundary
+            for _ in range(10_000_000):
+                pass
+            pytest.fail("the second signal did not stop the section")
+
+
+def test_without_install_nothing_changes():
+    assert interrupt.requested() is None
+    with interrupt.deferred():
+        pass  # no signal, no raise
