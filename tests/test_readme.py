@@ -139,8 +139,8 @@ def test_every_help_example_parses():
 
 def test_the_checker_catches_a_misspelt_option_and_a_missing_argument():
     text = README.read_text()
-    assert "--max-new-tokens 96" in text
-    misspelt = text.replace("--max-new-tokens 96", "--max-new-token 96", 1)
+    assert "--max-new-tokens 64" in text
+    misspelt = text.replace("--max-new-tokens 64", "--max-new-token 64", 1)
     problems = readme_problems(misspelt)
     assert len(problems) == 1 and "No such option: --max-new-token" in problems[0]
     missing = text.replace("topr report RUN_DIR", "topr report", 1) + "\n```bash\ntopr import-gguf model.gguf\n```\n"
