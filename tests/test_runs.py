@@ -76,25 +76,25 @@ def test_extend_a_finished_run_and_change_the_lr_from_the_next_round(tmp_path):
     run = tmp_path / "run"
     iterate(config)
     round1 = digests(run / "round-001")
-    # Raising rounds extends the run; round 1 stays byte for byte what it was.
-    iterate(config, "--rounds", "2")
-    assert (run / "round-002" / "eval" / "eval.json").exists() and digests(run / "round-001") == round1
-    # A changed lr is refused without the flag, named with the way out; applied from round 3 with it.
-    line = refused(config, "--rounds", "3", "--set", "train.lr=5e-4")
+    # A changed lr is refused without the flag, named with the way out.
+    line = refused(config, "--rounds", "2", "--set", "train.lr=5e-4")
     assert "changed: train.lr" in line and "--apply-from-next-round" in line
-    iterate(config, "--rounds", "3", "--set", "train.lr=5e-4", "--apply-from-next-round")
-    lrs = [yaml.safe_load((run / f"round-00{r}" / "config.yaml").read_text())["train"]["lr"] for r in (1, 2, 3)]
-    assert lrs == [1e-3, 1e-3, 5e-4]
+    # Raising rounds extends the run, the new lr applies from round 2; round 1 stays byte for byte what it was.
+    iterate(config, "--rounds", "2", "--set", "train.lr=5e-4", "--apply-from-next-round")
+    assert (run / "round-002" / "eval" / "eval.json").exists() and digests(run / "round-001") == round1
+    lrs = [yaml.safe_load((run / f"round-00{r}" / "config.yaml").read_text())["train"]["lr"] for r in (1, 2)]
+    assert lrs == [1e-3, 5e-4]
     rows = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).stdout)
-    assert [r.get("config_changed") for r in rows[1:]] == [[], [], ["train.lr"]]
+    assert [r.get("config_changed") for r in rows[1:]] == [[], ["train.lr"]]
+    assert "Round 2 ran with changed settings: train.lr" in (run / "report" / "summary.md").read_text()
     # What cannot change, and rounds below what is trained, are refused with the reason.
-    line = refused(config, "--rounds", "3", "--set", "generate.dataset.size=6", "--apply-from-next-round")
+    line = refused(config, "--rounds", "2", "--set", "train.lr=5e-4", "--set", "generate.dataset.size=6", "--apply-from-next-round")
     assert "generate.dataset.size (the training data) cannot change" in line
-    assert "has 3 trained rounds; rounds 2 would drop them" in refused(config, "--rounds", "2")
+    assert "has 2 trained rounds; rounds 1 would drop them" in refused(config, "--rounds", "1", "--set", "train.lr=5e-4")
     # An eval setting may change, and report says the rounds are no longer comparable.
-    iterate(config, "--rounds", "4", "--set", "eval.k=3", "--apply-from-next-round", "--set", "train.lr=5e-4")
+    iterate(config, "--rounds", "3", "--set", "eval.k=3", "--apply-from-next-round", "--set", "train.lr=5e-4")
     rows = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).stdout)
-    assert [r["eval_comparable"] for r in rows] == [True, True, True, True, False]
+    assert [r["eval_comparable"] for r in rows] == [True, True, True, False]
     assert "not comparable" in (run / "report" / "summary.md").read_text()
 
 

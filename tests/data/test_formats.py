@@ -170,6 +170,11 @@ def test_verl_data_generated_and_scored_by_data_source(tmp_path, gsm8k_dir, smol
         r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / src), "-o", str(tmp_path / f"{src}-scored"), "--verifier", "data_source", "-w", "1", "--json"])
         assert r.exit_code == 0, r.output
         assert pq.read_table(tmp_path / f"{src}-scored").column("reward").to_pylist() == [want, want]
+    # verifier-data reads what came of it: the question a verifier is shown is the conversation's last user turn.
+    r = CliRunner().invoke(app, ["verifier-data", "-s", str(tmp_path / "right-scored"), "-o", str(tmp_path / "v.parquet"), "--json"])
+    assert r.exit_code == 0, r.output
+    verify = pq.read_table(tmp_path / "v.parquet").to_pylist()
+    assert [v["answer"] for v in verify] == ["Yes", "Yes"] and all(row["prompt"][0]["content"] in v["question"] for v, row in zip(verify, rows))
     r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / "right"), "-o", str(tmp_path / "x"), "--verifier", "data_source",
                                  "--set", "verifier_by_source={}"])
     assert r.exit_code == 2 and "no verifier for data_source openai/gsm8k" in r.output and len(r.output.strip().splitlines()) == 1

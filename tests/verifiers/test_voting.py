@@ -205,7 +205,8 @@ def test_real_smollm2_completions_score_like_math_verify_and_vote_by_equivalence
     # 50 (also written \sqrt{50}\cdot\sqrt{50}), not the right \sqrt{50}: 0 instead of a 4-way tie's 1/4.
     table = pa.Table.from_pylist(scored)
     cfg = EvalConfig(verifier="math", k=4, workers=1)
-    m = _sampled_metrics(cfg, table)
+    m, per_prompt = _sampled_metrics(cfg, table)
+    assert sum(per_prompt["maj@k"].values()) == pytest.approx(0.5)  # the per-prompt scores the intervals resample
     by_string = eval_metrics(
         [r["prompt_id"] for r in scored], [r["correct"] for r in scored], [r["extracted_answer"] for r in scored],
         [r["verdict"] == "no_answer" for r in scored], 4,
