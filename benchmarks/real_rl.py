@@ -57,7 +57,7 @@ def max_new(task: str) -> int:
 
 
 def probe(tasks: list[str], prompts: int, k: int, work: Path, temperature: float, top_p: float) -> list[dict]:
-    from toprcli.config import EngineConfig, EvalConfig, SamplingConfig, _from_dict
+    from toprcli.config import EngineConfig, EvalConfig, SamplingConfig, from_dict
     from toprcli.config import DatasetSpec
     from toprcli.stages import eval as eval_stage
     from toprcli.generation import open_backend
@@ -71,7 +71,7 @@ def probe(tasks: list[str], prompts: int, k: int, work: Path, temperature: float
         for task in tasks:
             out = work / f"probe-{task.replace(':', '')}-T{temperature}-p{top_p}"
             shutil.rmtree(out, ignore_errors=True)
-            cfg = EvalConfig(model=model, dataset=_from_dict(DatasetSpec, dataset(task, "test", prompts)), out=str(out), k=k,
+            cfg = EvalConfig(model=model, dataset=from_dict(DatasetSpec, dataset(task, "test", prompts)), out=str(out), k=k,
                              sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new(task), seed=7),
                              engine=engine, verifier="gsm8k")
             t0 = time.perf_counter()
