@@ -155,7 +155,7 @@ def tracked_files() -> list[Path]:
 
 
 def test_no_file_reaches_outside_the_repo():
-    """Nothing tracked refers to ../shared (a workshop folder no user has) or climbs above the repo root
+    """Nothing tracked refers to the workshop folder beside the checkout (no user has it) or climbs above the repo root
     with ``Path(__file__).parents[k]``."""
     wrong = []
     for path in tracked_files():
