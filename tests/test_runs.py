@@ -118,6 +118,10 @@ def test_branch_reuses_the_parent_round_and_reports_its_lineage(one_round, tmp_p
     runs = json.loads(r.stdout)["runs"]
     assert [run["label"] for run in runs] == ["base-run", "child (train.lr=0.0005)"]
     assert [len(run["rounds"]) for run in runs] == [2, 3] and runs[1]["lineage"]["round"] == 1
+    paired = runs[1]["paired_vs_first"]  # child's round 2 against the parent's round 1, over the same 4 test prompts
+    assert paired["rounds"] == [1, 2] and paired["pass@1"]["prompts"] == 4
+    lo, hi = paired["pass@1"]["interval"]
+    assert lo <= paired["pass@1"]["difference"] <= hi and paired["pass@1"]["outside_noise"] == (lo > 0 or hi < 0)
     parent_rows = json.loads(CliRunner().invoke(app, ["report", str(parent), "--json"]).stdout)
     assert runs[0]["rounds"][1]["pass@1"] == parent_rows[1]["pass@1"] == runs[1]["rounds"][1]["pass@1"]  # the shared round
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000 and "child (train.lr=0.0005)" in (tmp_path / "cmp" / "compare.md").read_text()

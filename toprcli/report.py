@@ -135,6 +135,15 @@ def _changes(rows: list[dict[str, Any]], run_dir: Path) -> list[str]:
     return out
 
 
+def _series(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
+    """One metric over rounds, with its 95% interval as error bars where the round's eval has one."""
+    pts = [(r["round"], r[key], (r.get("intervals") or {}).get(key)) for r in rows if r.get(key) is not None]
+    if pts:
+        xs, ys, cis = zip(*pts)
+        err = [[y - (c or (y, y))[0] for y, c in zip(ys, cis)], [(c or (y, y))[1] - y for y, c in zip(ys, cis)]]
+        ax.errorbar(xs, ys, yerr=err if any(cis) else None, marker="o", capsize=3, label=label)
+
+
 def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str, series: tuple[tuple[str, str], ...]) -> None:
     """One line per metric over rounds, on a 0..1 scale, with its 95% interval as error bars where the eval has one."""
     import matplotlib.pyplot as plt
@@ -142,11 +151,7 @@ def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str,
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in series:
-        pts = [(r["round"], r[key], (r.get("intervals") or {}).get(key)) for r in rows if r.get(key) is not None]
-        if pts:
-            xs, ys, cis = zip(*pts)
-            err = [[y - (ci or (y, y))[0] for y, ci in zip(ys, cis)], [(ci or (y, y))[1] - y for y, ci in zip(ys, cis)]]
-            ax.errorbar(xs, ys, yerr=err if any(cis) else None, marker="o", capsize=3, label=label)
+        _series(ax, rows, key, label)
     ax.set(xlabel="round", ylabel=ylabel, title=title, ylim=(0, 1))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
@@ -246,9 +251,7 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[
     fig, axes = plt.subplots(1, len(COMPARED), figsize=(4 * len(COMPARED), 3.6))
     for ax, (key, title) in zip(axes, COMPARED):
         for run in runs:
-            pts = [(r["round"], r[key]) for r in run["rounds"] if r.get(key) is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=run["label"])
+            _series(ax, run["rounds"], key, run["label"])
         ax.set(xlabel="round", title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

@@ -44,9 +44,15 @@ def report(
     if as_json:
         echo(json.dumps(rows, indent=2, default=str))
         return
+    def ci(r: dict, key: str) -> str | None:  # the value and its 95% interval over prompts
+        if r.get(key) is None:
+            return None
+        lo_hi = (r.get("intervals") or {}).get(key)
+        return f"{r[key]:.4f}" + (f" [{lo_hi[0]:.3f}, {lo_hi[1]:.3f}]" if lo_hi else "")
+
     cols = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "mean reward", "changed")
     console.print(grid_table(f"run {run_dirs[0]}", cols, [
-        [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"), r.get("p"), r.get("p_effective"),
+        [r["round"], ci(r, "pass@1"), ci(r, "maj@k"), ci(r, "greedy_accuracy"), r.get("invalid_rate"), r.get("p"), r.get("p_effective"),
          r.get("reward_mean"), ", ".join(r.get("config_changed") or []) or None]
         for r in rows
     ]))
