@@ -133,7 +133,11 @@ def eval_metrics(
         vote_keys = [normalize_answer(a) for a in extracted]
     elif len(vote_keys) != len(prompt_ids):
         raise ValueError(f"{len(vote_keys)} vote keys for {len(prompt_ids)} samples")
-    scores, short = prompt_scores(prompt_ids, correct, k, vote_keys)
+    return summarize_scores(*prompt_scores(prompt_ids, correct, k, vote_keys), k=k, samples=len(prompt_ids), invalid=invalid)
+
+
+def summarize_scores(scores: dict[str, dict[str, float]], short: list[int], *, k: int, samples: int, invalid: Sequence[bool]) -> dict[str, float]:
+    """:func:`eval_metrics` from :func:`prompt_scores`' output (for callers that keep the per-prompt scores)."""
     if short:
         warnings.warn(
             f"pass@{k}/maj@{k}: {len(short)} of {len(scores['pass@1'])} prompts have fewer than {k} samples "
@@ -144,7 +148,7 @@ def eval_metrics(
     invalid_rate = sum(bool(v) for v in invalid) / len(invalid)
     return {
         "prompts": len(scores["pass@1"]),
-        "samples": len(prompt_ids),
+        "samples": samples,
         "pass@1": float(np.mean(list(scores["pass@1"].values()))),
         f"pass@{k}": float(np.mean(list(scores["pass@k"].values()))),
         f"maj@{k}": float(np.mean(list(scores["maj@k"].values()))),

@@ -23,6 +23,7 @@ last complete step with nothing lost or duplicated.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -164,9 +165,13 @@ class Pipeline:
     def policy_after(self, r: int) -> str:
         return self.base_policy() if r == 0 else str(round_dir(self.run_dir, r) / "policy")
 
-    def verifier(self) -> str:
+    @functools.cached_property
+    def _verifier(self) -> str:
         v = self.cfg.score.verifier
-        return default_verifier(self.cfg.generate.dataset) if v == "auto" else v
+        return default_verifier(self.cfg.generate.dataset) if v == "auto" else v  # "auto" reads the dataset: once per run
+
+    def verifier(self) -> str:
+        return self._verifier
 
     def round_cfg(self, r: int) -> IterateConfig:
         """The config round ``r`` runs with: what it recorded when it started, else the current one."""

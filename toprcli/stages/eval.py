@@ -23,7 +23,7 @@ from toprcli import shards
 from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, config_to_dict
 from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
-from toprcli.evaluation import accuracy, bootstrap_interval, eval_metrics, prompt_scores
+from toprcli.evaluation import accuracy, bootstrap_interval, prompt_scores, summarize_scores
 from toprcli.generation import open_backend
 from toprcli.generation.model_info import check_model
 from toprcli.progress import ProgressFn
@@ -163,5 +163,6 @@ def _sampled_metrics(cfg: EvalConfig, t: Any) -> tuple[dict[str, Any], dict[str,
     extracted = t.column("extracted_answer").to_pylist()
     keys = vote_keys(cfg.verifier, prompt_ids, extracted, correct, cfg.k, workers=cfg.workers, timeout=cfg.timeout)
     invalid = [v == NO_ANSWER for v in t.column("verdict").to_pylist()]
-    scores, _ = prompt_scores(prompt_ids, correct, cfg.k, keys)
-    return eval_metrics(prompt_ids, correct, extracted, invalid, k=cfg.k, vote_keys=keys), {"pass@1": scores["pass@1"], "maj@k": scores["maj@k"]}
+    scores, short = prompt_scores(prompt_ids, correct, cfg.k, keys)  # grouped once: the means and the intervals' inputs
+    metrics = summarize_scores(scores, short, k=cfg.k, samples=len(prompt_ids), invalid=invalid)
+    return metrics, {"pass@1": scores["pass@1"], "maj@k": scores["maj@k"]}
