@@ -362,7 +362,7 @@ def test_extreme_log_ratios_are_finite(name):
     blp = torch.tensor([[0.0, -1.0, 0.0], [-1e4, -1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     ref = torch.tensor([[0.0, 0.0, 0.0], [-1e4, 0.0, 0.0]])
-    for adv in ([1.0, -1.0], [-1.0, 1.0]):
+    for adv in ([1.0, -1.0], [-1.0, 1.0])[: 1 if LOSSES[name].pairwise else 2]:  # a pair is (chosen, rejected)
         for agg in AGGREGATIONS:
             for extra in ({}, {"ref_logprobs": ref, "kl_coef": 0.1, "kl_estimator": "k3"}):
                 loss, metrics = policy_loss(name, lp, blp, torch.tensor(adv), mask, aggregation=agg, **extra)
@@ -373,7 +373,7 @@ def test_extreme_log_ratios_are_finite(name):
                 assert all(torch.isfinite(v) for v in metrics.values()), metrics
 
 
-@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("name", sorted(n for n in LOSSES if not LOSSES[n].pairwise))
 def test_on_policy_losses_reduce_to_reinforce_gradient(name):
     # π = μ: every ratio is 1, so every loss has the REINFORCE gradient, except
     # that sft drops the negative
@@ -392,7 +392,7 @@ def test_on_policy_losses_reduce_to_reinforce_gradient(name):
 
 
 def test_registry_contents():
-    assert list(list_losses()) == ["topr", "sft", "reinforce", "is", "tis", "ppo", "cispo", "kimi15"]
+    assert list(list_losses()) == ["topr", "sft", "reinforce", "is", "tis", "ppo", "cispo", "kimi15", "dpo"]
     assert all(list_losses().values())
     assert LOSSES["topr"].options == {"ratio_level": "sequence", "positive_weight": 1.0, "negative_weight": 1.0}
     assert LOSSES["ppo"].options["clip_ratio"] == 0.2
@@ -436,3 +436,54 @@ def test_register_loss_decorator():
             register_loss("_nodefault")(lambda lp, b, a, m, *, k: (lp, {}))
     finally:
         LOSSES.pop("_half")
+
+
+# --------------------------------------------------------------------------- #
+# DPO (pairwise)
+# --------------------------------------------------------------------------- #
+
+
+def test_dpo_loss_and_gradient_by_hand():
+    # Pair 1: chosen s = (−1 − −1.2) + 0 = 0.2, rejected s = −0.5 + 0 + 0 = −0.5 → z = β·0.7.
+    # Pair 2: chosen s = −0.3, rejected s = 0.1 → z = β·(−0.4).
+    lp = t([[-1.0, -2.0, 0.0], [-1.5, -0.5, -1.0], [-0.3, 0.0, 0.0], [-2.0, -1.0, 0.0]]).requires_grad_()
+    ref = t([[-1.2, -2.0, 0.0], [-1.0, -0.5, -1.0], [0.0, 0.0, 0.0], [-2.1, -1.0, 0.0]])
+    mask = t([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    beta = 0.5
+    loss, m = policy_loss("dpo", lp, ref, t([1.0, -1.0, 1.0, -1.0]), mask, beta=beta, aggregation="token-mean")
+    z = torch.tensor([beta * 0.7, beta * -0.4], dtype=D)
+    expected = (math.log1p(math.exp(-z[0].item())) + math.log1p(math.exp(-z[1].item()))) / 2  # mean over pairs
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    (g,) = torch.autograd.grad(loss, lp)
+    # d ℓ_k / d log π of a chosen token = −β σ(−z_k) / P; of a rejected token the opposite.
+    sig = torch.sigmoid(-z)
+    want = torch.stack([-beta * sig[0] / 2 * mask[0], beta * sig[0] / 2 * mask[1],
+                        -beta * sig[1] / 2 * mask[2], beta * sig[1] / 2 * mask[3]])
+    torch.testing.assert_close(g, want)
+    assert m["dpo_reward_accuracy"].item() == 0.5
+    assert m["dpo_margin"].item() == pytest.approx((0.7 - 0.4) / 2)
+
+
+def test_dpo_label_smoothing_and_whole_pair_micro_batches():
+    lp = t([[-1.0, -2.0], [-1.5, -0.5], [-0.3, -0.1], [-2.0, -1.0]])
+    ref = lp + t([[0.1, 0.0], [-0.2, 0.0], [0.0, 0.3], [0.0, 0.0]])
+    mask, adv = torch.ones(4, 2, dtype=D), t([1.0, -1.0, 1.0, -1.0])
+    z = 1.0 * torch.tensor([-0.1 - 0.2, -0.3 - 0.0], dtype=D)
+    eps = 0.1
+    loss, _ = policy_loss("dpo", lp, ref, adv, mask, beta=1.0, label_smoothing=eps)
+    want = (-(1 - eps) * torch.nn.functional.logsigmoid(z) - eps * torch.nn.functional.logsigmoid(-z)).mean()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    halves = [policy_loss("dpo", lp[k:k + 2], ref[k:k + 2], adv[k:k + 2], mask[k:k + 2], beta=1.0, label_smoothing=eps)[0] for k in (0, 2)]
+    assert (halves[0] + halves[1]).item() / 2 == pytest.approx(loss.item(), rel=1e-12)
+
+
+def test_dpo_refuses_what_is_not_a_pair():
+    lp, mask = torch.zeros(3, 2, dtype=D), torch.ones(3, 2, dtype=D)
+    with pytest.raises(ValueError, match="pairs"):
+        policy_loss("dpo", lp, lp, t([1.0, -1.0, 1.0]), mask)
+    with pytest.raises(ValueError, match="in that order"):
+        policy_loss("dpo", lp[:2], lp[:2], t([-1.0, 1.0]), mask[:2])
+    with pytest.raises(ValueError, match="beta"):
+        policy_loss("dpo", lp[:2], lp[:2], t([1.0, -1.0]), mask[:2], beta=0)
+    empty, _ = policy_loss("dpo", torch.zeros(1, 1, dtype=D), torch.zeros(1, 1, dtype=D), t([0.0]), torch.zeros(1, 1, dtype=D))
+    assert empty.item() == 0.0  # a padding micro-batch

@@ -481,3 +481,45 @@ def test_cli_help_has_examples(cli):
     app, prefix = cli
     res = CliRunner().invoke(app, prefix + ["--help"])
     assert res.exit_code == 0 and "--positive-fraction" in res.output and "Examples" in res.output
+
+
+# -- preference pairs (for --loss dpo) ------------------------------------------------
+
+
+def test_matched_pairs_are_written_as_chosen_rejected_rows(tmp_path):
+    # q0: 2 correct, 3 wrong → 2 pairs; q1: all wrong → none; q2: 1 correct, 1 wrong → 1 pair.
+    pids = ["q0"] * 5 + ["q1"] * 3 + ["q2"] * 2
+    correct = [True, False, True, False, False, False, False, False, False, True]
+    scored = write_scored(tmp_path / "scored", scored_table(pids, correct), rows_per_shard=4)
+    result, t = run(tmp_path, scored, pairs="matched")
+    assert result["pairs"] == 3 and result["prompts_without_pair"] == 1 and result["rows_out"] == 6
+    assert t.column("pair_id").to_pylist() == [0, 0, 1, 1, 2, 2]
+    assert t.column("chosen").to_pylist() == [True, False] * 3
+    assert t.column("correct").to_pylist() == [True, False] * 3
+    pid = t.column("prompt_id").to_pylist()
+    assert pid[0::2] == pid[1::2] and sorted(set(pid)) == ["q0", "q2"]
+    # q0: the i-th correct (sample 0, 2) with the i-th wrong (sample 1, 3) by sample_index.
+    si = t.column("sample_index").to_pylist()
+    assert [(si[k], si[k + 1]) for k in (0, 2)] == [(0, 1), (2, 3)]
+    assert pq.read_schema(tmp_path / "train.parquet").field("pair_id").type == pa.int64()
+
+
+def test_all_pairs_repeat_samples_and_the_cap_is_seeded(tmp_path):
+    pids = ["q0"] * 5
+    correct = [True, True, False, False, False]
+    scored = write_scored(tmp_path / "scored", scored_table(pids, correct))
+    result, t = run(tmp_path, scored, pairs="all")
+    assert result["pairs"] == 6  # 2 correct × 3 wrong
+    pairs = set(zip(t.column("sample_index").to_pylist()[0::2], t.column("sample_index").to_pylist()[1::2]))
+    assert pairs == {(c, r) for c in (0, 1) for r in (2, 3, 4)}
+    capped, t2 = run(tmp_path, scored, pairs="all", max_pairs_per_prompt=2, seed=5, overwrite=True)
+    assert capped["pairs"] == 2
+    again, t3 = run(tmp_path, scored, pairs="all", max_pairs_per_prompt=2, seed=5, overwrite=True)
+    assert t3.column("sample_index").to_pylist() == t2.column("sample_index").to_pylist()
+
+
+def test_no_pair_at_all_is_one_clear_error_and_writes_nothing(tmp_path):
+    scored = write_scored(tmp_path / "scored", scored_table(["q0", "q0", "q1"], [True, True, False]))
+    with pytest.raises(UserError, match="no preference pair"):
+        run(tmp_path, scored, pairs="matched")
+    assert not (tmp_path / "train.parquet").exists()

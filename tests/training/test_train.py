@@ -28,13 +28,13 @@ from toprcli.losses import AGGREGATIONS, policy_loss
 from toprcli.stages.train import run as train_policy
 from toprcli.training.batching import (
     TokenData,
+    Units,
     collate,
-    data_order,
     loss_denominator,
-    pack_rows,
+    pack_units,
     plan_micro_batches,
-    split_rows,
-    total_steps,
+    split_units,
+    step_plan,
 )
 from toprcli.sampling import Processing
 from toprcli.training.optim import Adafactor, lr_factor
@@ -102,26 +102,60 @@ def test_lr_schedule_warmup_constant_and_cosine():
 
 
 def test_data_order_is_seeded_and_covers_epochs():
-    a = data_order(10, 4, total_steps(10, 4, 2.0, None), 2.0, None, seed=3)
+    one = Units.singletons(10)
+    plan = step_plan(one, 4, 2.0, None, seed=3)
+    a = plan.order
     assert len(a) == 20 and sorted(a[:10]) == list(range(10)) and sorted(a[10:]) == list(range(10))
-    assert np.array_equal(a, data_order(10, 4, 5, 2.0, None, seed=3))
-    assert not np.array_equal(a, data_order(10, 4, 5, 2.0, None, seed=4))
-    assert total_steps(10, 4, 1.0, None) == 3 and total_steps(10, 4, 0.5, None) == 2
-    assert total_steps(10, 4, 1.0, 7) == 7 and len(data_order(10, 4, 7, 1.0, 7, seed=0)) == 28  # max_steps overrides epochs
+    assert plan.steps == 5 and plan.step_units(1).tolist() == a[4:8].tolist()
+    assert not np.array_equal(a, step_plan(one, 4, 2.0, None, seed=4).order)
+    assert step_plan(one, 4, 1.0, None, 0).steps == 3 and step_plan(one, 4, 0.5, None, 0).steps == 2
+    seven = step_plan(one, 4, 1.0, 7, seed=0)  # max_steps overrides epochs
+    assert seven.steps == 7 and len(seven.order) == 28 and seven.rows_done[-1] == 28
+
+
+def test_grouped_steps_take_whole_units():
+    labels = np.array([0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 3, 4])  # unit 3 (5 rows) is larger than the batch
+    units = Units.from_labels(labels, whole=False)
+    plan = step_plan(units, 4, 1.0, None, seed=1)
+    seen = []
+    for k in range(plan.steps):
+        step = plan.step_units(k)
+        rows = units.rows_of(step)
+        assert len(rows) <= 4 or len(step) == 1  # a larger unit gets a step of its own
+        seen += step.tolist()
+    assert sorted(seen) == list(range(5))
+    assert plan.rows_done[-1] == 12
+    again = step_plan(units, 4, 1.0, None, seed=1)
+    assert np.array_equal(again.order, plan.order) and np.array_equal(again.starts, plan.starts)
 
 
 def test_micro_batches_respect_the_token_budget_and_align_ranks():
     lengths = np.array([50, 10, 30, 30, 5, 45, 20, 12])
+    one = Units.singletons(8)
     rows = np.arange(8)
-    for mb in pack_rows(rows, lengths, 64):
+    for mb in pack_units(rows, one, lengths, 64):
         assert len(mb) * lengths[mb].max() <= 64 or len(mb) == 1
-    assert sorted(np.concatenate(pack_rows(rows, lengths, 64))) == list(range(8))
-    parts = split_rows(rows, lengths, 2)
+    assert sorted(np.concatenate(pack_units(rows, one, lengths, 64))) == list(range(8))
+    parts = split_units(rows, lengths, 2)
     assert sorted(np.concatenate(parts)) == list(range(8))
     assert abs(lengths[parts[0]].sum() - lengths[parts[1]].sum()) <= lengths.max()
-    plan = plan_micro_batches(rows, lengths, 3, 64)
+    plan = plan_micro_batches(rows, one, lengths, 3, 64)
     assert len({len(p) for p in plan}) == 1  # every rank runs the same number of forwards
     assert sorted(np.concatenate([mb for p in plan for mb in p])) == list(range(8))
+
+
+def test_whole_units_stay_in_one_micro_batch_in_order():
+    lengths = np.array([50, 10, 30, 30, 5, 45, 20, 12])
+    pairs = Units(np.array([1, 0, 3, 2, 5, 4, 7, 6]), np.array([0, 2, 4, 6, 8]))
+    for rank in plan_micro_batches(np.arange(4), pairs, lengths, 2, 64):
+        for mb in rank:
+            assert len(mb) % 2 == 0
+            for k in range(0, len(mb), 2):  # a pair, its first row first
+                assert (mb[k], mb[k + 1]) in {(1, 0), (3, 2), (5, 4), (7, 6)}
+    # Not whole: a group over the budget is cut into pieces that fit.
+    group = Units(np.arange(8), np.array([0, 8]), whole=False)
+    mbs = pack_units(np.array([0]), group, lengths, 100)
+    assert all(len(mb) * 50 <= 100 for mb in mbs) and np.concatenate(mbs).tolist() == list(range(8))
 
 
 def test_collate_layout(token_data):
@@ -152,7 +186,7 @@ def test_micro_batch_shares_add_up_to_the_full_batch_loss(token_data, aggregatio
 
     full = loss_of(rows)
     denom = loss_denominator(token_data, rows, aggregation)
-    parts = sum(loss_of(mb) * loss_denominator(token_data, mb, aggregation) / denom for mb in pack_rows(rows, token_data.seq_lens, 60))
+    parts = sum(loss_of(mb) * loss_denominator(token_data, mb, aggregation) / denom for mb in pack_units(rows, Units.singletons(token_data.n_rows), token_data.seq_lens, 60))
     assert float(parts) == pytest.approx(float(full), rel=1e-5, abs=1e-6)
 
 

@@ -137,6 +137,12 @@ class CurateConfig:
     std_normalize: Literal["batch", "group"] | None = opt(
         None, "Divide A by the reward std over all samples (batch) or the prompt's (group), as ROLL's norm_std_type.")
     reward_clip: float | None = opt(None, "Clip A (after --std-normalize) to [−x, x] (ROLL's reward_clip).", check=POSITIVE)
+    pairs: Literal["none", "matched", "all"] = opt(
+        "none", "Preference pairs for --loss dpo, written as rows (chosen, rejected) with pair_id and chosen columns: matched "
+        "(per prompt the i-th correct with the i-th incorrect sample, each sample once; the one to use for DPO) or all "
+        "(every correct × incorrect combination).")
+    max_pairs_per_prompt: int | None = opt(
+        None, "With --pairs: at most this many pairs per prompt (matched: the first; all: a choice seeded by --seed).", check=AT_LEAST_ONE)
 
 
 @dataclass
@@ -172,6 +178,9 @@ class TrainConfig:
     epochs: float = opt(1.0, "Passes over the data (fractions allowed).", check=POSITIVE)
     max_steps: int | None = opt(None, "Optimizer steps; overrides --epochs.", check=AT_LEAST_ONE)
     batch_size: int = opt(64, "Sequences per optimizer step (over all ranks).", check=AT_LEAST_ONE)
+    group_by_prompt: bool = opt(
+        False, "Draw each step's batch as whole prompt groups (a group larger than --batch-size takes a step alone; "
+               "micro-batches may split a group). Pairwise losses always keep a pair together.")
     micro_batch_tokens: int = opt(8192, "Token budget of one forward pass (rows × padded length); gradients accumulate.", check=AT_LEAST_ONE)
     temperature: float | None = opt(None, _CHECK_DATA.format("temperature"), check=POSITIVE)
     top_p: float | None = opt(None, _CHECK_DATA.format("top-p"), check=UNIT_HALF_OPEN)
@@ -287,6 +296,9 @@ class IterateConfig:
             if want is not None and want != have:
                 raise ConfigError(f"train.{key} is {want!r} but generate.sampling.{key} is {have!r} — training reads the "
                                   f"sampling settings from the data; drop train.{key} (or make it equal)")
+        if LOSSES[self.train.loss].pairwise and self.curate.pairs == "none":
+            raise ConfigError(f"train.loss {self.train.loss} trains on preference pairs but curate.pairs is none — "
+                              "set curate.pairs=matched (or all)")
         # Training a verifier: each round's policy judges eval.candidates, rendered as its training prompts were.
         if self.eval.candidates and self.eval.verifier_chat_template != self.generate.dataset.chat_template:
             raise ConfigError(f"eval.verifier_chat_template is {self.eval.verifier_chat_template} but generate.dataset.chat_template is "

@@ -38,6 +38,7 @@ from toprcli.curation.baselines import (
     scale_advantages,
     solve_baseline,
 )
+from toprcli.curation.pairs import PAIR_MODES, groups_without_pair, preference_pairs
 from toprcli.curation.selection import (
     accuracy_range_mask,
     cap_per_group_mask,
@@ -75,4 +76,7 @@ __all__ = [
     "duplicate_candidates",
     "dedupe_mask",
     "subsample_indices",
+    "PAIR_MODES",
+    "preference_pairs",
+    "groups_without_pair",
 ]

@@ -32,6 +32,8 @@ Registered losses (``list_losses()``):
     ppo       l = max(−r A, −clip(r, 1−ε_lo, 1+ε_hi) A) [dual clip for A<0]; grad through r
     cispo     coef_t = clip(r_t, 1−ε_lo, 1+ε_hi)                 (MiniMax-M1)
     kimi15    l = −A log π_t + τ/2 (log π_t − log μ_t)²          (Kimi k1.5)
+    dpo       ℓ = −log σ(β[(s_c − s_c^ref) − (s_r − s_r^ref)]) per (chosen, rejected) pair
+              (offline DPO; s a sequence log-prob, the reference in the μ slot)
 
 Generic options of :func:`policy_loss` (valid for every loss): ``adv_clip``,
 ``whiten_advantages``, a KL penalty to a reference (``ref_logprobs``,

@@ -53,12 +53,21 @@ class LossSpec:
     # Whether the loss reads μ (behavior_logprobs). Greedy data has no μ; only losses
     # that ignore it can train on it.
     uses_behavior: bool = True
+    # A pairwise loss reads rows as (chosen, rejected) pairs — rows 2k and 2k+1, the
+    # chosen one (A > 0) first — and its ``behavior_logprobs`` slot holds the reference
+    # policy's log-probs; π and the reference are the model's unprocessed distribution
+    # (temperature 1, no truncation), whatever the data was sampled with.
+    pairwise: bool = False
+    # The aggregation the loss is defined with (None: the caller's choice).
+    aggregation: Optional[str] = None
 
 
 LOSSES: Dict[str, LossSpec] = {}
 
 
-def register_loss(name: str, *, description: str = "", uses_behavior: bool = True) -> Callable[[LossFn], LossFn]:
+def register_loss(
+    name: str, *, description: str = "", uses_behavior: bool = True, pairwise: bool = False, aggregation: Optional[str] = None
+) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn`` under ``name``; its options are its keyword-only parameters,
     their defaults the ones in its signature (declared once).
 
@@ -76,7 +85,9 @@ def register_loss(name: str, *, description: str = "", uses_behavior: bool = Tru
         options = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
         if any(v is inspect.Parameter.empty for v in options.values()):
             raise ValueError(f"loss {name!r}: every keyword-only option needs a default")
-        LOSSES[name] = LossSpec(name, fn, options, description, uses_behavior)
+        if aggregation is not None and aggregation not in AGGREGATIONS:
+            raise ValueError(f"loss {name!r}: unknown aggregation {aggregation!r}")
+        LOSSES[name] = LossSpec(name, fn, options, description, uses_behavior, pairwise, aggregation)
         return fn
 
     return deco
@@ -320,7 +331,8 @@ def policy_loss(
     (``whiten_advantages``: (A − mean)/(std + 1e-8), population std — note this
     moves the sign boundary TOPR uses) and then clipped to [−c, c]
     (``adv_clip`` = c). None/0/False switch a generic option off. Loss-specific
-    ``options`` must be declared by the loss (see ``LOSSES[name].options``).
+    ``options`` must be declared by the loss (see ``LOSSES[name].options``). A loss
+    registered with its own aggregation (``dpo``) uses it whatever ``aggregation`` says.
 
     Args:
         logprobs: (B, T) log π, with grad. Computed in ≥ float32.
@@ -341,6 +353,7 @@ def policy_loss(
     """
     spec = get_loss(name)
     opts = resolve_options(name, options)
+    aggregation = spec.aggregation or aggregation  # a loss defined with its own aggregation keeps it
     if aggregation not in AGGREGATIONS:
         raise ValueError(
             f"unknown aggregation {aggregation!r} — choose one of: {', '.join(AGGREGATIONS)}"

@@ -189,3 +189,52 @@ def kimi15_loss(logprobs, behavior_logprobs, advantages, mask, *, tau=0.1):
 
 
 # --------------------------------------------------------------------------- #
+
+
+@register_loss(
+    "dpo",
+    description="offline DPO on (chosen, rejected) pairs: −log σ(β·margin), reference = the round's starting policy",
+    uses_behavior=False,
+    pairwise=True,
+    aggregation="seq-mean-token-sum",
+)
+def dpo_loss(logprobs, behavior_logprobs, advantages, mask, *, beta=0.1, label_smoothing=0.0):
+    """Direct Preference Optimization (Rafailov et al. 2023), offline, from curated pairs.
+
+    Rows come in pairs: rows 2k (chosen, A > 0) and 2k+1 (rejected, A < 0) of
+    the same prompt; ``behavior_logprobs`` holds log π_ref, the reference policy's
+    *unprocessed* log-probs (temperature 1). With the sequence log-ratio
+    s_i = Σ_t m (log π − log π_ref) (a sum over tokens) and z_k = β (s_chosen − s_rejected),
+
+        ℓ_k = −(1 − ε) log σ(z_k) − ε log σ(−z_k)          (ε = ``label_smoothing``, cDPO)
+
+    Each row of pair k carries ℓ_k spread over its tokens (Σ_t l_{i,t} = ℓ_k), so
+    under ``seq-mean-token-sum`` with unit weights the loss is the mean of ℓ_k over
+    pairs, and a micro-batch of whole pairs is its exact share of the step.
+    A batch with no completion tokens (a padding micro-batch) gives zeros.
+    Shapes: (B, T), (B, T), (B,), (B, T) → (B, T), B even.
+    """
+    b = _as_float(beta)
+    _check(b is not None and 0 < b < math.inf, "dpo", f"beta must be a finite number > 0, got {beta!r}")
+    eps = _as_float(label_smoothing)
+    _check(eps is not None and 0 <= eps < 0.5, "dpo", f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
+    B = logprobs.shape[0]
+    if B % 2 or not bool(mask.any()):
+        _check(not bool(mask.any()), "dpo", f"rows come in (chosen, rejected) pairs — got a batch of {B} rows")
+        return logprobs * 0.0, {}
+    pair_adv = advantages.view(-1, 2)  # (P, 2)
+    _check(bool(((pair_adv[:, 0] > 0) & (pair_adv[:, 1] < 0)).all()), "dpo",
+           "each pair must be (chosen with A > 0, rejected with A < 0), in that order")
+    s = ((logprobs - behavior_logprobs) * mask).sum(-1).view(-1, 2)  # (P, 2) log π/π_ref per sequence, with grad
+    z = float(b) * (s[:, 0] - s[:, 1])  # (P,)
+    pair_loss = -(1.0 - float(eps)) * torch.nn.functional.logsigmoid(z) - float(eps) * torch.nn.functional.logsigmoid(-z)
+    lengths = mask.sum(-1).clamp(min=1.0)  # (B,)
+    per_token = (pair_loss.repeat_interleave(2) / lengths).unsqueeze(-1) * mask  # (B, T)
+    with torch.no_grad():
+        metrics = {
+            "dpo_reward_accuracy": (z > 0).to(logprobs.dtype).mean(),
+            "dpo_margin": (z / float(b)).mean(),
+            "dpo_chosen_reward": float(b) * s[:, 0].mean(),
+            "dpo_rejected_reward": float(b) * s[:, 1].mean(),
+        }
+    return per_token, metrics

@@ -56,6 +56,8 @@ from toprcli.stages import StageResult
 STAGE = "curate"
 GROUP_BASELINES = {"group-mean": "group-mean", "mean": "group-mean", "leave-one-out": "leave-one-out", "loo": "leave-one-out"}
 ADDED = [pa.field("advantage", pa.float32(), nullable=False), pa.field("weight", pa.float32(), nullable=False)]
+# With ``pairs``: rows 2k and 2k+1 are pair k, the chosen (correct) one first.
+PAIR_FIELDS = [pa.field("pair_id", pa.int64(), nullable=False), pa.field("chosen", pa.bool_(), nullable=False)]
 
 
 def manifest_path(out: str | os.PathLike[str]) -> Path:
@@ -95,6 +97,8 @@ class CurateCounts:
     correct: int
     dropped: dict[str, int]
     sources: list[SourceStats]
+    pairs: int | None = None  # preference pairs written (None: no pairs asked for)
+    prompts_without_pair: int | None = None  # kept prompts with one outcome only
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -266,8 +270,13 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     if std is not None or cfg.reward_clip is not None:
         adv = cu.scale_advantages(adv, std[kept] if isinstance(std, np.ndarray) else std, cfg.reward_clip)
     w32 = w_k.astype(np.float32)
+    pair_order = _pair_order(cfg, correct[kept], groups[kept], sample_index[kept]) if cfg.pairs != "none" else None
+    rows = (kept, adv, w32) if pair_order is None else (kept[pair_order], adv[pair_order], w32[pair_order])
 
-    counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped, target)
+    counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, *rows, correct, row_source, weights, dropped, target)
+    if pair_order is not None:
+        counts.pairs = len(pair_order) // 2
+        counts.prompts_without_pair = cu.groups_without_pair(correct[kept], cu.encode(groups[kept]))
 
     # -- pass 2: stream the kept rows out ----------------------------------------
     advantage_full = np.zeros(n_total, dtype=np.float32)
@@ -282,6 +291,8 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     schema = inputs.output_schema(ADDED, meta)
     tables = inputs.stream_kept(keep, {"advantage": advantage_full, "weight": weight_full}, schema,
                                 progress=lambda i, n: report(progress, "curate: writing", i, n))
+    if pair_order is not None:
+        schema, tables = _as_pairs(schema, tables, pair_order)
     shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=dictionary_columns(schema))
     wall = time.perf_counter() - t0
     shards.write_json_atomic(
@@ -298,6 +309,37 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         },
     )
     return StageResult(STAGE, str(out), {**summary, "manifest": str(manifest_path(out))}, wall_time_s=wall)
+
+
+def _pair_order(cfg: CurateConfig, correct: np.ndarray, groups: np.ndarray, sample_index: np.ndarray) -> np.ndarray:
+    """Positions in the kept rows, pair by pair: (chosen, rejected, chosen, rejected, ...)."""
+    chosen, rejected = cu.preference_pairs(correct, groups, sample_index, mode=cfg.pairs,
+                                           max_per_group=cfg.max_pairs_per_prompt, seed=cfg.seed)
+    if len(chosen) == 0:
+        raise UserError(
+            f"--pairs {cfg.pairs}: no prompt kept both a correct and an incorrect sample, so there is no preference pair — "
+            "sample more completions per prompt (--n) or relax the filters"
+        )
+    return np.stack([chosen, rejected], axis=1).reshape(-1)
+
+
+def _as_pairs(schema: pa.Schema, tables, pair_order: np.ndarray) -> tuple[pa.Schema, Any]:
+    """The kept rows reordered (and repeated) into pairs, with ``pair_id`` and ``chosen``.
+
+    Pairs are read whole into memory: a training set is small next to the scored inputs."""
+    for f in PAIR_FIELDS:
+        schema = schema.append(f)
+
+    def pairs():
+        kept = pa.concat_tables(list(tables))
+        n = len(pair_order)
+        table = kept.take(pa.array(pair_order))
+        table = table.append_column(PAIR_FIELDS[0], pa.array(np.arange(n) // 2, pa.int64()))
+        table = table.append_column(PAIR_FIELDS[1], pa.array(np.arange(n) % 2 == 0))
+        for k in range(0, n, ROW_GROUP):
+            yield table.slice(k, ROW_GROUP).cast(schema)
+
+    return schema, pairs()
 
 
 def _select(cfg: CurateConfig, inputs: ScoredInputs, light: dict[str, Any], correct: np.ndarray, groups: np.ndarray,

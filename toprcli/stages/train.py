@@ -93,6 +93,7 @@ def _finish(prep: Prepared, summary: dict) -> None:
         counts={"rows": summary["rows"], "steps": summary["steps"], "tokens": summary["tokens"]},
         wall_time_s=summary["wall_time_s"],
         sampling=summary["sampling"],
+        reference_logprobs=summary.get("reference_logprobs"),
     )
     shutil.rmtree(partial / "checkpoints", ignore_errors=True)
     (partial / PRECOMPUTED_NAME).unlink(missing_ok=True)

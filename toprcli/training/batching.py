@@ -90,71 +90,182 @@ class TokenData:
         return self.prompt_lens + self.completion_lens
 
 
+# -- units: rows that travel together --------------------------------------------
+
+
+@dataclass
+class Units:
+    """The rows batching keeps together: single rows, a prompt's group, or a (chosen, rejected) pair.
+
+    ``rows`` lists dataset rows unit after unit; unit u is
+    ``rows[off[u]:off[u+1]]``, in that order (a pair: chosen first). A unit is
+    never split over steps or ranks; a ``whole`` unit is never split over
+    micro-batches either (a pairwise loss needs both rows in one forward pass).
+    """
+
+    rows: np.ndarray  # (n,) int64
+    off: np.ndarray  # (n_units + 1,) int64
+    whole: bool = True
+
+    @classmethod
+    def singletons(cls, n_rows: int) -> "Units":
+        return cls(np.arange(n_rows, dtype=np.int64), np.arange(n_rows + 1, dtype=np.int64))
+
+    @classmethod
+    def from_labels(cls, labels: np.ndarray, *, whole: bool) -> "Units":
+        """Rows with equal ``labels`` (int (n,)) form a unit; units in order of first row, rows in file order."""
+        labels = np.asarray(labels)
+        _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+        rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[inverse]  # unit number by first row
+        rows = np.argsort(rank, kind="stable").astype(np.int64)
+        off = np.concatenate([[0], np.cumsum(np.bincount(rank, minlength=len(first)))]).astype(np.int64)
+        return cls(rows, off, whole)
+
+    @property
+    def n_units(self) -> int:
+        return len(self.off) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.off)
+
+    def rows_of(self, units: np.ndarray) -> np.ndarray:
+        """The rows of ``units`` (int (k,)), unit after unit."""
+        if len(units) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self.rows[self.off[u] : self.off[u + 1]] for u in units])
+
+    def longest(self, lengths: np.ndarray) -> np.ndarray:
+        """(n_units,) the longest row of each unit, by ``lengths`` (n_rows,)."""
+        return np.maximum.reduceat(lengths[self.rows], self.off[:-1]) if len(self.rows) else np.zeros(0, np.int64)
+
+
 # -- data order ----------------------------------------------------------------
 
 
-def total_steps(n_rows: int, batch_size: int, epochs: float, max_steps: Optional[int]) -> int:
-    """Optimizer steps of a run: ``max_steps`` if given (it overrides ``epochs``, as in HF),
-    else ceil(epochs · n_rows / batch_size)."""
-    if max_steps is not None:
-        return int(max_steps)
-    return max(1, math.ceil(round(epochs * n_rows) / batch_size))
+@dataclass
+class StepPlan:
+    """Which units each optimizer step trains on: step k takes ``order[starts[k]:starts[k+1]]``.
+
+    The order is a stream of seeded per-epoch permutations of the units (seed,
+    epoch), so step k always gets the same units and a resumed run needs only
+    the step number. A step takes whole units while they fit ``batch_size``
+    rows; a unit larger than ``batch_size`` gets a step of its own.
+    """
+
+    order: np.ndarray  # (units consumed,) unit ids
+    starts: np.ndarray  # (steps + 1,)
+    rows_done: np.ndarray  # (steps + 1,) rows consumed before step k
+
+    @property
+    def steps(self) -> int:
+        return len(self.starts) - 1
+
+    def step_units(self, step: int) -> np.ndarray:
+        return self.order[self.starts[step] : self.starts[step + 1]]
 
 
-def data_order(n_rows: int, batch_size: int, steps: int, epochs: float, max_steps: Optional[int], seed: int) -> np.ndarray:
-    """The row stream: permutation(epoch 0) ++ permutation(epoch 1) ++ ..., each seeded by
-    (seed, epoch), cut to the rows the run consumes. Step k trains on
-    ``order[k·batch_size : (k+1)·batch_size]``."""
-    needed = steps * batch_size if max_steps is not None else round(epochs * n_rows)
+def step_plan(units: Units, batch_size: int, epochs: float, max_steps: Optional[int], seed: int) -> StepPlan:
+    """The run's steps: ``max_steps`` of them if given (it overrides ``epochs``, as in HF), else as many
+    as the first ``round(epochs · n_units)`` units of the stream take."""
+    n, sizes = units.n_units, units.sizes
+    if max_steps is None:
+        order = _unit_stream(n, round(epochs * n), seed)
+        starts = _cut_steps(sizes[order], batch_size)
+    else:  # grow the stream until it fills max_steps steps
+        wanted = max_steps * batch_size
+        while True:
+            order = _unit_stream(n, wanted, seed)
+            starts = _cut_steps(sizes[order], batch_size)
+            if len(starts) - 1 >= max_steps or n == 0:
+                break
+            wanted *= 2
+        starts = starts[: max_steps + 1]
+        order = order[: starts[-1]]
+    rows_done = np.concatenate([[0], np.cumsum(sizes[order])])[starts]
+    return StepPlan(order, starts, rows_done.astype(np.int64))
+
+
+def _unit_stream(n_units: int, count: int, seed: int) -> np.ndarray:
+    """permutation(epoch 0) ++ permutation(epoch 1) ++ ..., each seeded by (seed, epoch), cut to ``count``."""
     chunks, have, epoch = [], 0, 0
-    while have < needed:
-        chunks.append(np.random.default_rng([seed, epoch]).permutation(n_rows))
-        have += n_rows
+    while have < count and n_units:
+        chunks.append(np.random.default_rng([seed, epoch]).permutation(n_units))
+        have += n_units
         epoch += 1
-    return np.concatenate(chunks)[:needed] if chunks else np.zeros(0, dtype=np.int64)
+    return np.concatenate(chunks)[:count].astype(np.int64) if chunks else np.zeros(0, dtype=np.int64)
 
 
-def step_rows(order: np.ndarray, step: int, batch_size: int) -> np.ndarray:
-    return order[step * batch_size : (step + 1) * batch_size]
+def _cut_steps(sizes: np.ndarray, batch_size: int) -> np.ndarray:
+    """Step boundaries (steps + 1,) over a stream of units of ``sizes``: whole units, ≤ batch_size rows a step
+    (a larger unit alone)."""
+    if len(sizes) and (sizes == 1).all():  # single rows: plain slices of batch_size
+        return np.unique(np.concatenate([np.arange(0, len(sizes), batch_size), [len(sizes)]])).astype(np.int64)
+    starts, rows = [0], 0
+    for i, size in enumerate(sizes.tolist()):
+        if rows and rows + size > batch_size:
+            starts.append(i)
+            rows = 0
+        rows += size
+    if rows:
+        starts.append(len(sizes))
+    return np.asarray(starts, dtype=np.int64)
 
 
 # -- ranks and micro-batches ----------------------------------------------------
 
 
-def split_rows(rows: np.ndarray, lengths: np.ndarray, world_size: int) -> list[np.ndarray]:
-    """Deal ``rows`` over ranks, longest first, round-robin (balances tokens per rank)."""
+def split_units(units_in_step: np.ndarray, longest: np.ndarray, world_size: int) -> list[np.ndarray]:
+    """Deal a step's units over ranks, longest first, round-robin (balances tokens per rank)."""
     if world_size == 1:
-        return [rows]
-    ordered = rows[np.argsort(-lengths[rows], kind="stable")]
+        return [units_in_step]
+    ordered = units_in_step[np.argsort(-longest[units_in_step], kind="stable")]
     return [ordered[r::world_size] for r in range(world_size)]
 
 
-def pack_rows(rows: np.ndarray, lengths: np.ndarray, token_budget: int) -> list[np.ndarray]:
-    """Greedy packing, longest first: a micro-batch grows while rows × longest ≤ budget.
+def pack_units(units_in_rank: np.ndarray, units: Units, lengths: np.ndarray, token_budget: int) -> list[np.ndarray]:
+    """Greedy packing, longest unit first: a micro-batch grows while rows × longest ≤ budget.
 
-    A row longer than the budget gets a micro-batch of its own.
+    Returns the rows of each micro-batch, unit after unit. A unit longer than the
+    budget gets a micro-batch of its own; if it is not ``whole``, it is cut into
+    pieces of ``budget // longest`` rows instead.
     """
-    if len(rows) == 0:
+    if len(units_in_rank) == 0:
         return []
-    ordered = rows[np.argsort(-lengths[rows], kind="stable")]
-    batches, start = [], 0
-    while start < len(ordered):
-        longest = max(int(lengths[ordered[start]]), 1)
-        n = max(1, token_budget // longest)
-        batches.append(ordered[start : start + n])
-        start += n
+    longest = units.longest(lengths)
+    ordered = units_in_rank[np.argsort(-longest[units_in_rank], kind="stable")]
+    batches: list[np.ndarray] = []
+    current: list[np.ndarray] = []
+    n_rows, width = 0, 1
+    for u in ordered:
+        rows = units.rows[units.off[u] : units.off[u + 1]]
+        w = max(int(longest[u]), 1)
+        if current and (n_rows + len(rows)) * max(width, w) > token_budget:
+            batches.append(np.concatenate(current))
+            current, n_rows = [], 0
+        if not current:
+            width = w
+            if not units.whole and len(rows) * w > token_budget:
+                per = max(1, token_budget // w)
+                pieces = [rows[i : i + per] for i in range(0, len(rows), per)]
+                batches += pieces[:-1]
+                rows = pieces[-1]
+        current.append(rows)
+        n_rows += len(rows)
+    batches.append(np.concatenate(current))
     return batches
 
 
 def plan_micro_batches(
-    rows: np.ndarray, lengths: np.ndarray, world_size: int, token_budget: int
+    units_in_step: np.ndarray, units: Units, lengths: np.ndarray, world_size: int, token_budget: int
 ) -> list[list[np.ndarray]]:
-    """Micro-batches of every rank, padded with empty ones to the same count.
+    """Micro-batches (their rows) of every rank, padded with empty ones to the same count.
 
     Every rank computes the whole plan (it holds the whole dataset), so the
     count is agreed on without communication.
     """
-    per_rank = [pack_rows(r, lengths, token_budget) for r in split_rows(rows, lengths, world_size)]
+    longest = units.longest(lengths)
+    per_rank = [pack_units(r, units, lengths, token_budget) for r in split_units(units_in_step, longest, world_size)]
     count = max(1, max(len(p) for p in per_rank))
     empty = np.zeros(0, dtype=np.int64)
     return [p + [empty] * (count - len(p)) for p in per_rank]

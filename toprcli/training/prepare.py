@@ -36,7 +36,8 @@ from toprcli.shards import (
     sampling_of,
     validate_columns,
 )
-from toprcli.training.batching import TOKEN_COLUMNS, TokenData, total_steps
+from toprcli.curation import group_ids
+from toprcli.training.batching import TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan
 
 # Options of ``policy_loss`` that apply to every loss; they may also be given in
 # ``loss_options`` (which then overrides the TrainConfig field of the same name).
@@ -76,16 +77,31 @@ class Prepared:
     data: TokenData
     out: Path
     partial: Path
-    steps: int
     vocab_size: int
     context: Optional[int]
-    samples: int  # rows the run consumes (with repeats over epochs)
+    units: Units  # what batching keeps together (rows, prompt groups, pairs)
+    plan: StepPlan  # the units of every step
     data_fingerprint: str
     config_fingerprint: str
     processing: Processing  # the sampling distribution of the data; log π is computed under it
     sampling_source: str  # "data", "config" or "assumed"
     gradient_checkpointing: bool
     policies: list[str] = field(default_factory=list)
+    reference: Optional[str] = None  # pairwise losses: "stored" μ or "recomputed" (unprocessed, T = 1)
+
+    @property
+    def steps(self) -> int:
+        return self.plan.steps
+
+    @property
+    def samples(self) -> int:
+        """Rows the run consumes (with repeats over epochs)."""
+        return int(self.plan.rows_done[-1])
+
+    @property
+    def logprob_processing(self) -> Processing:
+        """The distribution log π is computed under: the data's, or the unprocessed one for a pairwise loss."""
+        return Processing() if self.reference else self.processing
 
 
 # -- the loss -------------------------------------------------------------------------
@@ -107,7 +123,7 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
     resolve_options(cfg.loss, opts)
     setup = LossSetup(
         name=cfg.loss,
-        aggregation=cfg.aggregation,
+        aggregation=LOSSES[cfg.loss].aggregation or cfg.aggregation,
         options=opts,
         adv_clip=generic.get("adv_clip", cfg.adv_clip),
         whiten_advantages=bool(generic.get("whiten_advantages", cfg.whiten_advantages)),
@@ -119,11 +135,11 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
     )
     if setup.ref_model and not setup.kl_coef:
         raise UserError("ref_model is set but kl_coef is 0 — set --kl-coef > 0 or drop --ref-model")
-    one = torch.zeros(1, 1)
+    two = torch.zeros(2, 1)  # one (chosen, rejected) pair, so pairwise losses run too
     # One dry run validates everything the loss reads (names, aggregation, KL estimator, option values).
     policy_loss(  # raises ValueError for what the loss rejects
-        setup.name, one.clone().requires_grad_(), one, torch.ones(1), torch.ones(1, 1),
-        ref_logprobs=one, entropy=one if setup.entropy_coef else None, **setup.loss_kwargs(),
+        setup.name, two.clone().requires_grad_(), two, torch.tensor([1.0, -1.0]), torch.ones(2, 1),
+        ref_logprobs=two, entropy=two if setup.entropy_coef else None, **setup.loss_kwargs(),
     )
     return setup
 
@@ -131,11 +147,12 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
 # -- the data -------------------------------------------------------------------------
 
 
-def load_training_data(path: str, *, need_policy: bool) -> tuple[TokenData, list[str], Optional[dict[str, Any]]]:
-    """The columns training needs, the policies that generated the rows (if asked) and the data's
-    sampling record; UserError naming the file for a missing column or mixed sampling records."""
+def load_training_data(path: str, *, need_policy: bool, extra: tuple[str, ...] = ()) -> tuple[TokenData, list[str], Optional[dict[str, Any]], Any]:
+    """The columns training needs, the policies that generated the rows (if asked), the data's
+    sampling record and the ``extra`` columns (a table); UserError naming the file for a missing
+    column or mixed sampling records."""
     files = parquet_files(path)
-    columns = list(TOKEN_COLUMNS) + (["policy"] if need_policy else [])
+    columns = list(dict.fromkeys(list(TOKEN_COLUMNS) + (["policy"] if need_policy else []) + list(extra)))
     records = []
     for f in files:
         validate_columns(read_schema(f), "curated", f, required=columns)
@@ -153,7 +170,33 @@ def load_training_data(path: str, *, need_policy: bool) -> tuple[TokenData, list
     if table.num_rows == 0:
         raise UserError(f"{path}: the training set has no rows — check the curation step (its filters may drop everything)")
     policies = [str(p) for p in pc.unique(table.column("policy")).to_pylist()] if need_policy else []
-    return TokenData.from_table(table), policies, sampling
+    return TokenData.from_table(table), policies, sampling, table.select(list(extra))
+
+
+def batch_units(table, path: str, *, pairwise: bool, group_by_prompt: bool) -> Units:
+    """The rows batching keeps together: (chosen, rejected) pairs for a pairwise loss, a prompt's
+    rows with ``group_by_prompt`` (both: a prompt's pairs), else single rows."""
+    if not (pairwise or group_by_prompt):
+        return Units.singletons(table.num_rows)
+    if not pairwise:
+        return Units.from_labels(group_ids(table.column("iteration"), table.column("policy"), table.column("prompt_id"))[0], whole=False)
+    pair = table.column("pair_id").to_numpy()
+    chosen = table.column("chosen").to_numpy(zero_copy_only=False).astype(bool)
+    units = Units.from_labels(pair, whole=True)
+    sizes = units.sizes
+    if (sizes != 2).any():
+        bad = int(np.unique(pair)[np.flatnonzero(sizes != 2)[0]])
+        raise UserError(f"{path}: pair_id {bad} has {int(sizes[sizes != 2][0])} row(s), not 2 — re-run `topr curate --pairs matched`")
+    first, second = units.rows[units.off[:-1]], units.rows[units.off[:-1] + 1]
+    if (chosen[first] == chosen[second]).any():
+        raise UserError(f"{path}: a pair needs one chosen and one rejected row — re-run `topr curate --pairs matched`")
+    units.rows[units.off[:-1]] = np.where(chosen[first], first, second)  # chosen first
+    units.rows[units.off[:-1] + 1] = np.where(chosen[first], second, first)
+    if group_by_prompt:  # whole pairs, grouped by prompt
+        labels = group_ids(table.column("iteration"), table.column("policy"), table.column("prompt_id"))[0]
+        by_pair = Units.from_labels(labels[units.rows[units.off[:-1]]], whole=True)
+        units = Units(units.rows.reshape(-1, 2)[by_pair.rows].reshape(-1), by_pair.off * 2, whole=True)
+    return units
 
 
 def resolve_processing(cfg: TrainConfig, sampling: Optional[dict[str, Any]], path: str) -> tuple[Processing, str]:
@@ -300,15 +343,23 @@ def prepare(cfg: TrainConfig) -> Prepared:
     if loss.ref_model:
         model_config(loss.ref_model)
 
-    data, policies, sampling = load_training_data(cfg.data, need_policy=cfg.recompute_behavior)
+    pairwise = LOSSES[loss.name].pairwise
+    extra = _extra_columns(cfg, pairwise)
+    data, policies, sampling, extra_table = load_training_data(cfg.data, need_policy=cfg.recompute_behavior or pairwise, extra=extra)
     processing, sampling_source = resolve_processing(cfg, sampling, cfg.data)
     if processing.greedy and LOSSES[loss.name].uses_behavior:
         raise UserError(
             f"loss {loss.name!r} needs μ, but {cfg.data} has no sampling distribution (greedy decoding, temperature 0, "
             "or gold solutions) — regenerate with temperature > 0, or train with --loss sft"
         )
-    check_data(data, path=cfg.data, vocab_size=vocab_size, context=context, check_behavior=not cfg.recompute_behavior)
-    if cfg.recompute_behavior:
+    units = batch_units(extra_table, cfg.data, pairwise=pairwise, group_by_prompt=cfg.group_by_prompt)
+    reference = None
+    if pairwise:  # ±1 marks chosen/rejected for the loss; the reference rides in the μ slot
+        data.advantages = np.where(extra_table.column("chosen").to_numpy(zero_copy_only=False), 1.0, -1.0).astype(np.float32)
+        reference = pairwise_reference(cfg, sampling, processing, policies)
+    recompute = cfg.recompute_behavior or reference == "recomputed"
+    check_data(data, path=cfg.data, vocab_size=vocab_size, context=context, check_behavior=not recompute)
+    if cfg.recompute_behavior and not pairwise:
         other = [p for p in policies if not same_model(p, cfg.model)]
         if other:
             raise UserError(
@@ -319,16 +370,39 @@ def prepare(cfg: TrainConfig) -> Prepared:
         # A constant N for the whole run (the default T of `aggregate` would vary per micro-batch).
         loss.norm_length = int(max(1, data.completion_lens.max()))
 
-    steps = total_steps(data.n_rows, cfg.batch_size, cfg.epochs, cfg.max_steps)
-    samples = steps * cfg.batch_size if cfg.max_steps is not None else round(cfg.epochs * data.n_rows)
+    plan = step_plan(units, cfg.batch_size, cfg.epochs, cfg.max_steps, cfg.seed)
     semantic = {k: v for k, v in config_to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS}
     semantic["processing"] = processing.as_dict()
     return Prepared(
-        cfg=cfg, loss=loss, data=data, out=out, partial=partial, steps=steps, samples=samples, vocab_size=vocab_size,
+        cfg=cfg, loss=loss, data=data, out=out, partial=partial, units=units, plan=plan, reference=reference, vocab_size=vocab_size,
         context=context, data_fingerprint=fingerprint(cfg.data), config_fingerprint=_fingerprint(semantic),
         processing=processing, sampling_source=sampling_source,
         gradient_checkpointing=choose_gradient_checkpointing(cfg, mcfg), policies=policies,
     )
+
+
+def _extra_columns(cfg: TrainConfig, pairwise: bool) -> tuple[str, ...]:
+    """Columns beyond the token data that batching needs; UserError when the data lacks them."""
+    extra = (("prompt_id", "iteration", "policy") if cfg.group_by_prompt else ()) + (("pair_id", "chosen") if pairwise else ())
+    names = set(read_schema(parquet_files(cfg.data)[0]).names)
+    for name in extra:
+        if name not in names:
+            fix = (f"curate it with `topr curate --pairs matched` for --loss {cfg.loss}" if name in ("pair_id", "chosen")
+                   else "drop --group-by-prompt")
+            raise UserError(f"{cfg.data} has no {name!r} column — {fix}")
+    return extra
+
+
+def pairwise_reference(cfg: TrainConfig, sampling: Optional[dict[str, Any]], processing: Processing, policies: list[str]) -> str:
+    """Where a pairwise loss's reference log-probs come from: ``stored`` μ or a ``recomputed`` pass.
+
+    The reference is the starting policy's *unprocessed* distribution (temperature 1, no
+    truncation). The stored μ is that only when the data was sampled from --model at
+    temperature 1 without top-k/top-p/min-p; otherwise one scoring pass computes it.
+    """
+    unprocessed = sampling is not None and processing == Processing()
+    from_model = bool(policies) and all(same_model(p, cfg.model) for p in policies)
+    return "stored" if unprocessed and from_model and not cfg.recompute_behavior else "recomputed"
 
 
 def finished_summary(cfg: TrainConfig) -> Optional[dict[str, Any]]:

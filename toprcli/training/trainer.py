@@ -39,7 +39,7 @@ from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
 from toprcli.shards import write_atomic
 from toprcli.training import checkpoint as ckpt
-from toprcli.training.batching import TokenData, collate, data_order, loss_denominator, plan_micro_batches, step_rows
+from toprcli.training.batching import TokenData, Units, collate, loss_denominator, plan_micro_batches
 from toprcli.training.distributed import DistContext, all_reduce, barrier
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
@@ -68,7 +68,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
         warn_pure_bf16(cfg.lr)
     lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=cfg.lora_target_modules) if cfg.lora_rank else None
     policy, lcfg = load_policy(
-        cfg.model, ctx, precision, prep.processing,
+        cfg.model, ctx, precision, prep.logprob_processing,
         gradient_checkpointing=prep.gradient_checkpointing, lora=lora, chunk_size=cfg.logprob_chunk_size,
     )
     if not ctx.distributed:
@@ -97,7 +97,6 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
     start_step = int(state["step"])
 
     metrics_file, tb = _open_logs(prep, ctx, start_step)
-    order = data_order(data.n_rows, cfg.batch_size, prep.steps, cfg.epochs, cfg.max_steps, cfg.seed)
     has_tokens = data.completion_lens > 0
     measure_gap = state["gap"] is None and start_step == 0
     last: dict[str, Any] = {}
@@ -105,15 +104,16 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
     try:
         for step in range(start_step, prep.steps):
             t0, c0 = time.perf_counter(), time.process_time()
-            # 1. Batch: this step's rows (same on every rank); whitening over the whole step batch.
-            rows = step_rows(order, step, cfg.batch_size)
+            # 1. Batch: this step's units and their rows (same on every rank); whitening over the whole step batch.
+            units = prep.plan.step_units(step)
+            rows = prep.units.rows_of(units)
             advantages = None
             if loss.whiten_advantages:
                 advantages = data.advantages.copy()
                 advantages[rows] = whiten(torch.from_numpy(data.advantages[rows]).double(), torch.from_numpy(has_tokens[rows])).float().numpy()
             denominator = loss_denominator(data, rows, loss.aggregation)
             stats = StepStats()
-            for mb_rows in plan_micro_batches(rows, data.seq_lens, ctx.world_size, cfg.micro_batch_tokens)[ctx.rank]:
+            for mb_rows in plan_micro_batches(units, prep.units, data.seq_lens, ctx.world_size, cfg.micro_batch_tokens)[ctx.rank]:
                 mb = collate(data, mb_rows, pad_id=PAD_ID, behavior=behavior, ref=ref, advantages=advantages).to(ctx.device)
                 with _out_of_memory_hint(cfg, mb.n_tokens):
                     # 2. log π of the completion tokens, under the data's sampling processing.
@@ -209,17 +209,18 @@ def _precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autoca
     behavior, ref = data.behavior, None
     precomputed: dict[str, np.ndarray] = {}
     need_ref_from_policy = loss.kl_coef > 0 and (loss.ref_model is None or same_model(loss.ref_model, cfg.model))
-    if cfg.recompute_behavior or need_ref_from_policy:
+    recompute = cfg.recompute_behavior or prep.reference == "recomputed"
+    if recompute or need_ref_from_policy:
         policy.eval()
         own = score_dataset(policy, data, ctx, token_budget=cfg.micro_batch_tokens, autocast=autocast)
         policy.train()
         state["gap"] = {**behavior_gap(data.behavior, own), "behavior_gap_source": "full pass"}
-        if cfg.recompute_behavior:  # μ under the data's processed distribution, by this trainer's numerics
+        if recompute:  # μ under log π's distribution (a pairwise loss: its unprocessed reference), by this trainer's numerics
             behavior = precomputed["behavior"] = own
         if need_ref_from_policy:
             ref = precomputed["ref"] = own
     if loss.kl_coef > 0 and ref is None:
-        ref_policy, _ = load_policy(loss.ref_model, ctx, Precision.resolve(cfg.dtype, ctx.device), prep.processing, trainable=False, chunk_size=cfg.logprob_chunk_size)
+        ref_policy, _ = load_policy(loss.ref_model, ctx, Precision.resolve(cfg.dtype, ctx.device), prep.logprob_processing, trainable=False, chunk_size=cfg.logprob_chunk_size)
         ref = precomputed["ref"] = score_dataset(ref_policy, data, ctx, token_budget=cfg.micro_batch_tokens, autocast=autocast)
         del ref_policy
     if precomputed and ctx.is_main:
@@ -237,7 +238,7 @@ def score_dataset(policy: PolicyLogprobs, data: TokenData, ctx: DistContext, *, 
     Rows are split over ranks; each token is written by one rank and the
     ranks' arrays are summed, so every rank ends with all of them.
     """
-    plan = plan_micro_batches(np.arange(data.n_rows), data.seq_lens, ctx.world_size, token_budget)[ctx.rank]
+    plan = plan_micro_batches(np.arange(data.n_rows), Units.singletons(data.n_rows), data.seq_lens, ctx.world_size, token_budget)[ctx.rank]
     flat = torch.zeros(len(data.completion_ids), dtype=torch.float32)
     off = data.completion_off
     with torch.no_grad():
@@ -317,7 +318,7 @@ def _step_record(prep: Prepared, state: dict[str, Any], record: dict[str, Any], 
     state["train_time_s"] += elapsed
     out = {
         "step": step + 1,
-        "epoch": min(prep.samples, (step + 1) * prep.cfg.batch_size) / prep.data.n_rows,
+        "epoch": int(prep.plan.rows_done[step + 1]) / prep.data.n_rows,
         **record,
         "grad_norm": grad_norm,
         "lr": lr,
@@ -349,7 +350,7 @@ def _summary(prep: Prepared, ctx: DistContext, state: dict[str, Any], last: dict
         "optimizer": cfg.optimizer,
         "rows": prep.data.n_rows,
         "steps": int(state["step"]),
-        "epochs": min(state["step"] * cfg.batch_size, prep.samples) / prep.data.n_rows,
+        "epochs": int(prep.plan.rows_done[int(state["step"])]) / prep.data.n_rows,
         "tokens": int(state["tokens"]),
         "train_time_s": train_time,
         "wall_time_s": wall,
@@ -362,6 +363,8 @@ def _summary(prep: Prepared, ctx: DistContext, state: dict[str, Any], last: dict
         "skipped_steps": int(state.get("skipped_steps", 0)),
         **{k: v for k, v in gap.items()},
         "sampling": {**prep.processing.as_dict(), "source": prep.sampling_source},
+        "reference_logprobs": prep.reference,
+        "batch_units": "pairs" if prep.reference else ("prompt groups" if cfg.group_by_prompt else "rows"),
         "precision": precision.name,
         "save_dtype": cfg.save_dtype,
         "gradient_checkpointing": prep.gradient_checkpointing,

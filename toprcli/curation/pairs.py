@@ -1,0 +1,98 @@
+"""Preference pairs for pairwise losses (DPO): a correct and an incorrect sample of one prompt.
+
+Pure NumPy, vectorised like the rest of :mod:`toprcli.curation`. Rows are
+indices into the arrays passed in; a pair is (chosen, rejected).
+
+Modes (``CurateConfig.pairs``):
+
+* ``matched`` — per prompt, the i-th correct sample with the i-th incorrect one
+  (both by ``order``, e.g. ``sample_index``): min(#correct, #incorrect) pairs,
+  each sample in at most one pair;
+* ``all`` — every correct × incorrect combination of the prompt (a sample
+  appears in several pairs).
+
+``max_per_group`` caps a prompt's pairs: the first ones for ``matched``, a
+seeded uniform choice for ``all`` (so a cap does not favour the first samples).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from toprcli.curation.selection import rank_in_group
+
+PAIR_MODES = ("matched", "all")
+
+
+def preference_pairs(
+    correct: np.ndarray,
+    groups: np.ndarray,
+    order: np.ndarray | None = None,
+    *,
+    mode: str = "matched",
+    max_per_group: int | None = None,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(chosen (P,), rejected (P,)) row indices, pairs sorted by group.
+
+    ``correct``: bool (N,); ``groups``: int (N,); ``order``: sortable (N,) or None.
+    """
+    if mode not in PAIR_MODES:
+        raise ValueError(f"unknown pairs mode {mode!r} — choose one of: {', '.join(PAIR_MODES)}")
+    if max_per_group is not None and max_per_group < 1:
+        raise ValueError(f"max_per_group must be >= 1, got {max_per_group}")
+    c = np.asarray(correct, dtype=bool)
+    g = np.asarray(groups, dtype=np.int64)
+    order = np.arange(len(g)) if order is None else np.asarray(order)
+    pos, neg = np.flatnonzero(c), np.flatnonzero(~c)
+    pos = pos[np.lexsort((order[pos], g[pos]))]  # by group, then order
+    neg = neg[np.lexsort((order[neg], g[neg]))]
+    if mode == "matched":
+        chosen, rejected = _matched(pos, neg, g)
+    else:
+        chosen, rejected = _all(pos, neg, g)
+    if max_per_group is not None and len(chosen):
+        pg = g[chosen]
+        key = None if mode == "matched" else np.random.default_rng(seed).random(len(chosen))
+        keep = rank_in_group(pg, key) < max_per_group
+        chosen, rejected = chosen[keep], rejected[keep]
+    return chosen, rejected
+
+
+def _matched(pos: np.ndarray, neg: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pair positives and negatives of equal rank within their group."""
+    if len(pos) == 0 or len(neg) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    width = max(len(pos), len(neg)) + 1
+    pos_key = g[pos] * width + rank_in_group(g[pos])  # pos is sorted, so the rank follows order
+    neg_key = g[neg] * width + rank_in_group(g[neg])
+    _, i, j = np.intersect1d(pos_key, neg_key, assume_unique=True, return_indices=True)
+    return pos[i].astype(np.int64), neg[j].astype(np.int64)
+
+
+def _all(pos: np.ndarray, neg: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every positive with every negative of its group."""
+    if len(pos) == 0 or len(neg) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    n_groups = int(max(g[pos].max(), g[neg].max())) + 1
+    neg_count = np.bincount(g[neg], minlength=n_groups)
+    neg_start = np.concatenate([[0], np.cumsum(neg_count)[:-1]])
+    reps = neg_count[g[pos]]  # (n_pos,) partners of each positive
+    chosen = np.repeat(pos, reps)
+    block_start = np.repeat(np.cumsum(reps) - reps, reps)
+    k = np.arange(len(chosen)) - block_start  # rank of the partner within its group's negatives
+    rejected = neg[np.repeat(neg_start[g[pos]], reps) + k]
+    return chosen.astype(np.int64), rejected.astype(np.int64)
+
+
+def groups_without_pair(correct: np.ndarray, groups: np.ndarray) -> int:
+    """Groups that yield no pair: every sample correct, or every sample incorrect."""
+    c = np.asarray(correct, dtype=bool)
+    g = np.asarray(groups, dtype=np.int64)
+    if len(g) == 0:
+        return 0
+    n = int(g.max()) + 1
+    present = np.bincount(g, minlength=n) > 0
+    pos = np.bincount(g, weights=c, minlength=n)
+    neg = np.bincount(g, weights=~c, minlength=n)
+    return int((present & ((pos == 0) | (neg == 0))).sum())
