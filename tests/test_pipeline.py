@@ -265,3 +265,32 @@ def test_engine_is_closed_before_training_and_reopened_after(reference, tmp_path
     assert seen == [None]  # closed while training
     state = json.loads((run_dir / "state.json").read_text())["steps"]
     assert state["round-001/train"]["release_s"] >= 0 and state["round-001/eval"]["reacquire_s"] > 0
+
+
+def test_dpo_round_trains_on_curated_pairs(tmp_path):
+    """`--loss dpo` per round like any loss: curate writes pairs; sampled at T = 0.3 (where the tiny model gets
+    some right), the reference is a new unprocessed pass of the starting policy."""
+    run_dir = tmp_path / "dpo"
+    cfg = tmp_path / "dpo.yaml"  # a longer warm start and 8 samples a prompt, so that prompts have both outcomes
+    cfg.write_text(MICRO.format(run_dir=run_dir).replace("examples: 64", "examples: 256").replace("n: 4", "n: 8"))
+    r = CliRunner().invoke(app, ["iterate", "--config", str(cfg), "--set", "train.loss=dpo", "--set", "curate.pairs=matched",
+                                 "--set", "generate.sampling.temperature=0.3",
+                                 "--set", "train.loss_options.beta=0.2", "--no-report"])
+    assert r.exit_code == 0, r.output
+    curated = pq.read_table(run_dir / "round-001" / "train.parquet")
+    assert curated.column("chosen").to_pylist() == [True, False] * (curated.num_rows // 2)
+    manifest = json.loads((run_dir / "round-001" / "train.parquet.manifest.json").read_text())
+    assert manifest["counts"]["pairs"] == curated.num_rows // 2 > 0
+    summary = json.loads((run_dir / "round-001" / "policy" / "train_summary.json").read_text())
+    assert summary["loss"] == "dpo" and summary["reference_logprobs"] == "recomputed" and summary["batch_units"] == "pairs"
+    first = json.loads((run_dir / "round-001" / "policy" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["dpo_margin"] == pytest.approx(0.0, abs=1e-3)  # π_0 = the reference: margins start at 0
+    rows = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
+    assert [r["round"] for r in rows] == [0, 1] and rows[1]["pass@1"] is not None
+
+
+def test_dpo_without_pairs_is_refused_at_config_load(reference, tmp_path):
+    r = CliRunner().invoke(app, ["iterate", "--config", str(reference.parent / "reference.yaml"), "--run-dir", str(tmp_path / "x"),
+                                 "--set", "train.loss=dpo"])
+    assert r.exit_code != 0 and "curate.pairs=matched" in r.output
+    assert not (tmp_path / "x").exists()
