@@ -15,6 +15,7 @@ DOC = """Turn scored samples into a training set: baseline, advantages, positive
       [bold]topr curate --scored runs/x/round-1/scored --out runs/x/round-1/train.parquet --positive-fraction 0.15[/]
       [bold]topr curate --scored r2/scored r1/scored --source-weights 1,0.5 --out r2/train.parquet --baseline leave-one-out[/]
       [bold]topr curate -s scored --out train.parquet --first-positive --drop-truncated --dedupe[/]
+      [bold]topr curate -s scored --out pairs.parquet --pairs matched[/]   (preference pairs for --loss dpo)
     """
 
 
@@ -36,6 +37,8 @@ def show(result: StageResult, cfg: CurateConfig) -> None:
     if s["positive_fraction"] is not None:
         rule = "" if cfg.positive_fraction_rule == "fixed" else f", rule {cfg.positive_fraction_rule}"
         rows.append((f"p̃ target (--positive-fraction {s['positive_fraction']}{rule})", s["p_target"]))
+    if s.get("pairs") is not None:
+        rows += [(f"pairs ({cfg.pairs})", f"{s['pairs']:,}"), ("prompts without a pair", f"{s['prompts_without_pair']:,}")]
     rows += [("positives kept (A ≥ 0)", f"{s['positives']:,}"), ("negatives kept (A < 0)", f"{s['negatives']:,}"),
              ("wall time (s)", round(result.wall_time_s, 2))]
     console.print(summary_table(f"{'already curated' if result.skipped else 'curated'} → {result.out}", rows))

@@ -12,10 +12,12 @@ from toprcli.stages import StageResult
 DOC = """Train a policy on a curated training set and save it in HF format.
 
     Runs as one process or under torchrun (FSDP2 over ranks; gloo on CPU). Losses: topr (the
-    paper), sft, reinforce, is, tis, ppo, cispo, kimi15; --loss-option KEY=VALUE sets a loss's own options.
+    paper), sft, reinforce, is, tis, ppo, cispo, kimi15, dpo (on `topr curate --pairs` data);
+    --loss-option KEY=VALUE sets a loss's own options.
 
     Examples:
       [bold]topr train -m runs/r0/policy -d runs/r1/train.parquet -o runs/r1/policy --loss topr[/]
+      [bold]topr train -m runs/r0/policy -d pairs.parquet -o runs/r1/dpo --loss dpo --loss-option beta=0.1[/]
       [bold]topr train -c configs/gsm8k-llama3-8b.yaml -m meta-llama/Meta-Llama-3-8B-Instruct -d train.parquet -o policy[/]
       [bold]topr train -c configs/gsm8k-llama3-8b.yaml -d train.parquet -o policy --nproc-per-node 8[/]   (FSDP2, 8 ranks)
       [bold]torchrun --nproc-per-node 8 -m toprcli train -c configs/gsm8k-llama3-8b.yaml -d train.parquet -o policy[/]
@@ -50,6 +52,8 @@ def show(result: StageResult, cfg: TrainConfig) -> None:
             ("final loss", s["final_loss"]), ("final grad norm", s["final_grad_norm"])]
     sampling = s.get("sampling") or {}
     rows.append(("sampling (log π under)", ", ".join(f"{k} {v}" for k, v in sampling.items() if k != "source") + f" ({sampling.get('source')})"))
+    if s.get("reference_logprobs"):
+        rows.append(("reference log-probs (unprocessed, T = 1)", "the stored μ" if s["reference_logprobs"] == "stored" else "a new scoring pass"))
     rows.append(("precision / saved as", f"{s.get('precision')} / {s.get('save_dtype')}"))
     if "behavior_gap_mean" in s:
         rows.append((f"|log π − log μ| mean/max ({s.get('behavior_gap_source')})", f"{s['behavior_gap_mean']:.3g} / {s['behavior_gap_max']:.3g}"))
