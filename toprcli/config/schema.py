@@ -181,6 +181,9 @@ class TrainConfig:
     group_by_prompt: bool = opt(
         False, "Draw each step's batch as whole prompt groups (a group larger than --batch-size takes a step alone; "
                "micro-batches may split a group). Pairwise losses always keep a pair together.")
+    shared_prefix: bool = opt(
+        False, "Compute each prompt once per micro-batch and let its completions attend to it (batches are drawn as "
+               "prompt groups, as --group-by-prompt); log-probs equal the one-pass layout's. See docs/benchmarks.md.")
     micro_batch_tokens: int = opt(8192, "Token budget of one forward pass (rows × padded length); gradients accumulate.", check=AT_LEAST_ONE)
     temperature: float | None = opt(None, _CHECK_DATA.format("temperature"), check=POSITIVE)
     top_p: float | None = opt(None, _CHECK_DATA.format("top-p"), check=UNIT_HALF_OPEN)

@@ -223,49 +223,66 @@ def split_units(units_in_step: np.ndarray, longest: np.ndarray, world_size: int)
     return [ordered[r::world_size] for r in range(world_size)]
 
 
-def pack_units(units_in_rank: np.ndarray, units: Units, lengths: np.ndarray, token_budget: int) -> list[np.ndarray]:
-    """Greedy packing, longest unit first: a micro-batch grows while rows × longest ≤ budget.
+def pack_units(units_in_rank: np.ndarray, units: Units, lengths: np.ndarray, token_budget: int,
+               prompt_lens: Optional[np.ndarray] = None) -> list[np.ndarray]:
+    """Greedy packing, longest unit first, while the micro-batch's padded cost ≤ budget.
 
-    Returns the rows of each micro-batch, unit after unit. A unit longer than the
-    budget gets a micro-batch of its own; if it is not ``whole``, it is cut into
-    pieces of ``budget // longest`` rows instead.
+    Cost: rows × longest row; with ``prompt_lens`` (n_rows,) — the shared-prefix layout, where
+    ``lengths`` are completion lengths and a unit is one prompt's rows — prompts × longest prompt
+    + rows × longest completion, each prompt counted once. Returns the rows of each micro-batch,
+    unit after unit. A unit over the budget gets a micro-batch of its own; if it is not ``whole``,
+    it is cut into pieces that fit instead.
     """
     if len(units_in_rank) == 0:
         return []
-    longest = units.longest(lengths)
+    shared = prompt_lens is not None
+    size = (lambda r: lengths[r] + prompt_lens[r]) if shared else (lambda r: lengths[r])  # noqa: E731
+    longest = units.longest(size(np.arange(len(lengths))))
     ordered = units_in_rank[np.argsort(-longest[units_in_rank], kind="stable")]
+
+    def cost(parts: list[np.ndarray]) -> int:
+        rows = np.concatenate(parts)
+        if not shared:
+            return len(rows) * max(int(lengths[rows].max()), 1)
+        return len(parts) * int(prompt_lens[rows].max()) + len(rows) * max(int(lengths[rows].max()), 1)
+
     batches: list[np.ndarray] = []
     current: list[np.ndarray] = []
-    n_rows, width = 0, 1
     for u in ordered:
         rows = units.rows[units.off[u] : units.off[u + 1]]
-        w = max(int(longest[u]), 1)
-        if current and (n_rows + len(rows)) * max(width, w) > token_budget:
+        if current and cost(current + [rows]) > token_budget:
             batches.append(np.concatenate(current))
-            current, n_rows = [], 0
-        if not current:
-            width = w
-            if not units.whole and len(rows) * w > token_budget:
-                per = max(1, token_budget // w)
-                pieces = [rows[i : i + per] for i in range(0, len(rows), per)]
-                batches += pieces[:-1]
-                rows = pieces[-1]
+            current = []
+        if not current and not units.whole and cost([rows]) > token_budget:
+            rows = rows[np.argsort(-size(rows), kind="stable")]  # longest first: every later piece costs less
+            pieces = _cut(rows, lambda k: cost([rows[:k]]), token_budget)
+            batches += pieces[:-1]
+            rows = pieces[-1]
         current.append(rows)
-        n_rows += len(rows)
     batches.append(np.concatenate(current))
     return batches
 
 
+def _cut(rows: np.ndarray, cost_of_first, budget: int) -> list[np.ndarray]:
+    """``rows`` in pieces of k rows, the largest k (≥ 1) whose cost fits the budget."""
+    k = 1
+    while k < len(rows) and cost_of_first(k + 1) <= budget:
+        k += 1
+    return [rows[i : i + k] for i in range(0, len(rows), k)]
+
+
 def plan_micro_batches(
-    units_in_step: np.ndarray, units: Units, lengths: np.ndarray, world_size: int, token_budget: int
+    units_in_step: np.ndarray, units: Units, lengths: np.ndarray, world_size: int, token_budget: int,
+    prompt_lens: Optional[np.ndarray] = None,
 ) -> list[list[np.ndarray]]:
     """Micro-batches (their rows) of every rank, padded with empty ones to the same count.
 
     Every rank computes the whole plan (it holds the whole dataset), so the
-    count is agreed on without communication.
+    count is agreed on without communication. ``prompt_lens``: the shared-prefix
+    cost (see :func:`pack_units`; ``lengths`` are then completion lengths).
     """
-    longest = units.longest(lengths)
-    per_rank = [pack_units(r, units, lengths, token_budget) for r in split_units(units_in_step, longest, world_size)]
+    longest = units.longest(lengths if prompt_lens is None else lengths + prompt_lens)
+    per_rank = [pack_units(r, units, lengths, token_budget, prompt_lens) for r in split_units(units_in_step, longest, world_size)]
     count = max(1, max(len(p) for p in per_rank))
     empty = np.zeros(0, dtype=np.int64)
     return [p + [empty] * (count - len(p)) for p in per_rank]
@@ -304,8 +321,12 @@ class MicroBatch:
     weights: torch.Tensor  # (B,) float32
     ref: Optional[torch.Tensor]  # (B, C) float32 log ref, or None
     rows: np.ndarray  # (B,) dataset row indices (empty for a padding micro-batch)
-    n_tokens: int  # real tokens (prompt + completion)
+    n_tokens: int  # real tokens (prompt + completion) the rows hold
     n_completion_tokens: int
+    # Shared prefix (see :func:`collate_shared`): input_ids (B, C) are the completions, prompt_lens (P,).
+    prompt_ids: Optional[torch.Tensor] = None  # (P, Lp) distinct prompts, left-padded
+    group: Optional[torch.Tensor] = None  # (B,) each row's prompt
+    n_computed: int = 0  # tokens the forward computes (shared prefix: each prompt once)
 
     def to(self, device: torch.device) -> "MicroBatch":
         if device.type == "cpu":
@@ -314,8 +335,12 @@ class MicroBatch:
         return MicroBatch(
             move(self.input_ids), move(self.prompt_lens), move(self.completion_lens), move(self.mask),
             move(self.behavior), move(self.advantages), move(self.weights), move(self.ref),
-            self.rows, self.n_tokens, self.n_completion_tokens,
+            self.rows, self.n_tokens, self.n_completion_tokens, move(self.prompt_ids), move(self.group), self.n_computed,
         )
+
+    def prefix(self) -> dict[str, Optional[torch.Tensor]]:
+        """The shared-prefix keywords of the policy's forward (empty for the one-pass layout)."""
+        return {} if self.prompt_ids is None else {"prompt_ids": self.prompt_ids, "group": self.group}
 
 
 def collate(
@@ -365,4 +390,40 @@ def collate(
         torch.from_numpy(mu), torch.from_numpy(np.ascontiguousarray(adv[rows], dtype=np.float32)),
         torch.from_numpy(np.ascontiguousarray(data.weights[rows], dtype=np.float32)),
         None if rf is None else torch.from_numpy(rf), rows, int((p_len + c_len).sum()), int(c_len.sum()),
+        n_computed=int((p_len + c_len).sum()),
     )
+
+
+def distinct_prompts(data: TokenData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(one row per distinct prompt (P,), each row's prompt index (B,)): rows with equal prompt tokens share."""
+    seen: dict[bytes, int] = {}
+    first, group = [], np.empty(len(rows), dtype=np.int64)
+    for i, r in enumerate(rows):
+        key = data.prompt_ids[data.prompt_off[r] : data.prompt_off[r + 1]].tobytes()
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(r)
+        group[i] = seen[key]
+    return np.asarray(first, dtype=np.int64), group
+
+
+def collate_shared(data: TokenData, rows: np.ndarray, *, pad_id: int = 0, **kw) -> MicroBatch:
+    """:func:`collate` for the shared-prefix forward: each distinct prompt once, left-padded (P, Lp),
+    and the completions alone, right-padded (B, C); per-token tensors as in :func:`collate`."""
+    mb = collate(data, rows, pad_id=pad_id, **kw)
+    if len(rows) == 0:
+        return mb
+    first, group = distinct_prompts(data, rows)
+    p_len = np.diff(data.prompt_off)[first]
+    prompts = np.full((len(first), int(p_len.max())), pad_id, dtype=np.int64)
+    for j, r in enumerate(first):
+        prompts[j, prompts.shape[1] - p_len[j] :] = data.prompt_ids[data.prompt_off[r] : data.prompt_off[r + 1]]
+    c_len = mb.completion_lens.numpy()
+    C = max(int(c_len.max()), 1)
+    completions = np.full((len(rows), C), pad_id, dtype=np.int64)
+    for i, r in enumerate(rows):
+        completions[i, : c_len[i]] = data.completion_ids[data.completion_off[r] : data.completion_off[r + 1]]
+    mb.input_ids, mb.prompt_lens = torch.from_numpy(completions), torch.from_numpy(p_len.astype(np.int64))
+    mb.prompt_ids, mb.group = torch.from_numpy(prompts), torch.from_numpy(group)
+    mb.n_computed = int(p_len.sum() + c_len.sum())
+    return mb

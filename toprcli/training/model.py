@@ -42,6 +42,7 @@ from toprcli.training.checkpoint import quiet_hf
 from toprcli.training.distributed import DistContext, broadcast_object, shard_model
 from toprcli.training.logprobs import chunked_logprobs, completion_index, default_chunk_size, scatter_completion
 from toprcli.training.lora import apply_lora, check_lora_targets, lora_config
+from toprcli.training.prefix import shared_prefix_hidden
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,25 @@ class PolicyLogprobs(torch.nn.Module):
         prompt_lens: torch.Tensor,
         completion_lens: torch.Tensor,
         with_entropy: bool = False,
+        prompt_ids: Optional[torch.Tensor] = None,
+        group: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """``input_ids`` (B, T): prompt_i + completion_i, right-padded (causal attention, so the
         padding is never seen). Returns ``(logprobs (B, C), entropy (B, C) or None)``,
-        C = max(max_i c_i, 1), zero past each completion."""
+        C = max(max_i c_i, 1), zero past each completion.
+
+        Shared prefix (``prompt_ids`` given): ``input_ids`` (B, C) holds the completions only,
+        ``prompt_ids`` (P, Lp) the distinct prompts left-padded, ``prompt_lens`` (P,) their lengths
+        and ``group`` (B,) each completion's prompt (``training/prefix.py``)."""
         B = input_ids.shape[0]
         C = max(int(completion_lens.max()), 1)
-        rows, cols, positions = completion_index(prompt_lens, completion_lens)  # (P,) each
-        hidden = self.lm.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state  # (B, T, H)
+        if prompt_ids is not None:
+            hidden = shared_prefix_hidden(self.lm.get_decoder(), prompt_ids, prompt_lens, input_ids, group)  # (B, C', H)
+            rows, cols, positions = completion_index(torch.ones_like(completion_lens), completion_lens)  # position j ← hidden j
+            input_ids = torch.cat([input_ids[:, :1], input_ids], dim=1)  # so that input_ids[rows, positions + 1] is token j
+        else:
+            rows, cols, positions = completion_index(prompt_lens, completion_lens)  # (P,) each
+            hidden = self.lm.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state  # (B, T, H)
         if len(rows) == 0:
             # No completion token (an empty micro-batch that keeps FSDP ranks in step): still run the
             # head once, weighted 0, so every rank's head gradient exists and reductions match.

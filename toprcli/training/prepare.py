@@ -352,7 +352,7 @@ def prepare(cfg: TrainConfig) -> Prepared:
             f"loss {loss.name!r} needs μ, but {cfg.data} has no sampling distribution (greedy decoding, temperature 0, "
             "or gold solutions) — regenerate with temperature > 0, or train with --loss sft"
         )
-    units = batch_units(extra_table, cfg.data, pairwise=pairwise, group_by_prompt=cfg.group_by_prompt)
+    units = batch_units(extra_table, cfg.data, pairwise=pairwise, group_by_prompt=cfg.group_by_prompt or cfg.shared_prefix)
     reference = None
     if pairwise:  # ±1 marks chosen/rejected for the loss; the reference rides in the μ slot
         data.advantages = np.where(extra_table.column("chosen").to_numpy(zero_copy_only=False), 1.0, -1.0).astype(np.float32)
@@ -383,12 +383,13 @@ def prepare(cfg: TrainConfig) -> Prepared:
 
 def _extra_columns(cfg: TrainConfig, pairwise: bool) -> tuple[str, ...]:
     """Columns beyond the token data that batching needs; UserError when the data lacks them."""
-    extra = (("prompt_id", "iteration", "policy") if cfg.group_by_prompt else ()) + (("pair_id", "chosen") if pairwise else ())
+    grouped = cfg.group_by_prompt or cfg.shared_prefix
+    extra = (("prompt_id", "iteration", "policy") if grouped else ()) + (("pair_id", "chosen") if pairwise else ())
     names = set(read_schema(parquet_files(cfg.data)[0]).names)
     for name in extra:
         if name not in names:
             fix = (f"curate it with `topr curate --pairs matched` for --loss {cfg.loss}" if name in ("pair_id", "chosen")
-                   else "drop --group-by-prompt")
+                   else "drop --group-by-prompt and --shared-prefix")
             raise UserError(f"{cfg.data} has no {name!r} column — {fix}")
     return extra
 

@@ -39,7 +39,7 @@ from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
 from toprcli.shards import write_atomic
 from toprcli.training import checkpoint as ckpt
-from toprcli.training.batching import TokenData, Units, collate, loss_denominator, plan_micro_batches
+from toprcli.training.batching import TokenData, Units, collate, collate_shared, loss_denominator, plan_micro_batches
 from toprcli.training.distributed import DistContext, all_reduce, barrier
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
@@ -98,6 +98,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
 
     metrics_file, tb = _open_logs(prep, ctx, start_step)
     has_tokens = data.completion_lens > 0
+    make_batch = collate_shared if cfg.shared_prefix else collate
     measure_gap = state["gap"] is None and start_step == 0
     last: dict[str, Any] = {}
     report(progress, "train", start_step, prep.steps)
@@ -113,12 +114,12 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
                 advantages[rows] = whiten(torch.from_numpy(data.advantages[rows]).double(), torch.from_numpy(has_tokens[rows])).float().numpy()
             denominator = loss_denominator(data, rows, loss.aggregation)
             stats = StepStats()
-            for mb_rows in plan_micro_batches(units, prep.units, data.seq_lens, ctx.world_size, cfg.micro_batch_tokens)[ctx.rank]:
-                mb = collate(data, mb_rows, pad_id=PAD_ID, behavior=behavior, ref=ref, advantages=advantages).to(ctx.device)
+            for mb_rows in _micro_batches(prep, units, ctx):
+                mb = make_batch(data, mb_rows, pad_id=PAD_ID, behavior=behavior, ref=ref, advantages=advantages).to(ctx.device)
                 with _out_of_memory_hint(cfg, mb.n_tokens):
                     # 2. log π of the completion tokens, under the data's sampling processing.
                     with autocast():
-                        logprobs, entropy = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, with_entropy=loss.entropy_coef > 0)
+                        logprobs, entropy = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, with_entropy=loss.entropy_coef > 0, **mb.prefix())
                     # 3. Loss: the micro-batch's share of the step's loss, so gradients sum to the step's.
                     mb_loss, metrics = policy_loss(
                         loss.name, logprobs, mb.behavior, mb.advantages, mb.mask, weights=mb.weights,
@@ -176,6 +177,15 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
     resumed = None if resume_from is None else int(resume_from.name.split("-")[1])
     state["peak_memory"] = _peak_memory(ctx)
     return _summary(prep, ctx, state, last, policy, params, precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
+
+
+def _micro_batches(prep: Prepared, units: np.ndarray, ctx: DistContext) -> list[np.ndarray]:
+    """This rank's micro-batches (rows) of a step; with a shared prefix each prompt's tokens are counted once."""
+    data = prep.data
+    if prep.cfg.shared_prefix:
+        return plan_micro_batches(units, prep.units, data.completion_lens, ctx.world_size, prep.cfg.micro_batch_tokens,
+                                  prompt_lens=data.prompt_lens)[ctx.rank]
+    return plan_micro_batches(units, prep.units, data.seq_lens, ctx.world_size, prep.cfg.micro_batch_tokens)[ctx.rank]
 
 
 def _stop_requested(ctx: DistContext) -> int:
@@ -364,7 +374,8 @@ def _summary(prep: Prepared, ctx: DistContext, state: dict[str, Any], last: dict
         **{k: v for k, v in gap.items()},
         "sampling": {**prep.processing.as_dict(), "source": prep.sampling_source},
         "reference_logprobs": prep.reference,
-        "batch_units": "pairs" if prep.reference else ("prompt groups" if cfg.group_by_prompt else "rows"),
+        "batch_units": ("pairs" if prep.reference else "rows") + (" by prompt" if cfg.group_by_prompt or cfg.shared_prefix else ""),
+        "shared_prefix": cfg.shared_prefix,
         "precision": precision.name,
         "save_dtype": cfg.save_dtype,
         "gradient_checkpointing": prep.gradient_checkpointing,

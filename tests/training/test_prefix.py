@@ -1,0 +1,135 @@
+"""Shared-prefix forward (toprcli/training/prefix.py) against the one-pass layout: same log-probs, same gradient."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from builders import curated_rows, write_curated
+from toprcli.sampling import Processing
+from toprcli.shards import read_table
+from toprcli.training.batching import TokenData, collate, collate_shared
+from toprcli.training.distributed import DistContext
+from toprcli.training.model import Precision, load_policy
+
+
+def grouped_file(path, per_prompt: tuple[int, ...] = (4, 1, 3), seed: int = 0, policy: str = "model"):
+    """Prompts with several completions each (a group of 1 too), uneven completion lengths."""
+    n = sum(per_prompt)
+    rows = curated_rows(n, seed=seed, prompt_len=(5, 14), completion_len=(1, 12), policy=policy)
+    starts = np.cumsum((0,) + tuple(per_prompt))[:-1]
+    owner = np.repeat(np.arange(len(per_prompt)), per_prompt)
+    rows["prompt_token_ids"] = [rows["prompt_token_ids"][starts[g]] for g in owner]
+    rows["prompt_id"] = [f"p{g}" for g in owner]
+    return write_curated(path, rows)
+
+
+def grouped_data(tmp_path, per_prompt: tuple[int, ...] = (4, 1, 3)) -> TokenData:
+    return TokenData.from_table(read_table(grouped_file(tmp_path / "g.parquet", per_prompt)))
+
+
+def policy_of(model_dir, processing=Processing(), **kw):
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    policy, _ = load_policy(str(model_dir), ctx, Precision.resolve("float32", ctx.device), processing, **kw)
+    return policy
+
+
+def logprobs_and_grad(policy, mb, weights: torch.Tensor):
+    policy.zero_grad(set_to_none=True)
+    lp, _ = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, **mb.prefix())
+    (lp * mb.mask * weights[: lp.shape[1]]).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
+    return lp.detach(), grads
+
+
+def assert_same(policy, data, rows):
+    one, shared = collate(data, rows), collate_shared(data, rows)
+    assert shared.prompt_ids.shape[0] < len(rows)  # prompts were shared
+    w = torch.linspace(0.5, 1.5, 64)  # a per-column weight, so the gradient is not a plain sum
+    lp_a, g_a = logprobs_and_grad(policy, one, w)
+    lp_b, g_b = logprobs_and_grad(policy, shared, w)
+    mask = one.mask.bool()
+    assert (lp_a - lp_b)[mask].abs().max().item() <= 1e-5
+    assert g_a.keys() == g_b.keys()
+    for name in g_a:
+        rel = (g_a[name] - g_b[name]).norm() / g_a[name].norm().clamp(min=1e-12)
+        assert rel.item() <= 1e-4, (name, rel.item())
+
+
+@pytest.mark.parametrize("processing", [Processing(), Processing(temperature=0.7, top_p=0.9)], ids=["plain", "T0.7-topp0.9"])
+def test_shared_prefix_equals_one_pass_on_the_tiny_model(tmp_path, tiny_model_dir, processing):
+    data = grouped_data(tmp_path)
+    policy = policy_of(tiny_model_dir, processing)
+    assert_same(policy, data, np.array([0, 5, 1, 4, 2, 3, 6, 7]))  # groups interleaved, a group of 1
+    assert_same(policy, data, np.array([0, 1, 2, 3]))  # one prompt: the broadcast path
+
+
+def test_shared_prefix_with_gradient_checkpointing_and_lora(tmp_path, tiny_model_dir):
+    data = grouped_data(tmp_path)
+    assert_same(policy_of(tiny_model_dir, gradient_checkpointing=True), data, np.arange(8))
+    lora = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None}
+    assert_same(policy_of(tiny_model_dir, lora=lora), data, np.arange(8))
+
+
+# -- in the trainer ------------------------------------------------------------------
+
+
+def _train(model_dir, data, out, **kw):
+    from toprcli.config import TrainConfig
+    from toprcli.stages.train import run as train_policy
+
+    base = dict(model=str(model_dir), data=str(data), out=str(out), optimizer="adamw", lr=1e-2, batch_size=8, max_steps=4,
+                group_by_prompt=True)
+    return train_policy(TrainConfig(**{**base, **kw}))
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _close(a, b) -> float:
+    wa, wb = _weights(a), _weights(b)
+    return max(((wa[k] - wb[k]).norm() / wb[k].norm().clamp(min=1e-12)).item() for k in wa)
+
+
+@pytest.mark.parametrize("budget", [4096, 40], ids=["whole-groups", "groups-split-over-micro-batches"])
+def test_training_with_a_shared_prefix_equals_the_one_pass_trainer(tmp_path, tiny_model_dir, budget):
+    """Same batches (prompt groups), same losses and weights: the shared prefix changes only the cost."""
+    data = grouped_file(tmp_path / "d.parquet", per_prompt=(4, 1, 3, 6, 2, 5, 3))
+    one = _train(tiny_model_dir, data, tmp_path / "one", micro_batch_tokens=budget)
+    shared = _train(tiny_model_dir, data, tmp_path / "shared", micro_batch_tokens=budget, shared_prefix=True)
+    assert shared["shared_prefix"] and shared["batch_units"] == "rows by prompt"
+    first = [json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("one", "shared")]
+    assert first[1]["loss"] == pytest.approx(first[0]["loss"], rel=1e-5)
+    assert first[1]["grad_norm"] == pytest.approx(first[0]["grad_norm"], rel=1e-5)  # the whole step's gradient
+    # Later steps: Adam divides by √v, so float-rounding differences of near-zero gradients grow into the
+    # weights (~1e-3 relative after 4 steps); a wrong mask or position changes the loss at the first digit.
+    assert shared["final_loss"] == pytest.approx(one["final_loss"], rel=1e-3)
+
+
+def test_a_resumed_shared_prefix_run_equals_an_uninterrupted_one(tmp_path, tiny_model_dir, kill_after_checkpoint, monkeypatch):
+    from conftest import Killed
+
+    data = grouped_file(tmp_path / "d.parquet", per_prompt=(4, 1, 3, 6, 2, 5, 3))
+    kw = dict(max_steps=5, save_every=2, shared_prefix=True, micro_batch_tokens=60)
+    _train(tiny_model_dir, data, tmp_path / "a", **kw)
+    kill_after_checkpoint(2)
+    with pytest.raises(Killed):
+        _train(tiny_model_dir, data, tmp_path / "b", **kw)
+    monkeypatch.undo()
+    resumed = _train(tiny_model_dir, data, tmp_path / "b", resume=True, **kw)
+    assert resumed["resumed_from_step"] == 2
+    assert _close(tmp_path / "a", tmp_path / "b") == 0.0
+
+
+@pytest.mark.parametrize("loss", ["topr", "sft", "ppo", "kimi15", "cispo", "tis", "is", "reinforce"])
+def test_every_loss_trains_with_a_shared_prefix(tmp_path, tiny_model_dir, loss):
+    data = grouped_file(tmp_path / "d.parquet", policy=str(tiny_model_dir))
+    summary = _train(tiny_model_dir, data, tmp_path / "o", loss=loss, shared_prefix=True, max_steps=1, kl_coef=0.1,
+                     recompute_behavior=True)
+    assert summary["steps"] == 1 and np.isfinite(summary["final_loss"])

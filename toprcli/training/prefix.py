@@ -1,0 +1,140 @@
+"""Shared-prefix forward: the n completions of a prompt pay for the prompt once.
+
+Pure tensor code over a Hugging Face decoder (no files, no config). A
+micro-batch holds P distinct prompts and B completions, completion i
+continuing prompt ``group[i]``. Two passes through the same decoder:
+
+1. **Prompts** (P, Lp), *left*-padded, so every prompt ends at column Lp − 1.
+   Each attention layer's keys and values (after RoPE) are recorded, with
+   their gradient, by :class:`PromptKV`.
+2. **Completions** (B, C), right-padded, at positions ``prompt_len + j``. Each
+   layer attends to its prompt's recorded keys/values followed by its own,
+   causally (:class:`PrefixKV` hands the layer ``cat(prompt_kv[group], own)``
+   and stores nothing, so a gradient-checkpointing replay sees the same
+   thing).
+
+Completion token 0 is predicted by the prompt's last hidden state, token j ≥ 1
+by the completion's hidden state j − 1: the hidden states that predict the
+completion tokens are ``cat(prompt_last[group], completion_hidden[:, :-1])``,
+the same vectors the one-pass layout (prompt + completion per row) computes,
+up to summation order. The backward of the gather adds every completion's
+gradient into its prompt's keys, values and last hidden state.
+
+Attention masks are 4-D, which Hugging Face passes to the attention kernel as
+is: boolean for SDPA (on CUDA it then picks its memory-efficient kernel, which
+takes an arbitrary mask — not run here), additive for eager attention. A left
+pad's query sees only itself; its output is never read.
+
+Cost per micro-batch: P · Lp + B · C tokens through the MLPs and projections
+(instead of B · (Lp + C)); attention of the completions over Lp + C keys. The
+gathered prompt keys/values are one copy per completion row and layer
+(B · Lp · 2 · kv_dim values), which attention keeps for its backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+
+class PromptKV:
+    """A cache for the prompt pass: records each layer's keys/values (overwriting on a replay)."""
+
+    is_compileable = False
+    is_sliding: list[bool] = []
+
+    def __init__(self) -> None:
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states  # (P, h_kv, Lp, d)
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+class PrefixKV:
+    """A read-only cache for the completion pass: each row's prompt keys/values before its own."""
+
+    is_compileable = False
+    is_sliding: list[bool] = []
+
+    def __init__(self, prompt: PromptKV, group: torch.Tensor) -> None:
+        self.prompt, self.group = prompt, group
+        self.single = bool((group == group[0]).all()) if len(group) else True
+
+    def _prefix(self, t: torch.Tensor, rows: int) -> torch.Tensor:
+        if self.single:  # one prompt: a broadcast view, no gather
+            return t[self.group[:1]].expand(rows, *t.shape[1:])
+        return t.index_select(0, self.group)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        rows = key_states.shape[0]
+        k = torch.cat([self._prefix(self.prompt.keys[layer_idx], rows).to(key_states.dtype), key_states], dim=2)
+        v = torch.cat([self._prefix(self.prompt.values[layer_idx], rows).to(value_states.dtype), value_states], dim=2)
+        return k, v  # (B, h_kv, Lp + C, d); nothing stored, so a checkpoint replay is identical
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+def attention_mask(decoder: torch.nn.Module, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, q, k) bool → the 4-D mask the decoder's attention takes as is: bool (True: attend) for SDPA
+    (whatever autocast does to q and k), else additive in ``dtype`` (0, or the dtype's minimum)."""
+    if getattr(getattr(decoder, "config", None), "_attn_implementation", "sdpa") == "sdpa":
+        return allowed[:, None]
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, low)[:, None]
+
+
+def prompt_pass(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, dtype: torch.dtype):
+    """Run the left-padded prompts (P, Lp); returns (last hidden state (P, H), their keys/values)."""
+    P, Lp = prompt_ids.shape
+    col = torch.arange(Lp, device=prompt_ids.device)
+    start = (Lp - prompt_lens)[:, None]  # (P, 1) first real column
+    real = col[None, :] >= start  # (P, Lp)
+    causal = col[None, None, :] <= col[None, :, None]  # (1, q, k)
+    # Real keys, causally; a left pad sees itself only (a row with no key would give NaN).
+    allowed = (real[:, None, :] & causal) | torch.eye(Lp, dtype=torch.bool, device=prompt_ids.device)[None]
+    positions = (col[None, :] - start).clamp(min=0)  # (P, Lp)
+    kv = PromptKV()
+    hidden = decoder(input_ids=prompt_ids, attention_mask=attention_mask(decoder, allowed, dtype), position_ids=positions,
+                     past_key_values=kv, use_cache=False).last_hidden_state  # (P, Lp, H)
+    return hidden[:, -1], kv
+
+
+def completion_pass(decoder: torch.nn.Module, completion_ids: torch.Tensor, prompt_lens: torch.Tensor, group: torch.Tensor,
+                    kv: PromptKV, Lp: int, dtype: torch.dtype) -> torch.Tensor:
+    """Run the right-padded completions (B, C) against their prompts' keys/values; hidden (B, C, H)."""
+    B, C = completion_ids.shape
+    plen = prompt_lens[group]  # (B,)
+    pcol = torch.arange(Lp, device=completion_ids.device)
+    ccol = torch.arange(C, device=completion_ids.device)
+    prompt_keys = (pcol[None, :] >= (Lp - plen)[:, None])[:, None, :].expand(B, C, Lp)  # (B, C, Lp)
+    own_keys = (ccol[None, :] <= ccol[:, None])[None].expand(B, C, C)  # (B, C, C) causal
+    allowed = torch.cat([prompt_keys, own_keys], dim=-1)  # (B, C, Lp + C)
+    positions = plen[:, None] + ccol[None, :]  # (B, C)
+    return decoder(input_ids=completion_ids, attention_mask=attention_mask(decoder, allowed, dtype), position_ids=positions,
+                   past_key_values=PrefixKV(kv, group), use_cache=False).last_hidden_state
+
+
+def allow_cache_under_checkpointing(decoder: torch.nn.Module) -> None:
+    """Let gradient-checkpointed layers keep our caches: both are safe to replay (PromptKV overwrites,
+    PrefixKV stores nothing), and Hugging Face otherwise drops any cache under checkpointing."""
+    for layer in getattr(decoder, "layers", []):
+        if hasattr(layer, "_can_checkpoint_with_cache"):
+            layer._can_checkpoint_with_cache = True
+
+
+def shared_prefix_hidden(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor,
+                         completion_ids: torch.Tensor, group: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The hidden states (B, C, H) that predict completion tokens 0..C−1 (see the module docstring)."""
+    dtype = dtype or next(decoder.parameters()).dtype
+    allow_cache_under_checkpointing(decoder)
+    last, kv = prompt_pass(decoder, prompt_ids, prompt_lens, dtype)
+    hidden = completion_pass(decoder, completion_ids, prompt_lens, group, kv, prompt_ids.shape[1], dtype)
+    return torch.cat([last[group][:, None], hidden[:, :-1]], dim=1)  # (B, C, H)
