@@ -66,6 +66,17 @@ def write_curated(path: Path, rows: dict[str, list] | None = None, **kwargs) -> 
     return write_table_atomic(path, pa.Table.from_pydict(rows, schema=CURATED_SCHEMA))
 
 
+def grouped_file(path, per_prompt: tuple[int, ...] = (4, 1, 3), seed: int = 0, policy: str = "model"):
+    """A curated file of prompts with several completions each (equal prompt tokens within a group) (a group of 1 too), uneven completion lengths."""
+    n = sum(per_prompt)
+    rows = curated_rows(n, seed=seed, prompt_len=(5, 14), completion_len=(1, 12), policy=policy)
+    starts = np.cumsum((0,) + tuple(per_prompt))[:-1]
+    owner = np.repeat(np.arange(len(per_prompt)), per_prompt)
+    rows["prompt_token_ids"] = [rows["prompt_token_ids"][starts[g]] for g in owner]
+    rows["prompt_id"] = [f"p{g}" for g in owner]
+    return write_curated(path, rows)
+
+
 def gsm8k_rows() -> list[dict]:
     return [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-from builders import write_curated
+from builders import grouped_file, write_curated
 
 from conftest import KILLER as KILLER_SCRIPT
 from toprcli.config import TrainConfig
@@ -139,3 +139,14 @@ def test_fsdp_streams_a_tied_embedding_model_into_the_shards(tmp_path):
     assert _max_diff(model, tmp_path / "fsdp") > 1e-3
     fsdp = json.loads((tmp_path / "fsdp" / "train_summary.json").read_text())
     assert fsdp["world_size"] == 2 and fsdp["peak_host_rss_mib"] > 0 and single["peak_host_rss_mib"] > 0
+
+
+def test_fsdp_shared_prefix_matches_one_process(tiny_model_dir, tmp_path):
+    """Each decoder layer runs twice per forward (prompts, then completions): FSDP2 gathers it for both."""
+    data = grouped_file(tmp_path / "train.parquet", per_prompt=(4, 1, 3, 6, 2, 5, 3, 4), policy=str(tiny_model_dir))
+    opts = dict(optimizer="adafactor", lr=1e-2, batch_size=9, max_steps=2, micro_batch_tokens=60, shared_prefix=True)
+    train_policy(_cfg(tiny_model_dir, data, tmp_path / "single", opts))
+    res = _torchrun(_train_args(tiny_model_dir, data, tmp_path / "fsdp", opts), _env())
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert _max_diff(tmp_path / "single", tmp_path / "fsdp") < FSDP_TOLERANCE
+    assert json.loads((tmp_path / "fsdp" / "train_summary.json").read_text())["shared_prefix"]

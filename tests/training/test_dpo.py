@@ -98,3 +98,10 @@ def _rows(path: Path) -> dict:
     import pyarrow.parquet as pq
 
     return pq.read_table(path).to_pydict()
+
+
+def test_dpo_with_a_shared_prefix_keeps_pairs_and_starts_at_log_2(tmp_path, tiny_model_dir):
+    data = pair_data(tmp_path / "t1.parquet", tiny_model_dir, temperature=1.0)
+    summary = train_policy(_cfg(tiny_model_dir, data, tmp_path / "out", shared_prefix=True))
+    assert summary["batch_units"] == "pairs by prompt" and summary["shared_prefix"]
+    assert summary["first_loss"] == pytest.approx(math.log(2), abs=1e-4)

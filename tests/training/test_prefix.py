@@ -8,23 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from builders import curated_rows, write_curated
+from builders import grouped_file
 from toprcli.sampling import Processing
 from toprcli.shards import read_table
 from toprcli.training.batching import TokenData, collate, collate_shared
 from toprcli.training.distributed import DistContext
 from toprcli.training.model import Precision, load_policy
-
-
-def grouped_file(path, per_prompt: tuple[int, ...] = (4, 1, 3), seed: int = 0, policy: str = "model"):
-    """Prompts with several completions each (a group of 1 too), uneven completion lengths."""
-    n = sum(per_prompt)
-    rows = curated_rows(n, seed=seed, prompt_len=(5, 14), completion_len=(1, 12), policy=policy)
-    starts = np.cumsum((0,) + tuple(per_prompt))[:-1]
-    owner = np.repeat(np.arange(len(per_prompt)), per_prompt)
-    rows["prompt_token_ids"] = [rows["prompt_token_ids"][starts[g]] for g in owner]
-    rows["prompt_id"] = [f"p{g}" for g in owner]
-    return write_curated(path, rows)
 
 
 def grouped_data(tmp_path, per_prompt: tuple[int, ...] = (4, 1, 3)) -> TokenData:

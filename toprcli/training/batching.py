@@ -411,7 +411,9 @@ def collate_shared(data: TokenData, rows: np.ndarray, *, pad_id: int = 0, **kw) 
     """:func:`collate` for the shared-prefix forward: each distinct prompt once, left-padded (P, Lp),
     and the completions alone, right-padded (B, C); per-token tensors as in :func:`collate`."""
     mb = collate(data, rows, pad_id=pad_id, **kw)
-    if len(rows) == 0:
+    if len(rows) == 0:  # still two passes, so FSDP ranks gather each layer as often as the others
+        mb.input_ids, mb.prompt_lens = torch.full((1, 1), pad_id, dtype=torch.long), torch.ones(1, dtype=torch.long)
+        mb.prompt_ids, mb.group = torch.full((1, 1), pad_id, dtype=torch.long), torch.zeros(1, dtype=torch.long)
         return mb
     first, group = distinct_prompts(data, rows)
     p_len = np.diff(data.prompt_off)[first]
