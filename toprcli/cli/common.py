@@ -174,6 +174,11 @@ def grid_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
     return table
 
 
+def record_table(title: str, columns: dict[str, str], records: Iterable[dict[str, Any]]) -> Table:
+    """A row per record: ``columns`` maps each header to the record's key it shows (– where a record has none)."""
+    return grid_table(title, list(columns), [[r.get(key) for key in columns.values()] for r in records])
+
+
 def with_interval(metrics: dict[str, Any], key: str, digits: int = 4) -> str | None:
     """A metric and, where ``metrics["intervals"]`` has one, its 95% interval over prompts: ``0.4120 [0.3710, 0.4550]``."""
     if metrics.get(key) is None:
