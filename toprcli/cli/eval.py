@@ -27,11 +27,8 @@ DOC = """Sample k completions per test prompt, score them, and report the metric
 
 
 def run(cfg: EvalConfig, progress) -> StageResult:
-    from toprcli.errors import UserError
     from toprcli.stages import eval as eval_stage
 
-    if not cfg.model:
-        raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
     return eval_stage.run(cfg, progress=progress)
 
 
