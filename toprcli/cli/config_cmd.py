@@ -33,9 +33,7 @@ def commented_yaml(cfg: object, indent: str = "") -> list[str]:
 @app.command("show")
 @user_errors
 def show(
-    stage: Annotated[
-        str | None, typer.Argument(help="generate, score, curate, verifier_data, train, eval or iterate; all when omitted.")
-    ] = None,
+    stage: Annotated[str | None, typer.Argument(help="generate, score, curate, verifier_data, train, eval or iterate; all when omitted.")] = None,
 ) -> None:
     """Print the default config of a stage (or of the whole pipeline) as YAML, each key with its help.
 
