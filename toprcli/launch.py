@@ -25,7 +25,8 @@ from toprcli import interrupt
 from toprcli.config import GenerateConfig, TrainConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.generation.vllm_cpu import BIND_VAR, core_groups
-from toprcli.shards import write_text_atomic
+from toprcli.shards import read_manifest, write_text_atomic
+from toprcli.stages import StageResult
 from toprcli.training.distributed import DIE_WITH_PARENT, die_with_parent
 
 
@@ -147,11 +148,11 @@ def device_groups(processes: int, per_process: int) -> list[str | None]:
     return [",".join(str(d) for d in range(i * per_process, (i + 1) * per_process)) for i in range(processes)]
 
 
-def generate_data_parallel(cfg: GenerateConfig) -> None:
+def generate_data_parallel(cfg: GenerateConfig) -> StageResult:
     """``cfg.data_parallel_size`` processes, one engine each, disjoint shard ranges into ``cfg.out``.
 
     Rows do not depend on the split: every prompt samples from its own seed.
-    Each process logs to ``<out>/_logs/part-<i>.log``.
+    Each process logs to ``<out>/_logs/part-<i>.log``. The result's counts are the merged manifest's.
     """
     out = Path(cfg.out)
     n = cfg.data_parallel_size
@@ -188,3 +189,7 @@ def generate_data_parallel(cfg: GenerateConfig) -> None:
     if failed:
         i, code, log = failed[0]
         raise UserError(f"generation process {i} of {n} failed (exit code {code}): {_last_error_line(log)} — see {log}")
+    manifest = read_manifest(out)
+    summary = {**manifest["counts"], "backend": manifest["config"]["engine"]["backend_resolved"],
+               "shards_written": manifest["counts"]["shards"], "shards_skipped": 0}
+    return StageResult("generate", cfg.out, summary, wall_time_s=manifest["wall_time_s"])

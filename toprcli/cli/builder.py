@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import types
 import typing
 from collections.abc import Callable
@@ -18,7 +17,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from toprcli.cli.common import RESUME, echo, progress_bars, send_noise_to, user_errors
+from toprcli.cli.common import RESUME, Verbose, echo_json, progress_bars, send_noise_to, user_errors
+from toprcli.config import load_config, parse_override, parse_value
 from toprcli.config.fields import describe, sections
 from toprcli.stages import StageResult
 
@@ -50,15 +50,6 @@ class Stage:
     extra: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # own options: name → (annotation, default), passed to run
 
 
-def _yaml_value(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
 def _cli_type(tp: Any) -> tuple[Any, Callable[[Any], Any]]:
     """The type typer parses a field's value as, and how that becomes the config value."""
     args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
@@ -68,16 +59,14 @@ def _cli_type(tp: Any) -> tuple[Any, Callable[[Any], Any]]:
         inner = typing.get_args(args[0])[0]
         if inner is str:
             return list[str], lambda v: list(v) or None
-        return list[str], lambda v: [_yaml_value(x) for item in v for x in item.split(",") if x.strip()] or None
+        return list[str], lambda v: [parse_value(x) for item in v for x in item.split(",") if x.strip()] or None
     if len(args) == 1 and args[0] in (int, float, str):
         return args[0], lambda v: v
     if len(args) == 1 and typing.get_origin(args[0]) is Literal:  # checked by the config: one error line naming the choices
         return str, lambda v: v
     if len(args) == 1 and typing.get_origin(args[0]) is dict:  # KEY=VALUE pairs
-        from toprcli.config import parse_override
-
         return list[str], lambda v: dict(parse_override(x) for x in v) or None
-    return str, _yaml_value  # a union such as float | str: read as YAML, checked by the config
+    return str, parse_value  # a union such as float | str: read as YAML, checked by the config
 
 
 def _show(value: Any) -> str:
@@ -110,33 +99,31 @@ def flags(cls: type) -> list[Flag]:
     return out
 
 
-def _common_params(stage: Stage) -> list[inspect.Parameter]:
-    def p(name: str, annotation: Any, default: Any) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+def _param(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
+
+def _common_options(stage: Stage) -> dict[str, tuple[Any, Any]]:
+    """The vocabulary every stage command shares, as ``Stage.extra``: name → (annotation, default)."""
     found = "the built-in demo settings" if stage.default_config else "none"
-    return [
-        p("config_", Annotated[str | None, typer.Option("--config", "-c", help=f"YAML config: a stage's keys, or a pipeline config with a section per stage; the options here override it (default: {found}).", show_default=False)], None),
-        p("set_", Annotated[list[str] | None, typer.Option("--set", help="Set any key, KEY=VALUE (repeatable): dotted (sampling.top_p=0.9), or its last part where that is unambiguous (top_p=0.9).", show_default=False)], None),
-        p("json_", Annotated[bool, typer.Option("--json", help="Print the stage result as JSON on stdout instead of tables.")], False),
-        p("progress_", Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars (on stderr).")], True),
-        p("verbose_", Annotated[bool, typer.Option("--verbose", help="Show other libraries' warnings, banners and bars (by default they go to the command's log file).")], False),
-    ]
+    return {
+        "config_": (Annotated[str | None, typer.Option("--config", "-c", help=f"YAML config: a stage's keys, or a pipeline config with a section per stage; the options here override it (default: {found}).", show_default=False)], None),
+        "set_": (Annotated[list[str] | None, typer.Option("--set", help="Set any key, KEY=VALUE (repeatable): dotted (sampling.top_p=0.9), or its last part where that is unambiguous (top_p=0.9).", show_default=False)], None),
+        "json_": (Annotated[bool, typer.Option("--json", help="Print the stage result as JSON on stdout instead of tables.")], False),
+        "progress_": (Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars (on stderr).")], True),
+        "verbose_": (Verbose, False),
+    }
 
 
 def build(stage: Stage) -> Callable[..., None]:
     """The typer command of ``stage``: one option per flagged config field, the common vocabulary, the run."""
     options = flags(stage.config)
-    params = [inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f.annotation) for f in options]
-    params += _common_params(stage)
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for name, (a, d) in stage.extra.items()]
+    params = [_param(f.param, f.annotation) for f in options]
+    params += [_param(name, annotation, default) for name, (annotation, default) in {**_common_options(stage), **stage.extra}.items()]
     if stage.more:
-        params.append(inspect.Parameter("more_", inspect.Parameter.KEYWORD_ONLY, default=None,
-                                        annotation=Annotated[list[str] | None, typer.Argument(metavar="DIR", show_default=False, help=f"More --{stage.more} values.")]))
+        params.append(_param("more_", Annotated[list[str] | None, typer.Argument(metavar="DIR", show_default=False, help=f"More --{stage.more} values.")]))
 
     def command(**kw: Any) -> None:
-        from toprcli.config import load_config, parse_override
-
         overrides = {f.key: f.parse(kw[f.param]) if kw[f.param] is not None else None for f in options}
         if stage.more and kw["more_"]:
             overrides[stage.more] = (overrides[stage.more] or []) + list(kw["more_"])
@@ -149,7 +136,7 @@ def build(stage: Stage) -> Callable[..., None]:
         if result is None:  # a rank other than 0 under torchrun: it prints nothing
             return
         if kw["json_"]:
-            echo(json.dumps(result.as_dict(), default=str))
+            echo_json(result.as_dict())
         else:
             stage.show(result, cfg)
 

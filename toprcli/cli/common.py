@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import sys
 import warnings
@@ -91,6 +92,11 @@ def echo(text: str) -> None:
     console.file.flush()
 
 
+def echo_json(data: Any, indent: int | None = None) -> None:
+    """``--json`` output: ``data`` as one JSON document (what JSON has no type for, as text)."""
+    echo(json.dumps(data, indent=indent, default=str))
+
+
 def fail(message: str) -> typer.Exit:
     """Print one red error line and return the exit (code 2) to raise. While other libraries'
     output goes to a log, the line names it (a failure's root cause may be there)."""
@@ -166,6 +172,19 @@ def grid_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
     for row in rows:
         table.add_row(*(_fmt(v) for v in row))
     return table
+
+
+def record_table(title: str, columns: dict[str, str], records: Iterable[dict[str, Any]]) -> Table:
+    """A row per record: ``columns`` maps each header to the record's key it shows (– where a record has none)."""
+    return grid_table(title, list(columns), [[r.get(key) for key in columns.values()] for r in records])
+
+
+def with_interval(metrics: dict[str, Any], key: str, digits: int = 4) -> str | None:
+    """A metric and, where ``metrics["intervals"]`` has one, its 95% interval over prompts: ``0.4120 [0.3710, 0.4550]``."""
+    if metrics.get(key) is None:
+        return None
+    low_high = (metrics.get("intervals") or {}).get(key)
+    return f"{metrics[key]:.4f}" + (f" [{low_high[0]:.{digits}f}, {low_high[1]:.{digits}f}]" if low_high else "")
 
 
 def _fmt(value: Any) -> str:

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
+from rich.table import Table
 
-from toprcli.cli.common import echo, err_console, user_errors
+from toprcli.cli.common import console, echo, echo_json, err_console, user_errors
+from toprcli.errors import UserError
 
 app = typer.Typer(help="Show default configs and validate config files.", no_args_is_help=True)
 
 
-def _yaml(data: object) -> str:
-    import yaml
-
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
-
-
 def commented_yaml(cfg: object, indent: str = "") -> list[str]:
     """``cfg`` as YAML, every key followed by its help as a comment (still valid YAML to edit and load)."""
-    import dataclasses
-
-    import yaml
-
     lines = []
     for f in dataclasses.fields(cfg):
         value, note = getattr(cfg, f.name), f.metadata.get("help")
@@ -39,9 +33,7 @@ def commented_yaml(cfg: object, indent: str = "") -> list[str]:
 @app.command("show")
 @user_errors
 def show(
-    stage: Annotated[
-        str | None, typer.Argument(help="generate, score, curate, verifier_data, train, eval or iterate; all when omitted.")
-    ] = None,
+    stage: Annotated[str | None, typer.Argument(help="generate, score, curate, verifier_data, train, eval or iterate; all when omitted.")] = None,
 ) -> None:
     """Print the default config of a stage (or of the whole pipeline) as YAML, each key with its help.
 
@@ -67,7 +59,7 @@ def check(
     from toprcli.config import IterateConfig, config_to_dict, load_config
 
     cfg = load_config(IterateConfig, file)
-    typer.echo(_yaml(config_to_dict(cfg)), nl=False)
+    typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
     err_console.print(f"[green]ok[/]: {file} is a valid pipeline config", highlight=False)
 
 
@@ -97,26 +89,20 @@ def import_roll(
     import json
 
     from toprcli.config import read_yaml
-    from toprcli.roll.importer import UNKNOWN, unknown_error, write_config
+    from toprcli.roll.importer import LEFT_OUT, MAPPED, UNKNOWN, unknown_error, write_config
     from toprcli.roll.importer import import_roll as run_import
 
     if out.exists() and not overwrite:  # before any work, so nothing is half done
-        from toprcli.errors import UserError
-
         raise UserError(f"{out} already exists — pass --overwrite or choose another --out")
     result = run_import(read_yaml(file))
     if result.unknown and not allow_unknown:
         raise unknown_error(result)
     written = write_config(result, out, str(file), overwrite=overwrite)
     if json_out:
-        rows = [{"key": r.key, "value": r.value, "status": r.status, "detail": r.detail} for r in result.rows]
-        typer.echo(json.dumps({"out": str(written), "rows": rows, "callouts": result.callouts, "unknown": result.unknown}, default=str))
+        rows = [dataclasses.asdict(r) for r in result.rows]
+        echo_json({"out": str(written), "rows": rows, "callouts": result.callouts, "unknown": result.unknown})
         return
-    from rich.table import Table
-
-    from toprcli.cli.common import console
-
-    colors = {"mapped": "green", "left out": "yellow", UNKNOWN: "red"}
+    colors = {MAPPED: "green", LEFT_OUT: "yellow", UNKNOWN: "red"}
     table = Table(title=f"ROLL keys of {file}", show_header=True, header_style="bold", show_lines=False)
     for name in ("ROLL key", "value", "status", "topr key / why"):
         table.add_column(name, overflow="fold")
@@ -128,7 +114,7 @@ def import_roll(
     for text in result.callouts:
         console.print(f"[bold magenta]call-out:[/] {text}", highlight=False)
     console.print(
-        f"[green]wrote[/] {written}: {counts['mapped']} keys mapped, {counts['left out']} left out, "
+        f"[green]wrote[/] {written}: {counts[MAPPED]} keys mapped, {counts[LEFT_OUT]} left out, "
         f"{counts[UNKNOWN]} unknown — check it with `topr config check {written}`",
         highlight=False,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from toprcli.cli.builder import Stage
-from toprcli.cli.common import console, summary_table
+from toprcli.cli.common import console, summary_table, with_interval
 from toprcli.config import EvalConfig
 from toprcli.stages import StageResult
 
@@ -27,25 +27,17 @@ DOC = """Sample k completions per test prompt, score them, and report the metric
 
 
 def run(cfg: EvalConfig, progress) -> StageResult:
-    from toprcli.errors import UserError
     from toprcli.stages import eval as eval_stage
 
-    if not cfg.model:
-        raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
     return eval_stage.run(cfg, progress=progress)
 
 
 def show(result: StageResult, cfg: EvalConfig) -> None:
     m, k = result.summary["metrics"], cfg.k
-    ci = m.get("intervals", {})
-
-    def with_ci(key: str) -> str:  # the 95% interval over prompts beside the value
-        return f"{m[key]:.4f}" + (f" [{ci[key][0]:.4f}, {ci[key][1]:.4f}]" if key in ci else "")
-
-    rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("pass@1", with_ci("pass@1")), (f"pass@{k}", m["pass@k"]),
-            (f"maj@{k}", with_ci("maj@k")), ("invalid rate", m["invalid_rate"]), ("mean completion tokens", m["mean_completion_tokens"])]
+    rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("pass@1", with_interval(m, "pass@1")), (f"pass@{k}", m["pass@k"]),
+            (f"maj@{k}", with_interval(m, "maj@k")), ("invalid rate", m["invalid_rate"]), ("mean completion tokens", m["mean_completion_tokens"])]
     if "greedy_accuracy" in m:
-        rows.insert(2, ("greedy accuracy", with_ci("greedy_accuracy")))
+        rows.insert(2, ("greedy accuracy", with_interval(m, "greedy_accuracy")))
     if "bootstrap" in m:
         rows.append(("[95% interval]", f"bootstrap over prompts, {m['bootstrap']['resamples']} resamples, seed {m['bootstrap']['seed']}"))
     if "best_of_k_verifier" in m:

@@ -26,14 +26,9 @@ def run(cfg: GenerateConfig, progress) -> StageResult:
 
         return generate_stage.run(cfg, progress=progress)
     from toprcli.launch import generate_data_parallel
-    from toprcli.shards import read_manifest
 
     err_console.print(f"{cfg.data_parallel_size} processes: logs in {cfg.out}/_logs/", highlight=False)
-    generate_data_parallel(cfg)
-    manifest = read_manifest(cfg.out)
-    summary = {**manifest["counts"], "backend": manifest["config"]["engine"]["backend_resolved"],
-               "shards_written": manifest["counts"]["shards"], "shards_skipped": 0}
-    return StageResult("generate", cfg.out, summary, wall_time_s=manifest["wall_time_s"])
+    return generate_data_parallel(cfg)
 
 
 def show(result: StageResult, cfg: GenerateConfig) -> None:

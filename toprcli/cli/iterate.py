@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from toprcli.cli.builder import Stage
-from toprcli.cli.common import console, err_console, grid_table
+from toprcli.cli.common import console, err_console, record_table
 from toprcli.config import IterateConfig
 from toprcli.stages import StageResult
 
@@ -28,26 +28,21 @@ DOC = """Run generate → score → curate → train → eval per round; killed 
       [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft-from-1 --branch-from runs/demo/round-001[/]
     """
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
-ROUND_COLUMNS = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "train rows", "wall s")
+# A round's summary as table columns: header → key.
+ROUND_COLUMNS = {"round": "round", "pass@1": "pass@1", "maj@k": "maj@k", "greedy": "greedy_accuracy", "invalid": "invalid_rate",
+                 "p": "p", "p̃": "p_effective", "train rows": "rows_out", "wall s": "wall_time_s"}
 # With a generative verifier (eval.verifier_model or eval.candidates): its judgement of the candidates.
-VERIFIER_COLUMNS = ("round", "maj@k (cands)", "best-of-k", "weighted maj@k", "accuracy", "invalid", "AUC")
+VERIFIER_COLUMNS = {"round": "round", "maj@k (cands)": "candidates_maj@k", "best-of-k": "best_of_k_verifier", "weighted maj@k": "weighted_maj@k",
+                    "accuracy": "verifier_accuracy", "invalid": "verifier_invalid_rate", "AUC": "verifier_auc"}
 
 
 def print_rounds(title: str, rows: list[dict], *, wall: bool = True) -> None:
     """The per-round table (accuracy and training mix) and, when a round has them, the verifier's measures."""
-    columns = ROUND_COLUMNS if wall else ROUND_COLUMNS[:-1]
-    console.print(grid_table(title, columns, [
-        [r["round"], r.get("pass@1"), r.get("maj@k"), r.get("greedy_accuracy"), r.get("invalid_rate"),
-         r.get("p"), r.get("p_effective"), r.get("rows_out")] + ([r.get("wall_time_s")] if wall else [])
-        for r in rows
-    ]))
+    columns = ROUND_COLUMNS if wall else {header: key for header, key in ROUND_COLUMNS.items() if key != "wall_time_s"}
+    console.print(record_table(title, columns, rows))
     judged = [r for r in rows if "best_of_k_verifier" in r]
     if judged:
-        console.print(grid_table("the verifier judging the candidates", VERIFIER_COLUMNS, [
-            [r["round"], r.get("candidates_maj@k"), r.get("best_of_k_verifier"), r.get("weighted_maj@k"),
-             r.get("verifier_accuracy"), r.get("verifier_invalid_rate"), r.get("verifier_auc")]
-            for r in judged
-        ]))
+        console.print(record_table("the verifier judging the candidates", VERIFIER_COLUMNS, judged))
 
 
 def default_config() -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from toprcli.cli import config_cmd, curate, generate, import_gguf, info, init_model, iterate, report, score, train, verifier_data
+from toprcli.cli import config_cmd, curate, generate, info, iterate, models, report, score, train, verifier_data
 from toprcli.cli import eval as eval_cli
 from toprcli.cli.builder import register
 
@@ -26,8 +26,8 @@ app = typer.Typer(
 )
 
 app.command("info")(info.info)
-app.command("init-model")(init_model.init_model)
-app.command("import-gguf")(import_gguf.import_gguf)
+app.command("init-model")(models.init_model)
+app.command("import-gguf")(models.import_gguf)
 register(app, generate.STAGE, score.STAGE, curate.STAGE, train.STAGE, eval_cli.STAGE, iterate.STAGE, verifier_data.STAGE)
 app.command("report")(report.report)
 app.add_typer(config_cmd.app, name="config")

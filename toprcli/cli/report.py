@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import console, echo, grid_table, user_errors
+from toprcli.cli.common import console, echo_json, grid_table, user_errors, with_interval
 
 
 @user_errors
@@ -34,26 +33,19 @@ def report(
             raise UserError("several runs: pass --out DIR for the comparison's plot and table")
         runs, where = write_comparison(run_dirs, out)
         if as_json:
-            echo(json.dumps({"runs": runs}, default=str))
+            echo_json({"runs": runs})
             return
-        rows = final_rows(runs)
-        console.print(grid_table("final rounds", ["", *[r["label"] for r in runs]], rows))
+        console.print(grid_table("final rounds", ["", *[r["label"] for r in runs]], final_rows(runs)))
         console.print(f"wrote {where}/compare.png and {where}/compare.md", highlight=False)
         return
     rows, where = write_report(run_dirs[0])
     if as_json:
-        echo(json.dumps(rows, indent=2, default=str))
+        echo_json(rows, indent=2)
         return
-    def ci(r: dict, key: str) -> str | None:  # the value and its 95% interval over prompts
-        if r.get(key) is None:
-            return None
-        lo_hi = (r.get("intervals") or {}).get(key)
-        return f"{r[key]:.4f}" + (f" [{lo_hi[0]:.3f}, {lo_hi[1]:.3f}]" if lo_hi else "")
-
     cols = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "mean reward", "changed")
     console.print(grid_table(f"run {run_dirs[0]}", cols, [
-        [r["round"], ci(r, "pass@1"), ci(r, "maj@k"), ci(r, "greedy_accuracy"), r.get("invalid_rate"), r.get("p"), r.get("p_effective"),
-         r.get("reward_mean"), ", ".join(r.get("config_changed") or []) or None]
+        [r["round"], *(with_interval(r, key, digits=3) for key in ("pass@1", "maj@k", "greedy_accuracy")), r.get("invalid_rate"),
+         r.get("p"), r.get("p_effective"), r.get("reward_mean"), ", ".join(r.get("config_changed") or []) or None]
         for r in rows
     ]))
     console.print(f"wrote {where}/summary.md and {where}/{{accuracy,mix,rewards,loss}}.png", highlight=False)

@@ -18,7 +18,7 @@ from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, Tr
 
 __all__ = ["STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
            "IterateConfig", "SamplingConfig", "ScoreConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig", "config_to_dict",
-           "default_config", "from_dict", "load_config", "parse_override", "read_yaml", "resolve_key", "stage_section"]
+           "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "resolve_key", "stage_section"]
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -101,15 +101,19 @@ def default_config(stage: str) -> Any:
     return STAGES[stage]()
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """``key.sub=value`` with the value parsed as YAML (numbers, booleans, lists)."""
+def parse_value(text: str) -> Any:
+    """A command-line value read as YAML (numbers, booleans, lists, null); text that is not YAML stays as written."""
     import yaml
 
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key.sub=value`` with the value parsed as YAML (``key=`` is the empty string)."""
     if "=" not in text:
         raise ConfigError(f"bad override {text!r} — write it as key=value, e.g. train.lr=1e-6")
     key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
+    return key.strip(), parse_value(raw) if raw else ""

@@ -27,15 +27,15 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = No
     return dataclasses.field(default=default, metadata=meta)
 
 
-def choice(options, what: str = "one of") -> dict:
-    """A check: a string that must be one of ``options`` (a registry's names)."""
-    options = tuple(options)
-    return {"check": lambda v: v in options, "allowed": f"{what} {', '.join(repr(o) for o in options)}"}
-
-
 def _check(predicate, allowed: str) -> dict:
     """A check: a predicate, and words saying what is allowed."""
     return {"check": predicate, "allowed": allowed}
+
+
+def choice(options, what: str = "one of") -> dict:
+    """A check: a string that must be one of ``options`` (a registry's names)."""
+    options = tuple(options)
+    return _check(lambda v: v in options, f"{what} {', '.join(repr(o) for o in options)}")
 
 
 POSITIVE = _check(lambda v: v > 0, "a number > 0")
@@ -88,10 +88,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if isinstance(value, tp):
             return value
         return _build(tp, value, f"{key}.") if isinstance(value, dict) else _MISSING
-    if tp is bool:
-        return value if isinstance(value, bool) else _MISSING
-    if tp is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
+    if tp in (bool, int, str):  # that type only: a bool is no int
+        return value if isinstance(value, tp) and (tp is bool or not isinstance(value, bool)) else _MISSING
     if tp is float:
         if isinstance(value, str):  # PyYAML reads 5e-7 (no dot) as a string
             try:
@@ -99,8 +97,6 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             except ValueError:
                 return _MISSING
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else _MISSING
-    if tp is str:
-        return value if isinstance(value, str) else _MISSING
     return value
 
 

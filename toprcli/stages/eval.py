@@ -82,6 +82,8 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     ``backend``: an open generation backend to use (it is not closed), else one is
     opened for ``cfg.engine`` and closed at the end.
     """
+    if not cfg.model:
+        raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
     if not cfg.out:
         raise UserError("eval needs an output directory — pass --out DIR")
     out = Path(cfg.out)
