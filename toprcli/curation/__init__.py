@@ -38,7 +38,7 @@ from toprcli.curation.baselines import (
     scale_advantages,
     solve_baseline,
 )
-from toprcli.curation.pairs import PAIR_MODES, groups_without_pair, preference_pairs
+from toprcli.curation.pairs import PAIR_FIELDS, PAIR_MODES, as_pair_rows, groups_without_pair, preference_pairs
 from toprcli.curation.selection import (
     accuracy_range_mask,
     cap_per_group_mask,
@@ -77,6 +77,8 @@ __all__ = [
     "dedupe_mask",
     "subsample_indices",
     "PAIR_MODES",
+    "PAIR_FIELDS",
+    "as_pair_rows",
     "preference_pairs",
     "groups_without_pair",
 ]

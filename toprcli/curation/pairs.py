@@ -17,11 +17,16 @@ seeded uniform choice for ``all`` (so a cap does not favour the first samples).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import numpy as np
+import pyarrow as pa
 
 from toprcli.curation.selection import rank_in_group
 
 PAIR_MODES = ("matched", "all")
+# The columns a paired training set adds: rows 2k and 2k+1 are pair k, the chosen (correct) one first.
+PAIR_FIELDS = [pa.field("pair_id", pa.int64(), nullable=False), pa.field("chosen", pa.bool_(), nullable=False)]
 
 
 def preference_pairs(
@@ -96,3 +101,21 @@ def groups_without_pair(correct: np.ndarray, groups: np.ndarray) -> int:
     pos = np.bincount(g, weights=c, minlength=n)
     neg = np.bincount(g, weights=~c, minlength=n)
     return int((present & ((pos == 0) | (neg == 0))).sum())
+
+
+def as_pair_rows(schema: pa.Schema, tables: Iterable[pa.Table], order: np.ndarray, row_group: int) -> tuple[pa.Schema, Iterator[pa.Table]]:
+    """The kept rows (``tables``, in order) reordered — and repeated — by ``order`` (chosen, rejected, ...),
+    with ``pair_id`` and ``chosen`` added; tables of ``row_group`` rows. The kept rows are read whole
+    into memory: a training set is small next to the scored inputs it comes from."""
+    for f in PAIR_FIELDS:
+        schema = schema.append(f)
+
+    def pairs() -> Iterator[pa.Table]:
+        table = pa.concat_tables(list(tables)).take(pa.array(order))
+        n = len(order)
+        table = table.append_column(PAIR_FIELDS[0], pa.array(np.arange(n) // 2, pa.int64()))
+        table = table.append_column(PAIR_FIELDS[1], pa.array(np.arange(n) % 2 == 0))
+        for k in range(0, n, row_group):
+            yield table.slice(k, row_group).cast(schema)
+
+    return schema, pairs()

@@ -56,8 +56,6 @@ from toprcli.stages import StageResult
 STAGE = "curate"
 GROUP_BASELINES = {"group-mean": "group-mean", "mean": "group-mean", "leave-one-out": "leave-one-out", "loo": "leave-one-out"}
 ADDED = [pa.field("advantage", pa.float32(), nullable=False), pa.field("weight", pa.float32(), nullable=False)]
-# With ``pairs``: rows 2k and 2k+1 are pair k, the chosen (correct) one first.
-PAIR_FIELDS = [pa.field("pair_id", pa.int64(), nullable=False), pa.field("chosen", pa.bool_(), nullable=False)]
 
 
 def manifest_path(out: str | os.PathLike[str]) -> Path:
@@ -292,7 +290,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     tables = inputs.stream_kept(keep, {"advantage": advantage_full, "weight": weight_full}, schema,
                                 progress=lambda i, n: report(progress, "curate: writing", i, n))
     if pair_order is not None:
-        schema, tables = _as_pairs(schema, tables, pair_order)
+        schema, tables = cu.as_pair_rows(schema, tables, pair_order, ROW_GROUP)
     shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=dictionary_columns(schema))
     wall = time.perf_counter() - t0
     shards.write_json_atomic(
@@ -321,25 +319,6 @@ def _pair_order(cfg: CurateConfig, correct: np.ndarray, groups: np.ndarray, samp
             "sample more completions per prompt (--n) or relax the filters"
         )
     return np.stack([chosen, rejected], axis=1).reshape(-1)
-
-
-def _as_pairs(schema: pa.Schema, tables, pair_order: np.ndarray) -> tuple[pa.Schema, Any]:
-    """The kept rows reordered (and repeated) into pairs, with ``pair_id`` and ``chosen``.
-
-    Pairs are read whole into memory: a training set is small next to the scored inputs."""
-    for f in PAIR_FIELDS:
-        schema = schema.append(f)
-
-    def pairs():
-        kept = pa.concat_tables(list(tables))
-        n = len(pair_order)
-        table = kept.take(pa.array(pair_order))
-        table = table.append_column(PAIR_FIELDS[0], pa.array(np.arange(n) // 2, pa.int64()))
-        table = table.append_column(PAIR_FIELDS[1], pa.array(np.arange(n) % 2 == 0))
-        for k in range(0, n, ROW_GROUP):
-            yield table.slice(k, ROW_GROUP).cast(schema)
-
-    return schema, pairs()
 
 
 def _select(cfg: CurateConfig, inputs: ScoredInputs, light: dict[str, Any], correct: np.ndarray, groups: np.ndarray,
