@@ -124,7 +124,7 @@ def test_every_loss_trains_with_a_shared_prefix(tmp_path, tiny_model_dir, loss):
     assert summary["steps"] == 1 and np.isfinite(summary["final_loss"])
 
 
-def real_text_data(tmp_path, model_dir, per_prompt=(3, 1, 2)) -> TokenData:
+def real_text_data(tmp_path, model_dir, per_prompt=(2, 1, 2)) -> TokenData:
     """GSM8K questions as prompts and GSM8K solutions as completions, in the model's own tokens."""
     from transformers import AutoTokenizer
 
@@ -136,7 +136,7 @@ def real_text_data(tmp_path, model_dir, per_prompt=(3, 1, 2)) -> TokenData:
     rows = curated_rows(n, seed=1)
     owner = np.repeat(np.arange(len(per_prompt)), per_prompt)
     rows["prompt_token_ids"] = [tok(problems[g]["question"])["input_ids"] for g in owner]
-    rows["completion_token_ids"] = [tok(problems[10 + i]["answer"])["input_ids"][: 20 + 7 * i] for i in range(n)]
+    rows["completion_token_ids"] = [tok(problems[10 + i]["answer"])["input_ids"][: 8 + 5 * i] for i in range(n)]
     rows["behavior_logprobs"] = [[-1.0] * len(c) for c in rows["completion_token_ids"]]
     rows["prompt_id"] = [f"p{g}" for g in owner]
     return TokenData.from_table(read_table(write_curated(tmp_path / "real.parquet", rows)))
@@ -150,7 +150,7 @@ def test_shared_prefix_equals_one_pass_on_smollm2(tmp_path, smollm2_dir):
     (padding changes the kernels' blocking), and the shared prefix stays within that floor."""
     data = real_text_data(tmp_path, smollm2_dir)
     policy = policy_of(smollm2_dir, Processing(temperature=0.7, top_p=0.9))
-    rows = np.arange(6)
+    rows = np.arange(5)
     with torch.no_grad():
         one = collate(data, rows)
         lp, _ = policy(one.input_ids, one.prompt_lens, one.completion_lens)

@@ -42,7 +42,7 @@ class Stage:
     run: Callable[..., StageResult | None]  # (cfg, progress, **extra)
     show: Callable[[StageResult, Any], None]  # the summary table(s)
     doc: str
-    log: Callable[[Any], str | None] = lambda cfg: f"{cfg.out}.log"  # where other libraries' output goes
+    log: Callable[[Any], str | None] = lambda cfg: f"{cfg.out}.log" if cfg.out else None  # where other libraries' output goes
     resume: str = RESUME  # the advice printed when a signal stops the command
     more: str | None = None  # a list field that also takes positional values (curate -s a b c)
     default_config: Callable[[], Any] | None = None  # the config file used when --config is not given

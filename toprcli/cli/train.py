@@ -27,7 +27,7 @@ DOC = """Train a policy on a curated training set and save it in HF format.
 def log_file(cfg: TrainConfig) -> str | None:
     from toprcli.training.distributed import env_world_size
 
-    return f"{cfg.out}.log" if env_world_size() == 1 else None  # a rank writes to its launcher's log
+    return f"{cfg.out}.log" if cfg.out and env_world_size() == 1 else None  # a rank writes to its launcher's log
 
 
 def run(cfg: TrainConfig, progress) -> StageResult | None:

@@ -96,6 +96,7 @@ def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides
 
 
 def default_config(stage: str) -> Any:
+    stage = stage.replace("-", "_")  # the command is verifier-data, its section verifier_data
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r} — choose one of: {', '.join(STAGES)}")
     return STAGES[stage]()
