@@ -97,3 +97,19 @@ def test_same_min_p_as_vllms_processor():
     probs = torch.softmax(z, -1)
     theirs = ~(probs < probs.amax(-1, keepdim=True) * 0.1)  # vLLM's MinPLogitsProcessor: invalid = p < max·min_p
     assert torch.equal(kept_mask(z, Processing(min_p=0.1)), theirs)
+
+
+@pytest.mark.parametrize("scale", [0.3, 2.5, 8.0], ids=["flat: the full-sort rows", "typical", "peaked"])
+def test_top_p_candidates_give_the_full_sorts_kept_set(scale):
+    """The top-k shortcut keeps exactly what sorting the whole vocabulary keeps (vLLM's rule)."""
+    from toprcli.sampling import _top_p_keep
+
+    torch.manual_seed(3)
+    z = torch.randn(200, 6000) * scale  # more than 4096 tokens: every tier of candidates is used
+    z[::7, ::3] = float("-inf")  # some tokens already dropped by min-p / top-k
+    for top_p in (0.5, 0.9, 0.99):
+        sorted_z, order = z.sort(dim=-1)
+        drop = torch.softmax(sorted_z, dim=-1).cumsum(dim=-1) <= 1 - top_p
+        drop[:, -1] = False
+        full = ~torch.zeros_like(drop).scatter_(-1, order, drop)
+        assert torch.equal(_top_p_keep(z, top_p), full), top_p

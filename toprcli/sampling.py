@@ -98,12 +98,42 @@ def kept_mask(z: torch.Tensor, p: Processing) -> Optional[torch.Tensor]:
         keep &= masked >= kth
         del masked
     if p.top_p < 1:
-        masked = z.masked_fill(~keep, float("-inf"))
-        sorted_z, order = masked.sort(dim=-1, descending=False)  # ascending, as vLLM
+        keep &= _top_p_keep(z.masked_fill(~keep, float("-inf")), p.top_p)
+    return keep
+
+
+TOP_P_CANDIDATES = (256, 4096)  # the top-p cut is looked for among this many most likely tokens, in turn
+
+
+def _top_p_keep(masked: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(N, V) bool: the smallest set of most likely tokens whose mass reaches ``top_p`` (vLLM's rule:
+    sorted ascending, a token is dropped while the cumulative mass up to it is ≤ 1 − top_p).
+
+    A full sort of the vocabulary costs ~25× a top-k of a few hundred, and the kept set is nearly
+    always among the most likely few hundred tokens: among the top k candidates a token survives
+    iff the mass of the tokens above it is < top_p, i.e. its logit ≥ the last kept one's. Rows
+    whose candidates hold less than ``top_p`` of the mass try the next k, then the full sort.
+    """
+    keep = torch.zeros_like(masked, dtype=torch.bool)
+    rows = torch.arange(masked.shape[0], device=masked.device)
+    lse = torch.logsumexp(masked, dim=-1, keepdim=True)  # (N, 1)
+    for k in TOP_P_CANDIDATES:
+        if k >= masked.shape[-1] or len(rows) == 0:
+            break
+        z = masked[rows]
+        top = z.topk(k, dim=-1).values  # (n, k) descending
+        probs = torch.exp(top - lse[rows])  # (n, k)
+        above = probs.cumsum(dim=-1) - probs  # (n, k) mass of the more likely candidates
+        n_kept = (above < top_p).sum(dim=-1, keepdim=True).clamp(min=1)  # (n, 1) ≥ 1: the top token stays
+        inside = probs.sum(dim=-1) >= top_p  # (n,) rows whose cut lies among the candidates
+        keep[rows[inside]] = z[inside] >= top.gather(-1, n_kept - 1)[inside]
+        rows = rows[~inside]
+    if len(rows):
+        sorted_z, order = masked[rows].sort(dim=-1, descending=False)  # ascending, as vLLM
         cum = torch.softmax(sorted_z, dim=-1).cumsum(dim=-1)
-        drop_sorted = cum <= 1 - p.top_p
+        drop_sorted = cum <= 1 - top_p
         drop_sorted[:, -1] = False  # the most likely token always survives
-        keep &= ~torch.zeros_like(keep).scatter_(-1, order, drop_sorted)
+        keep[rows] = ~torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
     return keep
 
 
