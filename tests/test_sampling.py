@@ -109,7 +109,12 @@ def test_top_p_candidates_give_the_full_sorts_kept_set(scale):
     z[::7, ::3] = float("-inf")  # some tokens already dropped by min-p / top-k
     for top_p in (0.5, 0.9, 0.99):
         sorted_z, order = z.sort(dim=-1)
-        drop = torch.softmax(sorted_z, dim=-1).cumsum(dim=-1) <= 1 - top_p
+        cum_sorted = torch.softmax(sorted_z, dim=-1).cumsum(dim=-1)
+        drop = cum_sorted <= 1 - top_p
         drop[:, -1] = False
         full = ~torch.zeros_like(drop).scatter_(-1, order, drop)
-        assert torch.equal(_top_p_keep(z, top_p), full), top_p
+        cum = torch.zeros_like(cum_sorted).scatter_(-1, order, cum_sorted)  # each token's cumulative mass
+        ours = _top_p_keep(z, top_p)
+        differ = ours != full
+        # Only where float32 rounding of the two cumulative sums decides (the token sits on the cut).
+        assert differ.sum() <= 2 and float(torch.cat([(cum[differ] - (1 - top_p)).abs(), torch.zeros(1)]).max()) < 1e-5, top_p
