@@ -35,8 +35,9 @@ from docs_section import write_section  # benchmarks/ (the script's own director
 from real_rl import REPO, config  # the task and its iterate config
 
 VARIANTS = {
-    "topr": [],  # p̃ = --p-tilde, fixed
-    "topr-at-least-p": ["curate.positive_fraction_rule=at-least-p"],  # p̃ = max(--p-tilde, p)
+    "topr": [],  # p̃ = --p-tilde (0.3), fixed
+    # p̃ that follows the data: max(0.1, p), the paper's lower end as a floor — the raw baseline (c = 0) once p > 0.1.
+    "topr-at-least-p": ["curate.positive_fraction=0.1", "curate.positive_fraction_rule=at-least-p"],
     "sft": ["train.loss=sft"],
     "dpo": ["train.loss=dpo", "curate.pairs=matched"],
 }

@@ -146,3 +146,18 @@ def test_a_kill_during_an_extension_or_a_branch_resumes_cleanly(one_round, tmp_p
     iterate(config, *args)
     steps = [json.loads(line)["step"] for line in (run / "round-002" / "policy" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, len(steps) + 1)) and (run / "round-002" / "eval" / "eval.json").exists()
+
+
+def test_a_key_added_to_toprcli_since_the_run_started_is_no_change(tmp_path):
+    """A run recorded before an option existed resumes: the new key takes its default, as the run behaved."""
+    import yaml
+
+    from toprcli.config import IterateConfig, config_to_dict
+    from toprcli.runs import reconcile
+
+    cfg = IterateConfig(run_dir=str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    old = config_to_dict(cfg)
+    del old["train"]["shared_prefix"], old["curate"]["pairs"]  # as written by an older toprcli
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(old))
+    assert reconcile(tmp_path / "run", cfg, apply_from_next_round=False) == []
