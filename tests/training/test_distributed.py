@@ -150,3 +150,30 @@ def test_fsdp_shared_prefix_matches_one_process(tiny_model_dir, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert _max_diff(tmp_path / "single", tmp_path / "fsdp") < FSDP_TOLERANCE
     assert json.loads((tmp_path / "fsdp" / "train_summary.json").read_text())["shared_prefix"]
+
+
+def test_ranks_die_with_a_killed_torchrun_agent(tiny_model_dir, tmp_path):
+    """SIGKILL the user's torchrun mid-run: its ranks exit too (none waits in a collective forever)."""
+    import signal
+    import time
+
+    from toprcli.processes import descendants
+
+    data = write_curated(tmp_path / "train.parquet", n=64, policy=str(tiny_model_dir))
+    args = _train_args(tiny_model_dir, data, tmp_path / "out", dict(optimizer="adamw", batch_size=8, max_steps=10_000))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "toprcli", *args]
+    agent = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "out.partial" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        time.sleep(0.5)
+    assert metrics.exists(), "training never started"
+    ranks = descendants(agent.pid)
+    assert len(ranks) >= 2
+    os.kill(agent.pid, signal.SIGKILL)
+    agent.wait()
+    deadline = time.time() + 15
+    while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in ranks):
+        time.sleep(0.2)
+    alive = [p for p in ranks if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text()]
+    assert not alive, f"ranks left behind: {alive}"

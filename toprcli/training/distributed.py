@@ -65,8 +65,10 @@ def env_rank() -> int:
 def init_distributed() -> DistContext:
     """Join the torchrun process group if there is one; pick this rank's device."""
     ws = env_world_size()
-    if ws > 1 and os.environ.get(DIE_WITH_PARENT):
-        die_with_parent()  # a torchrun worker launched by `topr iterate`: no orphan if the agent is killed
+    if ws > 1 and (os.environ.get(DIE_WITH_PARENT) or os.environ.get("TORCHELASTIC_RUN_ID")):
+        # A worker of a torchrun agent (ours or the user's): if the agent is killed, a rank would otherwise
+        # wait in a collective for the others forever, holding its memory and spinning on a core.
+        die_with_parent()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
