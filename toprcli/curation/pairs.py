@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from toprcli.curation.selection import rank_in_group
+from toprcli.curation.selection import mixed_outcome_mask, rank_in_group
 
 PAIR_MODES = ("matched", "all")
 # The columns a paired training set adds: rows 2k and 2k+1 are pair k, the chosen (correct) one first.
@@ -92,15 +92,9 @@ def _all(pos: np.ndarray, neg: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, n
 
 def groups_without_pair(correct: np.ndarray, groups: np.ndarray) -> int:
     """Groups that yield no pair: every sample correct, or every sample incorrect."""
-    c = np.asarray(correct, dtype=bool)
     g = np.asarray(groups, dtype=np.int64)
-    if len(g) == 0:
-        return 0
-    n = int(g.max()) + 1
-    present = np.bincount(g, minlength=n) > 0
-    pos = np.bincount(g, weights=c, minlength=n)
-    neg = np.bincount(g, weights=~c, minlength=n)
-    return int((present & ((pos == 0) | (neg == 0))).sum())
+    both = mixed_outcome_mask(correct, g)  # rows whose group has both outcomes
+    return len(np.unique(g)) - len(np.unique(g[both]))
 
 
 def as_pair_rows(schema: pa.Schema, tables: Iterable[pa.Table], order: np.ndarray, row_group: int) -> tuple[pa.Schema, Iterator[pa.Table]]:

@@ -274,7 +274,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, *rows, correct, row_source, weights, dropped, target)
     if pair_order is not None:
         counts.pairs = len(pair_order) // 2
-        counts.prompts_without_pair = cu.groups_without_pair(correct[kept], cu.encode(groups[kept]))
+        counts.prompts_without_pair = cu.groups_without_pair(correct[kept], groups[kept])
 
     # -- pass 2: stream the kept rows out ----------------------------------------
     advantage_full = np.zeros(n_total, dtype=np.float32)

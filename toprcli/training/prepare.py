@@ -99,6 +99,11 @@ class Prepared:
         return int(self.plan.rows_done[-1])
 
     @property
+    def recomputes_behavior(self) -> bool:
+        """Whether a pass of the starting policy replaces the stored μ before step 1."""
+        return self.cfg.recompute_behavior or self.reference == "recomputed"
+
+    @property
     def logprob_processing(self) -> Processing:
         """The distribution log π is computed under: the data's, or the unprocessed one for a pairwise loss."""
         return Processing() if self.reference else self.processing

@@ -219,7 +219,7 @@ def _precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autoca
     behavior, ref = data.behavior, None
     precomputed: dict[str, np.ndarray] = {}
     need_ref_from_policy = loss.kl_coef > 0 and (loss.ref_model is None or same_model(loss.ref_model, cfg.model))
-    recompute = cfg.recompute_behavior or prep.reference == "recomputed"
+    recompute = prep.recomputes_behavior
     if recompute or need_ref_from_policy:
         policy.eval()
         own = score_dataset(policy, data, ctx, token_budget=cfg.micro_batch_tokens, autocast=autocast)
