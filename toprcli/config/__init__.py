@@ -14,10 +14,10 @@ from typing import Any
 
 from toprcli.config.fields import ConfigError, config_to_dict, from_dict, leaf_paths
 from toprcli.config.schema import STAGES, WARM_START_TRAIN, CurateConfig, DatasetSpec, EngineConfig, EvalConfig, GenerateConfig
-from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, TrainConfig, VerifierDataConfig, WarmStartConfig
+from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, TrackingConfig, TrainConfig, VerifierDataConfig, WarmStartConfig
 
 __all__ = ["STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
-           "IterateConfig", "SamplingConfig", "ScoreConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig", "config_to_dict",
+           "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig", "config_to_dict",
            "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "resolve_key", "stage_section"]
 
 
@@ -54,11 +54,11 @@ def stage_section(data: dict[str, Any], stage: str) -> dict[str, Any]:
     """The part of a YAML document that configures ``stage``: its section of a pipeline config, or the whole file."""
     is_pipeline = any(k in data for k in STAGES if k != "iterate") or "warm_start" in data
     if stage != "iterate" and is_pipeline:
-        section = data.get(stage, {})
-        if section is None:
-            return {}
+        section = data.get(stage) or {}
         if not isinstance(section, dict):
             raise ConfigError(f"config section '{stage}' must be a mapping, got {section!r}")
+        if stage in ("train", "eval") and "tracking" in data:  # the pipeline's trackers, for its stage commands too
+            return {"tracking": data["tracking"], **section}
         return dict(section)
     return dict(data)
 

@@ -130,8 +130,18 @@ def unknown_keys(cls: type, data: dict[str, Any], prefix: str = "") -> list[str]
     return problems
 
 
+def migrate(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with keys of older toprcli versions moved where they live now (a config's ``migrate``), sections too."""
+    data = cls.migrate(dict(data)) if hasattr(cls, "migrate") else dict(data)
+    for name, tp in sections(cls).items():
+        if isinstance(data.get(name), dict):
+            data[name] = migrate(tp, data[name])
+    return data
+
+
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """A ``cls`` from plain data; :class:`ConfigError` names every unknown key at once, or a bad value."""
+    data = migrate(cls, data)
     problems = unknown_keys(cls, data, prefix)
     if problems:
         raise ConfigError(f"unknown config key{'s' if len(problems) > 1 else ''}: {'; '.join(problems)} — fix or remove them (topr config show lists every key)")

@@ -158,6 +158,21 @@ class VerifierDataConfig:
     overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment trackers the run also reports to (``tracking/``): one tracked run per run directory, resumed with it."""
+
+    report_to: list[str] = opt(factory=list, help="Trackers (repeatable): tensorboard (<run>/tb), wandb, mlflow, trackio. See docs/tracking.md.",
+                               check=_check(lambda v: set(v) <= set(TRACKERS), f"a list of {', '.join(TRACKERS)}"))
+    project: str | None = opt(None, "W&B or trackio project, MLflow experiment; unset: WANDB_PROJECT or MLFLOW_EXPERIMENT_NAME, else toprcli.")
+    run_name: str | None = opt(None, "The tracked run's name; unset: the run directory's name.")
+    group: str | None = opt(None, "Group of runs (W&B and trackio group, MLflow tag); unset: a branch's parent run.")
+    tags: dict[str, Any] = opt(factory=dict, help="A tag as KEY=VALUE (repeatable), e.g. variant=topr.", flag="--tag")
+
+
 _CHECK_DATA = "Check against the data's sampling {} (read from the data; a different value is refused)."
 
 
@@ -210,13 +225,20 @@ class TrainConfig:
     whiten_advantages: bool = opt(False, "Whiten advantages over each step's batch.")
     adv_clip: float | None = opt(None, "Clip advantages to [-c, c].", check=POSITIVE)
     log_every: int = opt(1, "Write metrics every N steps.", check=AT_LEAST_ONE)
-    tensorboard: bool = opt(False, "Also write TensorBoard events to OUT/tb.")
     norm_length: int | None = opt(None, "N of seq-mean-token-sum-norm; unset: the longest completion in the data.", check=AT_LEAST_ONE)
     threads: int | None = opt(None, "torch CPU threads; unset: torch's choice (a core share per rank under torchrun).", check=AT_LEAST_ONE)
     overwrite: bool = opt(False, "Replace an existing complete --out (at the end, once the new policy is complete).")
     nproc_per_node: int = opt(1, "Train on N ranks of this node: relaunches itself under torchrun (FSDP2).", check=AT_LEAST_ONE)
     launcher: str | None = opt(None, "Command template for other launchers with {config}, {nproc_per_node}, {python} "
                                      "(e.g. srun torchrun ... -m toprcli train --config {config}).")
+    tracking: TrackingConfig = opt(factory=TrackingConfig)
+
+    @staticmethod
+    def migrate(data: dict[str, Any]) -> dict[str, Any]:
+        """``tensorboard: true`` (before trackers) is ``tracking.report_to: [tensorboard]``."""
+        if data.pop("tensorboard", False):
+            data["tracking"] = {**data.get("tracking", {}), "report_to": [*data.get("tracking", {}).get("report_to", []), "tensorboard"]}
+        return data
 
 
 @dataclass
@@ -243,6 +265,7 @@ class EvalConfig:
     candidates: str | None = opt(None, "Judge this scored dir's samples with --model itself as the verifier (evaluating a trained verifier).")
     bootstrap_resamples: int = opt(1000, "Resamples of the percentile bootstrap (over prompts) behind every 95% interval.", check=AT_LEAST_ONE)
     bootstrap_seed: int = opt(0, "Seed of the bootstrap resamples.")
+    tracking: TrackingConfig = opt(factory=TrackingConfig)
 
     def check(self) -> None:
         if self.sampling.temperature == 0:
@@ -290,6 +313,15 @@ class IterateConfig:
     eval: EvalConfig = opt(factory=EvalConfig, cli=False)
     engine_handover: Literal["auto", "release", "keep"] = opt(
         "auto", "Before training the engine gives its memory back (vLLM sleep on GPUs, closed elsewhere); auto: on GPUs or with training in child processes.")
+    tracking: TrackingConfig = opt(factory=TrackingConfig)
+
+    @staticmethod
+    def migrate(data: dict[str, Any]) -> dict[str, Any]:
+        """A run's ``train.tensorboard: true`` (before trackers) reports the whole run to TensorBoard."""
+        train = data.get("train")
+        if isinstance(train, dict) and train.get("tensorboard"):
+            data["tracking"] = TrainConfig.migrate({"tensorboard": train.pop("tensorboard"), "tracking": data.get("tracking", {})})["tracking"]
+        return data
 
     def check(self) -> None:
         # The trainer reads the sampling distribution from the data generate writes; a train
@@ -306,6 +338,10 @@ class IterateConfig:
         if self.eval.candidates and self.eval.verifier_chat_template != self.generate.dataset.chat_template:
             raise ConfigError(f"eval.verifier_chat_template is {self.eval.verifier_chat_template} but generate.dataset.chat_template is "
                               f"{self.generate.dataset.chat_template} — the verifier judges eval.candidates with the prompts it was trained on; make them equal")
+        for stage in ("train", "eval"):
+            if getattr(self, stage).tracking.report_to:
+                raise ConfigError(f"{stage}.tracking is set in a pipeline config — tracking is one run per run directory: "
+                                  f"move it to the top level (tracking: {{report_to: [...]}})")
         self.warm_start_train()
 
     def warm_start_train(self) -> TrainConfig:

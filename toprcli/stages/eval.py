@@ -31,6 +31,7 @@ from toprcli.stages import StageResult
 from toprcli.stages import generate as generate_stage
 from toprcli.stages import score as score_stage
 from toprcli.stages.eval_judge import VERIFIED, judge
+from toprcli.tracking import check_installed, open_tracker, sample_rows
 from toprcli.verifiers import NO_ANSWER
 from toprcli.verifiers.voting import vote_keys
 
@@ -87,8 +88,10 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     if not cfg.out:
         raise UserError("eval needs an output directory — pass --out DIR")
     out = Path(cfg.out)
+    check_installed(cfg.tracking.report_to)
     done = read_eval(out)
     if done is not None:
+        _track(cfg, out, done)  # logged once: a tracker skips what it has
         return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
     if cfg.verifier_model:  # a bad verifier is refused before anything is generated
         check_model(cfg.verifier_model)
@@ -97,7 +100,17 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     shards.check_writable(out)
     with shards.output_lock(out):  # one writer per output
         result = _evaluate(cfg, out, backend, examples, progress)
+        _track(cfg, out, result)
     return StageResult(STAGE, str(out), result, wall_time_s=result["wall_time_s"])
+
+
+def _track(cfg: EvalConfig, out: Path, result: dict[str, Any]) -> None:
+    """The eval's metrics (at step ``iteration``) and a samples table, to ``cfg.tracking``'s trackers."""
+    tracker = open_tracker(cfg.tracking, out, config=result["config"])
+    if tracker is not None:
+        with tracker:
+            tracker.log("eval", result["metrics"], cfg.iteration)
+            tracker.log_table("eval/samples", sample_rows(out / "scored"), cfg.iteration)
 
 
 def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, progress: ProgressFn | None) -> dict[str, Any]:

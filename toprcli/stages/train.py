@@ -8,8 +8,8 @@ distribution μ was drawn from).
 Writes ``<out>/``: the new policy in HF format (safetensors + tokenizer,
 loadable by transformers and vLLM; LoRA merged; float32 weights unless
 ``save_dtype`` says otherwise), ``metrics.jsonl`` (one line per optimizer
-step), ``train_summary.json``, ``_manifest.json`` and ``tb/`` with
-``--tensorboard``. While running, everything lives in ``<out>.partial/``
+step), ``train_summary.json``, ``_manifest.json`` and, with ``--report-to``,
+the trackers' ``tracking.json`` (and ``tb/``, ``wandb/``). While running, everything lives in ``<out>.partial/``
 (with ``checkpoints/`` and, when μ or a reference is recomputed,
 ``precomputed.npz``); the directory is renamed to ``<out>`` only when the
 policy is complete, so ``<out>`` never holds a partial policy.
@@ -32,8 +32,12 @@ itself is :func:`toprcli.training.trainer.train_loop`.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,23 +45,27 @@ from toprcli import interrupt, shards
 from toprcli.config import TrainConfig, config_to_dict
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
+from toprcli.tracking import TRACKER_FILES, check_installed, open_tracker
 from toprcli.training.distributed import barrier, env_rank, init_distributed, shutdown
 from toprcli.training.prepare import SUMMARY_NAME, Prepared, finished_summary, prepare
-from toprcli.training.trainer import PRECOMPUTED_NAME, train_loop
+from toprcli.training.trainer import METRICS_NAME, PRECOMPUTED_NAME, train_loop
 
 STAGE = "train"
 
 
-def run(cfg: TrainConfig, *, progress: ProgressFn | None = None) -> StageResult:
+def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Callable[[dict[str, Any]], None] | None = None) -> StageResult:
     """Train ``cfg.model`` on ``cfg.data`` with loss ``cfg.loss``; write the policy to ``cfg.out``.
 
     Works as one process or under ``torchrun`` (FSDP2; every rank calls this).
     The result's summary is ``<out>/train_summary.json``. Raises
     :class:`~toprcli.errors.UserError` for bad input before any output directory exists.
+    ``on_record`` gets each step's metrics (a pipeline's trackers); without it, rank 0
+    reports to ``cfg.tracking``'s own.
     """
     done = finished_summary(cfg)
     if done is not None:  # resume of a finished run: nothing to do
         return StageResult(STAGE, str(cfg.out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
+    check_installed(cfg.tracking.report_to)
     prep = prepare(cfg)
     # One writer per output: rank 0 holds the lock for the whole run (its peers write only their shards).
     lock = shards.output_lock(prep.out) if env_rank() == 0 else contextlib.nullcontext()
@@ -71,7 +79,8 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None) -> StageResult:
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_world_size))
             # A SIGTERM/SIGINT stops at the next step boundary with a checkpoint (interrupt.deferred).
             with interrupt.deferred():
-                summary = train_loop(prep, ctx, progress if ctx.is_main else None)
+                with _tracked(prep, on_record) as sink:  # closed before <out>.partial becomes <out>
+                    summary = train_loop(prep, ctx, progress if ctx.is_main else None, sink)
                 if ctx.is_main:
                     _finish(prep, summary)
                 barrier(ctx)
@@ -79,6 +88,27 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None) -> StageResult:
             torch.set_num_threads(threads_before)
             shutdown(ctx)
     return StageResult(STAGE, str(prep.out), summary, wall_time_s=summary["wall_time_s"])
+
+
+@contextlib.contextmanager
+def _tracked(prep: Prepared, on_record: Callable[[dict[str, Any]], None] | None) -> Iterator[Callable[[dict[str, Any]], None] | None]:
+    """Where step records go: the caller's sink, else this run's own trackers (rank 0; files in ``<out>.partial``)."""
+    if on_record is not None or env_rank() != 0 or not prep.cfg.tracking.report_to:
+        yield on_record
+        return
+    if not prep.cfg.resume:  # training starts over: so does its tracked run
+        for entry in (prep.partial / name for name in TRACKER_FILES):
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
+    tracker = open_tracker(prep.cfg.tracking, prep.partial, config=config_to_dict(prep.cfg), name=Path(prep.cfg.out).name)
+    with tracker:
+        sink = lambda record: tracker.log("train", record, record["step"])  # noqa: E731
+        metrics = prep.partial / METRICS_NAME
+        for line in metrics.read_text().splitlines() if prep.cfg.resume and metrics.exists() else []:
+            sink(json.loads(line))  # a killed run's steps, which a backend may have lost
+        yield sink
 
 
 def _finish(prep: Prepared, summary: dict) -> None:

@@ -43,7 +43,7 @@ from toprcli.training.batching import TOKEN_COLUMNS, StepPlan, TokenData, Units,
 # ``loss_options`` (which then overrides the TrainConfig field of the same name).
 GENERIC_LOSS_OPTIONS = ("adv_clip", "whiten_advantages", "kl_coef", "kl_estimator", "entropy_coef", "norm_length")
 # Config keys that do not change the trained weights (a checkpoint may be resumed under other values).
-NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "log_every", "tensorboard", "threads", "save_dtype", "nproc_per_node", "launcher")
+NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "log_every", "tracking", "threads", "save_dtype", "nproc_per_node", "launcher")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
 PARTIAL_SUFFIX = ".partial"
 SUMMARY_NAME = "train_summary.json"
@@ -330,11 +330,6 @@ def prepare(cfg: TrainConfig) -> Prepared:
         if not getattr(cfg, key):
             raise UserError(f"no --{key} given — `topr train --model M --data FILE --out DIR`")
     loss = resolve_loss(cfg)
-    if cfg.tensorboard:
-        try:
-            import torch.utils.tensorboard  # noqa: F401
-        except ImportError:
-            raise UserError("--tensorboard needs the tensorboard package — `pip install tensorboard` or drop --tensorboard") from None
 
     out = Path(cfg.out)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)

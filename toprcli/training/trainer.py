@@ -27,6 +27,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any, Optional
 
 import numpy as np
@@ -38,6 +39,7 @@ from toprcli.errors import UserError
 from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
 from toprcli.shards import write_atomic
+from toprcli.tracking import TRACKER_FILES
 from toprcli.training import checkpoint as ckpt
 from toprcli.training.batching import TokenData, Units, collate, collate_shared, loss_denominator, plan_micro_batches
 from toprcli.training.distributed import DistContext, all_reduce, barrier
@@ -51,11 +53,13 @@ PRECOMPUTED_NAME = "precomputed.npz"
 PAD_ID = 0  # padding is never attended to (causal attention, right padding) nor scored
 
 
-def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) -> dict[str, Any]:
+def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
+               on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train ``prep`` (this rank's part under torchrun); returns the run's summary.
 
     Writes into ``prep.partial``: checkpoints (``save_every``), ``metrics.jsonl``
     and, at the end, the policy. Resumes from the latest checkpoint with ``resume``.
+    ``on_record`` (rank 0) gets each line of ``metrics.jsonl`` as it is written (the trackers).
     """
     cfg, loss, data, partial = prep.cfg, prep.loss, prep.data, prep.partial
     t_start = time.perf_counter()
@@ -82,9 +86,8 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
     ckpt_root = partial / "checkpoints"
     resume_from = ckpt.latest_checkpoint(ckpt_root) if cfg.resume else None
     if ctx.is_main and resume_from is None:
-        if partial.exists():
-            shutil.rmtree(partial)
-        partial.mkdir(parents=True)
+        _clear(partial)
+        partial.mkdir(parents=True, exist_ok=True)
     barrier(ctx)
 
     state: dict[str, Any] = {"step": 0, "tokens": 0, "train_time_s": 0.0, "skipped_steps": 0, "gap": None, "first_loss": None}
@@ -96,7 +99,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
     state.update(config_fingerprint=prep.config_fingerprint, data_fingerprint=prep.data_fingerprint)
     start_step = int(state["step"])
 
-    metrics_file, tb = _open_logs(prep, ctx, start_step)
+    metrics_file = _open_logs(prep, ctx, start_step)
     has_tokens = data.completion_lens > 0
     make_batch = collate_shared if cfg.shared_prefix else collate
     measure_gap = state["gap"] is None and start_step == 0
@@ -150,10 +153,8 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
                 if (step + 1) % cfg.log_every == 0 or step + 1 == prep.steps:
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
-                    if tb is not None:
-                        for k, v in record.items():
-                            if k != "step" and isinstance(v, (int, float)):
-                                tb.add_scalar(f"train/{k}", v, step + 1)
+                    if on_record is not None:
+                        on_record(record)
                 report(progress, "train", step + 1, prep.steps, loss=f"{record['loss']:.4g}")
             # Checkpoint (not after the last step: the policy itself is saved next), and on a stop request.
             stop = _stop_requested(ctx)
@@ -166,8 +167,6 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None) ->
     finally:
         if metrics_file is not None:
             metrics_file.close()
-        if tb is not None:
-            tb.close()
 
     # The policy, then the run's record, then the rename that makes <out> exist.
     ckpt.save_policy(
@@ -263,21 +262,24 @@ def score_dataset(policy: PolicyLogprobs, data: TokenData, ctx: DistContext, *, 
     return flat.numpy()
 
 
+def _clear(partial) -> None:
+    """Start ``partial`` over, keeping the trackers' files: the same tracked run continues (its steps were logged)."""
+    if partial.exists():
+        for entry in partial.iterdir():
+            if entry.name not in TRACKER_FILES:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
 def _open_logs(prep: Prepared, ctx: DistContext, start_step: int):
-    """metrics.jsonl (a resumed run drops lines past its checkpoint) and TensorBoard; rank 0 only."""
+    """metrics.jsonl (a resumed run drops lines past its checkpoint); rank 0 only."""
     if not ctx.is_main:
-        return None, None
+        return None
     path = prep.partial / METRICS_NAME
     kept = []
     if path.exists():
         kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= start_step]
     path.write_text("".join(ln + "\n" for ln in kept))
-    tb = None
-    if prep.cfg.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
-
-        tb = SummaryWriter(str(prep.partial / "tb"))
-    return open(path, "a"), tb
+    return open(path, "a")
 
 
 # -- inside the loop ----------------------------------------------------------------

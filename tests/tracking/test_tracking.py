@@ -1,0 +1,235 @@
+"""Experiment tracking: a short `topr iterate` reports to TensorBoard, W&B (offline), MLflow (SQLite) and
+trackio (local), is killed once and resumed, and every backend read back through its own reader holds
+the config, the per-step and per-round series `topr report --json` and metrics.jsonl hold: one run each,
+no step twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from toprcli.cli.main import app
+from toprcli.config import TrackingConfig, TrainConfig, from_dict
+from toprcli.errors import UserError
+from toprcli.tracking import check_installed, metric_name, numeric, open_tracker
+
+PROJECT = "topr-tracking-test"
+CONFIG = """
+run_dir: {run_dir}
+rounds: 1
+tracking: {{report_to: [tensorboard, wandb, mlflow, trackio], project: {project}, tags: {{variant: topr}}}}
+warm_start:
+  enabled: true
+  init_model: true
+  examples: 64
+  train: {{epochs: 1, lr: 2.0e-3, batch_size: 32}}
+generate:
+  dataset: {{source: builtin:arith, split: train, level: 1, size: 16}}
+  n: 4
+  sampling: {{max_new_tokens: 24}}
+  engine: {{backend: hf}}
+  shard_size: 4
+score: {{verifier: gsm8k, workers: 1}}
+curate: {{positive_fraction: 0.5, unreachable_baseline: 0.0}}
+train: {{loss: topr, optimizer: adamw, lr: 1.0e-3, batch_size: 16, save_every: 1}}
+eval:
+  dataset: {{source: builtin:arith, split: test, level: 1, size: 8}}
+  k: 2
+  sampling: {{max_new_tokens: 24}}
+  engine: {{backend: hf}}
+"""
+# SIGKILLs the pipeline right after its N-th training checkpoint (the warm start saves one, round 1 three).
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.pipeline import Pipeline
+    import toprcli.training.checkpoint as ckpt
+
+    config, n = sys.argv[1], int(sys.argv[2])
+    count, original = [0], ckpt.save_checkpoint
+
+    def save(*a, **k):
+        out = original(*a, **k)
+        count[0] += 1
+        if count[0] >= n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    ckpt.save_checkpoint = save
+    Pipeline(load_config(IterateConfig, config)).run()
+    """
+)
+
+
+# -- the names, the package check, a failing backend ---------------------------------------------
+
+
+def test_metric_names_are_valid_in_every_backend():
+    assert metric_name("round", "pass@1") == "round/pass_at_1"
+    assert metric_name("round", "p_effective") == "round/p_tilde"
+    assert metric_name("round", "weighted_maj@k") == "round/weighted_maj_at_k"
+    named = numeric({"pass@1": 0.5, "k": 4, "round": 1, "ok": True, "bootstrap": {"seed": 0}, "intervals": {"pass@1": [0.25, 0.75]}}, "round")
+    assert named == {"round/pass_at_1": 0.5, "round/pass_at_1_ci_low": 0.25, "round/pass_at_1_ci_high": 0.75}
+
+
+def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(UserError, match=r"needs wandb — `pip install 'toprcli\[tracking\]'`"):
+        check_installed(["tensorboard", "wandb"])
+
+
+def test_a_failing_backend_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/a-file/mlflow.db")  # a store that cannot be made
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = open_tracker(TrackingConfig(report_to=["mlflow", "tensorboard"]), tmp_path / "run", config={"a": 1})
+        tracker.log("train", {"loss": 1.0}, 1)
+        tracker.close()
+    ours = [str(w.message).split(":")[0] for w in caught if "tracking" in str(w.message)]
+    assert ours == ["mlflow tracking could not start and is off for this run"]
+    state = json.loads((tmp_path / "run" / "tracking.json").read_text())["backends"]
+    assert state["tensorboard"]["logged"] == {"train": 1} and "logged" not in state["mlflow"]
+
+
+def test_train_tensorboard_of_older_configs_is_report_to():
+    assert from_dict(TrainConfig, {"tensorboard": True}).tracking.report_to == ["tensorboard"]
+    assert from_dict(TrainConfig, {"tensorboard": False}).tracking.report_to == []
+
+
+# -- one iterate, killed and resumed, read back from all four backends --------------------------
+
+
+def _wandb_run(run_dir: Path) -> tuple[set[str], dict, list[dict]]:
+    """Run ids, config and history of the offline run files (read with W&B's own protobuf records)."""
+    from toprcli.tracking.wandb_run import offline_records
+
+    ids, config, rows = set(), {}, []
+    for run_file in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        assert run_file.read_bytes()[:4] == b":W&B"
+        for record in offline_records(run_file):
+            kind = record.WhichOneof("record_type")
+            if kind in ("run", "config"):
+                ids |= {record.run.run_id} if kind == "run" else set()
+                updates = record.run.config.update if kind == "run" else record.config.update
+                config.update({u.key: json.loads(u.value_json) for u in updates})
+            elif kind == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+    return ids, config, rows
+
+
+def _series(rows: list[dict], key: str, axis: str) -> list[tuple[int, float]]:
+    return [(int(r[f"{axis}/step"]), r[key]) for r in rows if key in r]
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tracked")
+    env = {**os.environ, "WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "TRACKIO_DIR": str(tmp / "trackio"),
+           "OMP_NUM_THREADS": "1"}
+    cfg = tmp / "run.yaml"
+    cfg.write_text(CONFIG.format(run_dir=tmp / "run", project=PROJECT))
+    (tmp / "killer.py").write_text(KILLER)
+    killed = subprocess.run([sys.executable, str(tmp / "killer.py"), str(cfg), "3"], env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    marks = json.loads((tmp / "run" / "tracking.json").read_text())["backends"]["mlflow"]["logged"]
+    assert marks["train"] == 2 and marks["round"] == 0  # round 0 and two steps of round 1 were logged
+    resumed = subprocess.run([sys.executable, "-m", "toprcli", "iterate", "-c", str(cfg)], env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Trackio" not in resumed.stdout + resumed.stderr and "wandb" not in resumed.stdout.lower()  # banners go to the log
+    assert "tracking" not in resumed.stderr + killed.stderr  # no backend failed (a failure is a warning naming it)
+    report = CliRunner().invoke(app, ["report", str(tmp / "run"), "--json"])
+    assert report.exit_code == 0, report.output
+    steps = [json.loads(line) for line in (tmp / "run" / "round-001" / "policy" / "metrics.jsonl").read_text().splitlines()]
+    return {"tmp": tmp, "run": tmp / "run", "env": env, "rounds": json.loads(report.stdout), "steps": steps}
+
+
+def _expected(tracked_run) -> tuple[list[tuple[int, float]], list[tuple[int, float]], list[tuple[int, float]]]:
+    rounds = [(r["round"], r["pass@1"]) for r in tracked_run["rounds"]]
+    p_tilde = [(r["round"], r["p_effective"]) for r in tracked_run["rounds"] if "p_effective" in r]
+    losses = [(s["step"], s["loss"]) for s in tracked_run["steps"]]
+    return rounds, p_tilde, losses
+
+
+def test_tensorboard_holds_the_series_once(tracked_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tracked_run["run"] / "tb"), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    scalars = lambda tag: [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events.Scalars(tag)]  # noqa: E731 - float32 in events
+    rounds, p_tilde, losses = _expected(tracked_run)
+    assert scalars("round/pass_at_1") == rounds and scalars("round/p_tilde") == p_tilde
+    assert scalars("train/loss") == losses  # steps 1-2 before the kill, 3-4 after: each once
+    assert "config" in " ".join(events.Tags()["tensors"])
+
+
+def test_mlflow_holds_one_run_with_config_and_series(tracked_run):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracked_run["env"]["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name(PROJECT).experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].info.run_name == "run"
+    run = runs[0]
+    assert run.data.params["train.loss"] == "topr" and run.data.params["rounds"] == "1" and run.data.tags["variant"] == "topr"
+    history = lambda key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]  # noqa: E731
+    rounds, p_tilde, losses = _expected(tracked_run)
+    assert history("round/pass_at_1") == rounds and history("round/p_tilde") == p_tilde and history("train/loss") == losses
+    assert "report" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_trackio_holds_one_run_with_config_and_series(tracked_run):
+    code = textwrap.dedent(f"""
+        import json
+        from trackio.sqlite_storage import SQLiteStorage
+        print(json.dumps({{"runs": SQLiteStorage.get_runs({PROJECT!r}), "config": SQLiteStorage.get_run_config({PROJECT!r}, "run"),
+                          "logs": SQLiteStorage.get_logs({PROJECT!r}, "run")}}, default=str))
+    """)  # trackio reads TRACKIO_DIR when imported: in a process with the run's environment
+    out = subprocess.run([sys.executable, "-c", code], env=tracked_run["env"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    store = json.loads(out.stdout.strip().splitlines()[-1])
+    assert store["runs"] == ["run"] and store["config"]["train"]["loss"] == "topr" and "toprcli_version" in store["config"]
+    rounds, p_tilde, losses = _expected(tracked_run)
+    assert _series(store["logs"], "round/pass_at_1", "round") == rounds and _series(store["logs"], "round/p_tilde", "round") == p_tilde
+    assert _series(store["logs"], "train/loss", "train") == losses
+    assert [r["step"] for r in store["logs"]] == sorted({r["step"] for r in store["logs"]})  # trackio's own step: never twice
+    assert any("round/samples" in r for r in store["logs"])
+
+
+def test_wandb_offline_files_hold_one_run_with_config_and_series(tracked_run):
+    ids, config, rows = _wandb_run(tracked_run["run"])
+    assert len(ids) == 1 and ids == {json.loads((tracked_run["run"] / "tracking.json").read_text())["backends"]["wandb"]["id"]}
+    assert len(list(tracked_run["run"].glob("wandb/offline-run-*"))) == 2  # the killed process and the resumed one, one run id
+    assert config["train"]["loss"] == "topr" and "toprcli_version" in config
+    rounds, p_tilde, losses = _expected(tracked_run)
+    assert _series(rows, "round/pass_at_1", "round") == rounds and _series(rows, "round/p_tilde", "round") == p_tilde
+    assert _series(rows, "train/loss", "train") == losses
+    w_steps = [r["_step"] for r in rows]
+    assert w_steps == sorted(set(w_steps))  # W&B's step carried across the resume: never twice
+    assert any(key.startswith("round/samples") for r in rows for key in r)
+
+
+def test_eval_reports_its_metrics_once(tiny_model_dir, tmp_path):
+    """`topr eval --report-to tensorboard`: the eval's numbers at step --iteration, once even when rerun."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "eval"
+    args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--set", "dataset.level=1", "--set", "dataset.size=4", "--k", "2", "--max-new-tokens", "8",
+            "--backend", "hf", "--iteration", "3", "-o", str(out), "--report-to", "tensorboard", "--no-progress"]
+    for _ in range(2):  # the second run finds the eval done and the step logged
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+    metrics = json.loads((out / "eval.json").read_text())["metrics"]
+    events = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0}).Reload()
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("eval/pass_at_1")] == [(3, metrics["pass@1"])]
+    assert [e.value for e in events.Scalars("eval/pass_at_1_ci_high")] == [pytest.approx(metrics["intervals"]["pass@1"][1])]

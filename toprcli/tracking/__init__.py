@@ -1,0 +1,184 @@
+"""Experiment tracking: a run's metrics also go where users already look (TensorBoard, W&B, MLflow, trackio).
+
+One :class:`Tracker` per run directory fans each call out to the backends named in
+``tracking.report_to`` (a module each, imported only when named). Metrics live on *axes* — ``train``
+(optimizer steps, counted over the whole run), ``warmstart``, ``round`` (the round is the step),
+``eval`` — and are named ``<axis>/<name>`` in one scheme every backend accepts (:func:`metric_name`).
+
+Resuming is the point: ``tracking.json`` beside the run's files holds each backend's run id and,
+per axis, the last step it logged. A killed run that resumes reopens the same runs and, replaying
+from the run's files, logs to each backend only what it does not have: a step is never logged
+twice, and what a backend lost to the kill (W&B buffers in memory) is logged again. Tracking never
+stops the work it tracks: a backend that fails is one warning and is dropped for the rest of the run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import re
+import subprocess
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from toprcli import __version__
+from toprcli.config import TrackingConfig
+from toprcli.errors import UserError
+from toprcli.shards import complete_shards, read_table, write_json_atomic
+
+STATE_FILE = "tracking.json"
+TRACKER_FILES = (STATE_FILE, "tb", "wandb")  # what trackers keep under a run directory
+# backend name → (module of toprcli.tracking, the package it needs)
+BACKENDS = {"tensorboard": ("tensorboard_run", "tensorboard"), "wandb": ("wandb_run", "wandb"),
+            "mlflow": ("mlflow_run", "mlflow"), "trackio": ("trackio_run", "trackio")}
+EXTRA = "pip install 'toprcli[tracking]'"
+SAMPLE_ROWS = 8  # completions in a samples table: the first sample of the first prompts
+SAMPLE_COLUMNS = ["prompt_id", "prompt", "completion", "extracted_answer", "answer", "verdict", "reward"]
+# Names that read better than their file keys (p̃ is stored as p_effective).
+RENAMED = {"p_effective": "p_tilde", "p_target": "p_tilde_target", "rows_out": "train_rows"}
+
+
+def metric_name(axis: str, key: str) -> str:
+    """``<axis>/<key>`` in characters every backend accepts: ``pass@1`` → ``round/pass_at_1``
+    (MLflow refuses ``@``; W&B's filters take ``[_a-zA-Z0-9]``, ``/`` groups the charts)."""
+    key = RENAMED.get(key, key).replace("@", "_at_")
+    return f"{axis}/{re.sub(r'[^A-Za-z0-9_]', '_', key)}"
+
+
+def numeric(metrics: dict[str, Any], axis: str) -> dict[str, float]:
+    """The numbers of ``metrics`` (bools and nested dicts dropped), named for ``axis``; a 95% interval
+    ``intervals: {key: [low, high]}`` becomes ``<key>_ci_low`` and ``<key>_ci_high``."""
+    skip = {"step", "k", "iteration", axis}  # the step itself, and settings (k is eval.k among the parameters)
+    out = {metric_name(axis, k): float(v) for k, v in metrics.items()
+           if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+    for key, (low, high) in (metrics.get("intervals") or {}).items():
+        out[metric_name(axis, f"{key}_ci_low")], out[metric_name(axis, f"{key}_ci_high")] = float(low), float(high)
+    return out
+
+
+def sample_rows(scored: Path) -> list[dict[str, Any]]:
+    """A few scored completions (one per prompt) for a samples table; none while ``scored`` is incomplete."""
+    if not complete_shards(scored):
+        return []
+    table = read_table(scored, columns=SAMPLE_COLUMNS + ["sample_index"])
+    rows = [row for row in table.to_pylist() if row["sample_index"] == 0][:SAMPLE_ROWS]
+    return [{c: row[c] for c in SAMPLE_COLUMNS} for row in rows]
+
+
+def code_version() -> dict[str, str]:
+    """toprcli's version and, from a git checkout, its commit."""
+    out = {"toprcli_version": __version__}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5)
+        if commit.returncode == 0:
+            out["git_commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+@dataclass
+class RunInfo:
+    """What names a tracked run, the same for every backend."""
+
+    root: Path  # the run directory (backends' local files go under it)
+    project: str | None
+    name: str
+    group: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """One backend's run: ``open_run(info, state, config)`` of its module starts it (keeping its id in ``state``)
+    and records the config and code version, or resumes the run ``state`` names."""
+
+    def log(self, metrics: dict[str, float], step: int, axis: str) -> None: ...
+    def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None: ...
+    def log_artifacts(self, directory: Path, name: str) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def check_installed(report_to: list[str]) -> None:
+    """One clear line, before any work, when a named backend's package is missing."""
+    missing = [BACKENDS[b][1] for b in report_to if importlib.util.find_spec(BACKENDS[b][1]) is None]
+    if missing:
+        raise UserError(f"--report-to needs {', '.join(missing)} — `{EXTRA}` (or `pip install {' '.join(missing)}`)")
+
+
+class Tracker:
+    """The backends of one run directory; a step a backend has is not logged to it again."""
+
+    def __init__(self, cfg: TrackingConfig, info: RunInfo, config: dict[str, Any]):
+        check_installed(cfg.report_to)
+        self.path = info.root / STATE_FILE
+        self.state: dict[str, Any] = {"backends": json.loads(self.path.read_text())["backends"] if self.path.exists() else {}}
+        self.backends: dict[str, Backend] = {}
+        config = {**config, **code_version()}
+        for name in dict.fromkeys(cfg.report_to):  # in order, once each
+            module = importlib.import_module(f"toprcli.tracking.{BACKENDS[name][0]}")
+            own = self.state["backends"].setdefault(name, {})  # the backend's run id and marks, kept across resumes
+            backend = self._call(name, lambda m=module, o=own: m.open_run(info, o, config), opening=True)
+            if backend is not None:
+                self.backends[name] = backend
+        self._save()
+
+    def _call(self, name: str, fn, *, opening: bool = False) -> Any:
+        """``fn()``; a failure is one warning and drops the backend (tracking never stops training)."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - any backend error, by design
+            warnings.warn(f"{name} tracking {'could not start' if opening else 'failed'} and is off for this run: {type(e).__name__}: {e}", stacklevel=3)
+            self.backends.pop(name, None)
+            return None
+
+    def _each(self, mark: str, step: int, call) -> None:
+        """``call(backend)`` for each backend whose last step of ``mark`` is before ``step``; the marks are saved."""
+        for name, backend in list(self.backends.items()):
+            marks = self.state["backends"][name].setdefault("logged", {})
+            if step > marks.get(mark, -1):
+                self._call(name, lambda b=backend: call(b))
+                marks[mark] = step
+        self._save()
+
+    def log(self, axis: str, metrics: dict[str, Any], step: int) -> None:
+        """Log ``metrics`` at ``step`` of ``axis`` to each backend that does not have that step (a resumed run)."""
+        named = {**numeric(metrics, axis), f"{axis}/step": float(step)}
+        self._each(axis, step, lambda b: (b.log(named, step, axis), b.flush()))
+
+    def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None:
+        """A table (W&B, trackio; other backends skip it) at ``step`` of its axis (``key``'s first part)."""
+        if rows:
+            self._each(f"table:{key}", step, lambda b: (b.log_table(key, rows, step), b.flush()))
+
+    def log_artifacts(self, directory: Path, name: str) -> None:
+        for backend_name, backend in list(self.backends.items()):
+            self._call(backend_name, lambda b=backend: b.log_artifacts(Path(directory), name))
+
+    def close(self) -> None:
+        for name, backend in list(self.backends.items()):
+            self._call(name, backend.close)
+        self.backends = {}
+
+    def _save(self) -> None:
+        write_json_atomic(self.path, self.state)
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_tracker(cfg: TrackingConfig, root: str | Path, *, config: dict[str, Any], name: str | None = None,
+                 group: str | None = None) -> Tracker | None:
+    """The tracker of the run rooted at ``root`` (None when ``report_to`` is empty)."""
+    if not cfg.report_to:
+        return None
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    info = RunInfo(root, cfg.project, cfg.run_name or name or root.name, cfg.group or group, {k: str(v) for k, v in cfg.tags.items()})
+    return Tracker(cfg, info, config)

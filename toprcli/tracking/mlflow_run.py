@@ -1,0 +1,72 @@
+"""MLflow through its client (no global active run): ``MLFLOW_TRACKING_URI`` or MLflow's default store;
+the experiment is ``tracking.project``, else ``MLFLOW_EXPERIMENT_NAME``, else toprcli. Every call is
+synchronous, so what returned is stored."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+MAX_PARAM = 6000  # MLflow's limit on a parameter's value
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)[:MAX_PARAM]
+    return out
+
+
+class MlflowRun:
+    def __init__(self, info, state: dict[str, Any], config: dict[str, Any]):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient()
+        if state.get("run_id"):
+            self.run_id = state["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        name = info.project or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "toprcli"
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        tags = {**info.tags, **({"group": info.group} if info.group else {}), "run_dir": str(info.root.resolve())}
+        run = self.client.create_run(experiment_id, run_name=info.name, tags=tags)
+        self.run_id = run.info.run_id
+        self.log_config(config)
+        state["run_id"], state["tracking_uri"] = self.run_id, self.client.tracking_uri
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        """Every config key as a parameter (``train.lr``), and the whole config as ``config.json``."""
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in _flatten(config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
+        self.client.log_dict(self.run_id, config, "config.json")
+
+    def log(self, metrics: dict[str, float], step: int, axis: str) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+
+    def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None:
+        pass  # MLflow's tables are artifacts; the samples stay in the run's Parquet files
+
+    def log_artifacts(self, directory: Path, name: str) -> None:
+        self.client.log_artifacts(self.run_id, str(directory), name)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> MlflowRun:
+    return MlflowRun(info, state, config)

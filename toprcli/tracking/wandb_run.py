@@ -1,0 +1,109 @@
+"""Weights & Biases: one run per run directory, resumed by id. ``WANDB_MODE=offline`` (or ``wandb
+offline``) writes ``<run>/wandb/offline-run-*`` for ``wandb sync``; ``WANDB_PROJECT`` names the project
+unless ``tracking.project`` does. Each axis has its own x-axis (``define_metric``); W&B's own step counts
+log calls and is carried across resumes, so a resumed run never writes a step twice.
+
+W&B's service buffers the run file in memory (flushed every 15 s and at the end), so a killed process
+loses its last records. Offline, a resumed run therefore reads what its earlier files hold
+(:func:`offline_marks`) and the tracker logs the rest again from the run's own files."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+BLOCK = 32768  # the run file is a leveldb-style log: 32 KiB blocks of records with a 7-byte header
+
+
+class WandbRun:
+    def __init__(self, info, state: dict[str, Any], config: dict[str, Any]):
+        import wandb
+
+        self.wandb, self.state, self.axes = wandb, state, set()
+        resuming = "id" in state
+        state.setdefault("id", secrets.token_hex(6))  # W&B ids: [a-z0-9]
+        state.setdefault("step", 0)
+        self.run = wandb.init(
+            project=info.project or os.environ.get("WANDB_PROJECT") or "toprcli", name=info.name, group=info.group,
+            tags=[f"{k}={v}"[:64] for k, v in info.tags.items()], id=state["id"], resume="allow", config=config,
+            dir=os.environ.get("WANDB_DIR") or str(info.root), settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+        )
+        if resuming and self.run.settings.mode == "offline":  # what the killed process's buffer never wrote is logged again
+            state["logged"] = offline_marks(Path(self.run.settings.wandb_dir), state["id"])
+
+    def _next_step(self) -> int:
+        step = self.state["step"]
+        self.state["step"] = step + 1
+        return step
+
+    def log(self, metrics: dict[str, float], step: int, axis: str) -> None:
+        if axis not in self.axes:  # charts of an axis use its own step as x
+            self.run.define_metric(f"{axis}/step")
+            self.run.define_metric(f"{axis}/*", step_metric=f"{axis}/step")
+            self.axes.add(axis)
+        self.run.log(metrics, step=self._next_step())
+
+    def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None:
+        columns = list(rows[0])
+        table = self.wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+        self.run.log({key: table, f"{key.split('/')[0]}/step": step}, step=self._next_step())
+
+    def log_artifacts(self, directory: Path, name: str) -> None:
+        artifact = self.wandb.Artifact(f"{self.run.id}-{name}", type=name)
+        artifact.add_dir(str(directory))
+        self.run.log_artifact(artifact)
+
+    def flush(self) -> None:
+        pass  # no flush in W&B's API: see the module's note
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> WandbRun:
+    return WandbRun(info, state, config)
+
+
+def offline_records(run_file: Path) -> Iterator[Any]:
+    """The records of an offline run file, as W&B's own protobuf ``Record`` (wandb 0.31 ships no Python reader)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, buf = Path(run_file).read_bytes(), 7, b""  # a 7-byte file header: ":W&B", magic, version
+    while pos + 7 <= len(data):
+        left = BLOCK - pos % BLOCK
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):  # the rest of a block is padding
+            pos += left
+            continue
+        buf, pos = buf + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a whole record, or a record's last piece
+            record = pb.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            yield record
+
+
+def offline_history(wandb_dir: Path, run_id: str) -> Iterator[dict[str, Any]]:
+    """Every history row the offline files of run ``run_id`` hold, oldest first."""
+    for run_file in sorted(Path(wandb_dir).glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+        for record in offline_records(run_file):
+            if record.WhichOneof("record_type") == "history":
+                yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+
+
+def offline_marks(wandb_dir: Path, run_id: str) -> dict[str, int]:
+    """Per axis (and per table), the last step the offline files of ``run_id`` hold."""
+    marks: dict[str, int] = {}
+    for row in offline_history(wandb_dir, run_id):
+        tables = {key.rsplit("/", 1)[0] for key in row if key.endswith("/_type")}
+        for key, value in row.items():
+            if key.endswith("/step") and not key.startswith("_"):
+                axis = key[: -len("/step")]
+                for mark in [axis] if not tables else [f"table:{t}" for t in tables]:
+                    marks[mark] = max(marks.get(mark, -1), int(value))
+    return marks
