@@ -38,11 +38,13 @@ LAYERS = {
     "toprcli.data": 3,
     "toprcli.models": 3,
     "toprcli.roll": 3,
+    "toprcli.tracking": 3,  # experiment trackers, one module per backend
     "toprcli.stages": 4,
     "toprcli.launch": 5,
     "toprcli.pipeline": 5,
     "toprcli.runs": 5,  # runs that grow: extension, changes from the next round, branches
     "toprcli.report": 5,
+    "toprcli.run_tracking": 5,  # what iterate reports to the trackers, read from the round's files
     "toprcli.cli": 6,
     "toprcli.__main__": 6,
     "toprcli": 0,

@@ -214,6 +214,7 @@ def test_iterate_trains_under_torchrun_and_resumes_after_a_kill(reference, tmp_p
     for part in ("base", "warmstart", "round-000"):
         shutil.copytree(reference / part, run_dir / part)
     cfg = _distributed_config(tmp_path, run_dir)
+    cfg.write_text(cfg.read_text() + "tracking: {report_to: [tensorboard]}\n")  # the ranks' steps, reported by iterate
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "toprcli", "iterate", "--config", str(cfg), "--no-report"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -236,6 +237,11 @@ def test_iterate_trains_under_torchrun_and_resumes_after_a_kill(reference, tmp_p
     assert json.loads((run_dir / "round-001" / "policy" / "train_summary.json").read_text())["resumed_from_step"] >= 1
     rows = json.loads(CliRunner().invoke(app, ["report", str(run_dir), "--json"]).stdout)
     assert [row["round"] for row in rows] == [0, 1, 2] and all(row.get("pass@1") is not None for row in rows)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    losses = [json.loads(line)["loss"] for rnd in (1, 2) for line in (run_dir / f"round-{rnd:03d}" / "policy" / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload().Scalars("train/loss")
+    assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in events] == list(enumerate(losses, start=1))  # run-wide steps, each once
     state = json.loads((run_dir / "state.json").read_text())
     assert "release_s" in state["steps"]["round-002/train"]  # the engine was closed before training ...
     assert "reacquire_s" in state["steps"]["round-002/eval"]  # ... and reopened for the next generation/eval

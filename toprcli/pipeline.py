@@ -23,6 +23,7 @@ last complete step with nothing lost or duplicated.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shutil
@@ -32,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from toprcli import runs
+from toprcli import run_tracking, runs
 from toprcli.config import EngineConfig, IterateConfig, TrainConfig
 from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
@@ -136,8 +137,10 @@ class State:
 
 class Pipeline:
     def __init__(self, cfg: IterateConfig, *, progress: ProgressFn | None = None, on_round: Callable[[int, dict], None] | None = None,
-                 apply_from_next_round: bool = False):
+                 apply_from_next_round: bool = False, report: Callable[[Path], Path] | None = None):
         self.cfg = cfg
+        self.report, self.report_dir = report, None  # report: writes the run's report, returns its directory
+        self.tracker: run_tracking.Tracker | None = None
         self.run_dir = Path(cfg.run_dir)
         self.progress = progress
         self.on_round = on_round
@@ -219,17 +222,18 @@ class Pipeline:
             self.cfg.warm_start_train(),
             model=self.initial_model(), data=str(ws / "gold.parquet"), out=str(ws / "policy"), resume=True,
         )
-        self._run_training(tcfg)
+        self._run_training(tcfg, self._train_sink(0))
 
-    def _run_training(self, tcfg: TrainConfig) -> None:
+    def _run_training(self, tcfg: TrainConfig, sink: Callable[[dict], None] | None = None) -> None:
         """Train in this process, or under torchrun / the configured launcher in a child process;
-        the generation engine first gives its memory back when the run hands the device over."""
+        the generation engine first gives its memory back when the run hands the device over.
+        ``sink`` gets each step's metrics live (in this process; a child's are replayed after)."""
         if self.handover:
             self.engine.release()
         if runs_in_child(tcfg):
             train_in_child(tcfg)
         else:
-            train.run(tcfg, progress=self.progress)
+            train.run(tcfg, progress=self.progress, on_record=sink)
 
     def _generate(self, r: int) -> None:
         gcfg = replace(self.round_cfg(r).generate, model=self.policy_after(r - 1), out=str(round_dir(self.run_dir, r) / "samples"), iteration=r)
@@ -256,7 +260,7 @@ class Pipeline:
         d = round_dir(self.run_dir, r)
         start = self.policy_after(r - 1) if self.round_cfg(r).train_from == "previous" else self.base_policy()
         tcfg = replace(self.round_cfg(r).train, model=start, data=str(d / "train.parquet"), out=str(d / "policy"), resume=True)
-        self._run_training(tcfg)
+        self._run_training(tcfg, self._train_sink(r))
 
     def _eval(self, r: int) -> None:
         policy = self.policy_after(r)
@@ -286,23 +290,60 @@ class Pipeline:
     def _run(self) -> list[dict[str, Any]]:
         self.check_run_dir()
         self.state = State(self.run_dir)
+        self.tracker = run_tracking.open_run_tracker(self.cfg, self.run_dir)
         try:
-            for step in self.steps():
-                if step.is_done():
-                    continue
-                t0 = time.perf_counter()
-                self.engine.handover_s = {}
-                if step.key.startswith("round-"):  # the round's config is recorded when it starts
-                    r = int(step.key.split("/")[0].split("-")[1])
-                    runs.record_round(self.run_dir, r, self.round_cfg(r))
-                step.run()
-                self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)
-                if step.key.endswith("/eval") and self.on_round is not None:
-                    r = int(step.key.split("/")[0].split("-")[1])
-                    self.on_round(r, round_summary(self.run_dir, r))
+            with self.tracker or contextlib.nullcontext():
+                for step in self.steps():
+                    if not step.is_done():
+                        self._track(step.key, partial=True)  # a killed training's steps, before it resumes
+                        self._run_step(step)
+                    self._track(step.key)  # also what finished before a resume, or before tracking was on
+                if self.report is not None:
+                    self.report_dir = self.report(self.run_dir)
+                    if self.tracker is not None:
+                        self.tracker.log_artifacts(self.report_dir, "report")
         finally:
             self.engine.close()
         return run_summary(self.run_dir)
+
+    def _run_step(self, step: Step) -> None:
+        t0 = time.perf_counter()
+        self.engine.handover_s = {}
+        if step.key.startswith("round-"):  # the round's config is recorded when it starts
+            r = int(step.key.split("/")[0].split("-")[1])
+            runs.record_round(self.run_dir, r, self.round_cfg(r))
+        step.run()
+        self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)
+        if step.key.endswith("/eval") and self.on_round is not None:
+            r = int(step.key.split("/")[0].split("-")[1])
+            self.on_round(r, round_summary(self.run_dir, r))
+
+    # tracking ---------------------------------------------------------------
+
+    def _train_sink(self, r: int) -> Callable[[dict], None] | None:
+        """Round ``r``'s step metrics (0: the warm start) for the trackers."""
+        if self.tracker is None:
+            return None
+        if r == 0:
+            return run_tracking.step_sink(self.tracker, "warmstart")
+        return run_tracking.step_sink(self.tracker, "train", run_tracking.train_offset(self.run_dir, r), round=r)
+
+    def _track(self, key: str, *, partial: bool = False) -> None:
+        """Report a finished step: a training's steps, a round once its last step is done (``partial``: the steps
+        a killed training logged to its ``policy.partial/metrics.jsonl``, which a backend may have lost)."""
+        if self.tracker is None:
+            return
+        where, stage = key.split("/")
+        r = int(where.split("-")[1]) if where.startswith("round-") else 0
+        if stage == "train":
+            policy = self.run_dir / where / ("policy.partial" if partial else "policy")
+            run_tracking.log_training(self.tracker, policy, self._train_sink(r))
+        if partial:
+            return
+        last = "eval" if r == 0 or r % self.cfg.eval_every == 0 or r == self.cfg.rounds else "train"
+        if where.startswith("round-") and stage == last:
+            times = run_tracking.wall_times(self.state.data["steps"], r)
+            run_tracking.log_round(self.tracker, self.run_dir, r, round_summary(self.run_dir, r), times)
 
 
 def _wants_handover(cfg: IterateConfig) -> bool:

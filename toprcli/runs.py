@@ -75,7 +75,8 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     # Read back through the schema: a key added to toprcli since the run started takes its default, which
     # is how the run behaved, so it is no change (a removed or moved key is one error listing them).
     recorded = config_to_dict(from_dict(IterateConfig, yaml.safe_load(path.read_text()) or {}))
-    changed = sorted(changed_keys(recorded, resolved) - {"run_dir"})  # a run may move
+    # A run may move; trackers may be added or changed (the metrics are the same, the tracked run resumes).
+    changed = sorted(k for k in changed_keys(recorded, resolved) - {"run_dir"} if not k.startswith("tracking."))
     done = trained_rounds(run_dir)
     if cfg.rounds < done:
         raise UserError(f"run dir {run_dir} has {done} trained rounds; rounds {cfg.rounds} would drop them — set rounds >= {done}, or pass a new --run-dir")

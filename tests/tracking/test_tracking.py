@@ -142,11 +142,12 @@ def tracked_run(tmp_path_factory):
     cfg = tmp / "run.yaml"
     cfg.write_text(CONFIG.format(run_dir=tmp / "run", project=PROJECT))
     (tmp / "killer.py").write_text(KILLER)
-    killed = subprocess.run([sys.executable, str(tmp / "killer.py"), str(cfg), "3"], env=env, capture_output=True, text=True, timeout=600)
+    # cwd: MLflow puts a SQLite store's artifacts in ./mlruns
+    killed = subprocess.run([sys.executable, str(tmp / "killer.py"), str(cfg), "3"], env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     marks = json.loads((tmp / "run" / "tracking.json").read_text())["backends"]["mlflow"]["logged"]
     assert marks["train"] == 2 and marks["round"] == 0  # round 0 and two steps of round 1 were logged
-    resumed = subprocess.run([sys.executable, "-m", "toprcli", "iterate", "-c", str(cfg)], env=env, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run([sys.executable, "-m", "toprcli", "iterate", "-c", str(cfg)], env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Trackio" not in resumed.stdout + resumed.stderr and "wandb" not in resumed.stdout.lower()  # banners go to the log
     assert "tracking" not in resumed.stderr + killed.stderr  # no backend failed (a failure is a warning naming it)

@@ -23,6 +23,7 @@ DOC = """Run generate → score → curate → train → eval per round; killed 
       [bold]topr iterate --config configs/demo.yaml[/]
       [bold]topr iterate -c configs/gsm8k-llama3-8b.yaml --run-dir runs/gsm8k[/]
       [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft[/]
+      [bold]topr iterate -c configs/demo.yaml --report-to tensorboard --report-to wandb --project topr-demo[/]
       [bold]topr iterate -c configs/demo.yaml --rounds 5[/]   (a finished 3-round demo, extended)
       [bold]topr iterate -c configs/demo.yaml --set train.lr=1e-4 --apply-from-next-round[/]
       [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft-from-1 --branch-from runs/demo/round-001[/]
@@ -54,7 +55,9 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
     from toprcli.pipeline import Pipeline
     from toprcli.report import write_report
     from toprcli.runs import branch, reconcile
+    from toprcli.tracking import check_installed
 
+    check_installed(cfg.tracking.report_to)  # a missing tracker package: one line, before any work
     if not branch_from:  # a refused change is one error line, before anything is printed
         reconcile(Path(cfg.run_dir), cfg, apply_from_next_round=apply_from_next_round, write=False)
     if branch_from:
@@ -70,8 +73,10 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
         if progress is not None:  # not under --json
             print_rounds(f"after round {r}", seen)
 
-    rows = Pipeline(cfg, progress=progress, on_round=on_round, apply_from_next_round=apply_from_next_round).run()
-    out = str(write_report(cfg.run_dir)[1]) if report else None
+    pipeline = Pipeline(cfg, progress=progress, on_round=on_round, apply_from_next_round=apply_from_next_round,
+                        report=(lambda run_dir: write_report(run_dir)[1]) if report else None)
+    rows = pipeline.run()
+    out = str(pipeline.report_dir) if report else None
     return StageResult("iterate", cfg.run_dir, {"rounds": rows, "report": out}, wall_time_s=time.perf_counter() - t0)
 
 

@@ -18,6 +18,7 @@ DOC = """Train a policy on a curated training set and save it in HF format.
     Examples:
       [bold]topr train -m runs/r0/policy -d runs/r1/train.parquet -o runs/r1/policy --loss topr[/]
       [bold]topr train -m runs/r0/policy -d pairs.parquet -o runs/r1/dpo --loss dpo --loss-option beta=0.1[/]
+      [bold]topr train -m runs/r0/policy -d runs/r1/train.parquet -o runs/r1/policy --report-to mlflow --tag variant=topr[/]
       [bold]topr train -c configs/gsm8k-llama3-8b.yaml -m meta-llama/Meta-Llama-3-8B-Instruct -d train.parquet -o policy[/]
       [bold]topr train -c configs/gsm8k-llama3-8b.yaml -d train.parquet -o policy --nproc-per-node 8[/]   (FSDP2, 8 ranks)
       [bold]torchrun --nproc-per-node 8 -m toprcli train -c configs/gsm8k-llama3-8b.yaml -d train.parquet -o policy[/]

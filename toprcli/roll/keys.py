@@ -212,7 +212,7 @@ _REASONS: list[tuple[tuple[str, ...], str]] = [
       "*.model_update_frequency", "*.name"), _PLACEMENT),
     (("system_envs.*", "*.system_envs.*"), "environment variables for ROLL's workers"),
     (("track_with", "tracker_kwargs.*", "logging_steps", "save_logging_board_dir"),
-     "experiment tracking: topr logs metrics into the run directory (train.tensorboard for TensorBoard)"),
+     "tracker settings: topr names its tracked run after the run directory (tracking.* sets project, name, group, tags)"),
     (("checkpoint_config.*", "save_steps", "max_ckpt_to_keep", "resume_from_checkpoint", "output_dir", "base_dir",
       "logging_dir", "*.training_args.output_dir"),
      "ROLL's outputs and checkpoints: topr writes everything under run_dir and resumes when re-run"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from toprcli.config.schema import TRACKERS
 from toprcli.errors import UserError
 from toprcli.roll.loss_rules import loss_generic, select_loss, topr_doc_keys
 
@@ -57,7 +58,19 @@ def _model_and_run(m: Any) -> str | None:
     if m.get("seed") is not None:
         seed = m.number("seed", integer=True)
         m.mapped("seed", ("train.seed", seed), ("generate.sampling.seed", seed))
+    _tracking(m)
     return None if model is None else str(model)
+
+
+def _tracking(m: Any) -> None:
+    """ROLL's ``track_with`` where topr has that backend (tensorboard, wandb); its W&B project."""
+    tracker = m.get("track_with")
+    if tracker in TRACKERS:
+        m.mapped("track_with", ("tracking.report_to", [tracker]))
+        if tracker == "wandb" and m.get("tracker_kwargs.project") is not None:
+            m.mapped("tracker_kwargs.project", ("tracking.project", str(m.get("tracker_kwargs.project"))))
+    elif tracker is not None:
+        m.left_out("track_with", f"topr has no {tracker} tracker — tracking.report_to takes {', '.join(TRACKERS)}")
 
 
 def _lengths(m: Any) -> int:
