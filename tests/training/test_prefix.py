@@ -56,6 +56,36 @@ def test_shared_prefix_equals_one_pass_on_the_tiny_model(tmp_path, tiny_model_di
     assert_same(policy, data, np.array([0, 1, 2, 3]))  # one prompt: the broadcast path
 
 
+def test_length_buckets_are_the_cheapest_grouping():
+    """The dynamic programme against every grouping of the sorted lengths into contiguous runs."""
+    import itertools
+
+    from toprcli.training.prefix import length_buckets
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lengths = rng.integers(1, 80, size=int(rng.integers(1, 8))).tolist()
+        cost = int(rng.integers(0, 100))
+        got = length_buckets(lengths, cost)
+        assert sorted(i for b in got for i in b) == list(range(len(lengths)))
+        price = lambda buckets: sum(len(b) * max(lengths[i] for i in b) + cost for b in buckets)  # noqa: E731
+        s = sorted(lengths)
+        best = min(sum(len(s[a:b]) * s[b - 1] + cost for a, b in zip((0, *cuts), (*cuts, len(s))))
+                   for k in range(len(s)) for cuts in itertools.combinations(range(1, len(s)), k))
+        assert price(got) == best
+
+
+@pytest.mark.parametrize("call_cost", [64, 0], ids=["default", "a-bucket-per-length"])
+def test_shared_prefix_in_length_buckets_equals_one_pass(tmp_path, tiny_model_dir, call_cost, monkeypatch):
+    """Completions run in buckets of similar length (here, with call_cost 0, one per distinct length)."""
+    import toprcli.training.prefix as prefix
+
+    monkeypatch.setattr(prefix, "CALL_COST_TOKENS", call_cost)
+    data = grouped_data(tmp_path, per_prompt=(5, 2, 3))
+    assert len(set(data.completion_lens.tolist())) > 2  # uneven lengths, so several buckets
+    assert_same(policy_of(tiny_model_dir), data, np.array([0, 5, 1, 7, 2, 6, 3, 8, 4, 9]))
+
+
 def test_shared_prefix_with_gradient_checkpointing_and_lora(tmp_path, tiny_model_dir):
     data = grouped_data(tmp_path)
     assert_same(policy_of(tiny_model_dir, gradient_checkpointing=True), data, np.arange(8))
@@ -142,12 +172,16 @@ def real_text_data(tmp_path, model_dir, per_prompt=(2, 1, 2)) -> TokenData:
     return TokenData.from_table(read_table(write_curated(tmp_path / "real.parquet", rows)))
 
 
-def test_shared_prefix_equals_one_pass_on_smollm2(tmp_path, smollm2_dir):
+@pytest.mark.parametrize("call_cost", [64, 0], ids=["default", "a-bucket-per-length"])
+def test_shared_prefix_equals_one_pass_on_smollm2(tmp_path, smollm2_dir, call_cost, monkeypatch):
     """The real pretrained model (tied embeddings, GQA, 30 layers) on real text, top-p processing of π.
 
     In float64 the two layouts agree exactly (the head's float32 logits aside). In float32 on
     SmolLM2 the one-pass trainer's own log-probs move by up to ~3e-5 between batch compositions
     (padding changes the kernels' blocking), and the shared prefix stays within that floor."""
+    import toprcli.training.prefix as prefix
+
+    monkeypatch.setattr(prefix, "CALL_COST_TOKENS", call_cost)  # 0: each completion length its own decoder call
     data = real_text_data(tmp_path, smollm2_dir)
     policy = policy_of(smollm2_dir, Processing(temperature=0.7, top_p=0.9))
     rows = np.arange(5)

@@ -125,7 +125,7 @@ class PolicyLogprobs(torch.nn.Module):
         B = input_ids.shape[0]
         C = max(int(completion_lens.max()), 1)
         if prompt_ids is not None:
-            hidden = shared_prefix_hidden(self.lm.get_decoder(), prompt_ids, prompt_lens, input_ids, group)  # (B, C', H)
+            hidden = shared_prefix_hidden(self.lm.get_decoder(), prompt_ids, prompt_lens, input_ids, group, completion_lens)  # (B, C', H)
             rows, cols, positions = completion_index(torch.ones_like(completion_lens), completion_lens)  # position j ← hidden j
             input_ids = torch.cat([input_ids[:, :1], input_ids], dim=1)  # so that input_ids[rows, positions + 1] is token j
         else:

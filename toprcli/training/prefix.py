@@ -25,10 +25,12 @@ is: boolean for SDPA (on CUDA it then picks its memory-efficient kernel, which
 takes an arbitrary mask — not run here), additive for eager attention. A left
 pad's query sees only itself; its output is never read.
 
-Cost per micro-batch: P · Lp + B · C tokens through the MLPs and projections
-(instead of B · (Lp + C)); attention of the completions over Lp + C keys. The
-gathered prompt keys/values are one copy per completion row and layer
-(B · Lp · 2 · kv_dim values), which attention keeps for its backward.
+Cost per micro-batch: P · Lp + Σ_b n_b · C_b tokens through the MLPs and
+projections (instead of B · (Lp + C)): the completions run in buckets of
+similar length, each padded to its own longest C_b (:func:`length_buckets`);
+attention of the completions over Lp + C_b keys. The gathered prompt
+keys/values are one copy per completion row and layer (B · Lp · 2 · kv_dim
+values), which attention keeps for its backward.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+
+# A decoder call's fixed cost in tokens' worth of compute (30 layers' dispatch; on FSDP2 an all-gather per
+# layer): what a bucket of completions must save in padding to be run apart (benchmarks/prefix.py).
+CALL_COST_TOKENS = 64
 
 
 class PromptKV:
@@ -130,11 +136,43 @@ def allow_cache_under_checkpointing(decoder: torch.nn.Module) -> None:
             layer._can_checkpoint_with_cache = True
 
 
-def shared_prefix_hidden(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor,
-                         completion_ids: torch.Tensor, group: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """The hidden states (B, C, H) that predict completion tokens 0..C−1 (see the module docstring)."""
+def length_buckets(lengths: list[int], call_cost: Optional[int] = None) -> list[list[int]]:
+    """Rows grouped into runs of similar length, each run padded to its longest: the grouping of the
+    sorted lengths that minimises Σ (rows · longest + ``call_cost``), a decoder call costing about as
+    much as ``call_cost`` tokens (default :data:`CALL_COST_TOKENS`). Exact (dynamic programming over cut
+    points, O(n²)); rows of each bucket by length, buckets shortest first."""
+    call_cost = CALL_COST_TOKENS if call_cost is None else call_cost
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    best, cut = [0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        longest = lengths[order[j - 1]]
+        for i in range(j):  # the last bucket is order[i:j]
+            cost = best[i] + (j - i) * longest + call_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    buckets, j = [], len(order)
+    while j > 0:
+        buckets.append(order[cut[j]:j])
+        j = cut[j]
+    return buckets[::-1]
+
+
+def shared_prefix_hidden(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, completion_ids: torch.Tensor,
+                         group: torch.Tensor, completion_lens: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The hidden states (B, C, H) that predict completion tokens 0..C−1 (see the module docstring); zero past
+    each completion's length. Completions run in buckets of similar length (:func:`length_buckets`), so a
+    micro-batch of short and long completions does not pad every row to the longest."""
     dtype = dtype or next(decoder.parameters()).dtype
     allow_cache_under_checkpointing(decoder)
     last, kv = prompt_pass(decoder, prompt_ids, prompt_lens, dtype)
-    hidden = completion_pass(decoder, completion_ids, prompt_lens, group, kv, prompt_ids.shape[1], dtype)
+    B, C = completion_ids.shape
+    lens = completion_lens.tolist() if completion_lens is not None else [C] * B
+    parts, order = [], []
+    for rows in length_buckets(lens):
+        idx = torch.tensor(rows, device=completion_ids.device)
+        c = max(lens[rows[-1]], 1)  # the bucket's longest
+        hidden = completion_pass(decoder, completion_ids[idx, :c], prompt_lens, group[idx], kv, prompt_ids.shape[1], dtype)  # (n, c, H)
+        parts.append(torch.nn.functional.pad(hidden, (0, 0, 0, C - c)))
+        order += rows
+    hidden = torch.cat(parts).index_select(0, torch.argsort(torch.tensor(order, device=completion_ids.device)))  # (B, C, H), rows in order
     return torch.cat([last[group][:, None], hidden[:, :-1]], dim=1)  # (B, C, H)

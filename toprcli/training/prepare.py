@@ -292,12 +292,33 @@ def device_memory_bytes() -> int:
     return int(psutil.virtual_memory().total) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def choose_gradient_checkpointing(cfg: TrainConfig, model_cfg: Any) -> bool:
-    """``auto``: on when one micro-batch's activations would need more than 1/8 of the device memory."""
+def micro_batch_tokens(cfg: TrainConfig, data: TokenData, units: Units, plan: StepPlan) -> int:
+    """A bound on one micro-batch's tokens as the trainer lays them out: the budget, or the largest step
+    when that is smaller (rows × longest row; with a shared prefix, each unit's prompt once plus rows ×
+    longest completion)."""
+    largest = 0
+    for step in range(plan.steps):
+        step_units = plan.step_units(step)
+        rows = units.rows_of(step_units)
+        if len(rows) == 0:
+            continue
+        if cfg.shared_prefix:
+            tokens = len(step_units) * int(data.prompt_lens[rows].max()) + len(rows) * int(data.completion_lens[rows].max())
+        else:
+            tokens = len(rows) * int(data.seq_lens[rows].max())
+        largest = max(largest, min(tokens, cfg.micro_batch_tokens))
+        if largest == cfg.micro_batch_tokens:
+            break
+    return largest
+
+
+def choose_gradient_checkpointing(cfg: TrainConfig, model_cfg: Any, tokens: int) -> bool:
+    """``auto``: on when one micro-batch's activations (``tokens``: :func:`micro_batch_tokens`) would need
+    more than 1/8 of the device memory."""
     if isinstance(cfg.gradient_checkpointing, bool):
         return cfg.gradient_checkpointing
     bytes_per_value = 2 if cfg.dtype in ("bfloat16", "bfloat16-pure") or (cfg.dtype == "auto" and torch.cuda.is_available()) else 4
-    return activation_bytes(model_cfg, cfg.micro_batch_tokens, bytes_per_value) > device_memory_bytes() // 8
+    return activation_bytes(model_cfg, tokens, bytes_per_value) > device_memory_bytes() // 8
 
 
 # -- the run ----------------------------------------------------------------------------
@@ -377,7 +398,7 @@ def prepare(cfg: TrainConfig) -> Prepared:
         cfg=cfg, loss=loss, data=data, out=out, partial=partial, units=units, plan=plan, reference=reference, vocab_size=vocab_size,
         context=context, data_fingerprint=fingerprint(cfg.data), config_fingerprint=_fingerprint(semantic),
         processing=processing, sampling_source=sampling_source,
-        gradient_checkpointing=choose_gradient_checkpointing(cfg, mcfg), policies=policies,
+        gradient_checkpointing=choose_gradient_checkpointing(cfg, mcfg, micro_batch_tokens(cfg, data, units, plan)), policies=policies,
     )
 
 
