@@ -141,6 +141,7 @@ class Pipeline:
         self.cfg = cfg
         self.report, self.report_dir = report, None  # report: writes the run's report, returns its directory
         self.tracker: run_tracking.Tracker | None = None
+        self.tracked: dict[str, str] = {}  # each tracker's run, in words (after run())
         self.run_dir = Path(cfg.run_dir)
         self.progress = progress
         self.on_round = on_round
@@ -302,6 +303,7 @@ class Pipeline:
                     self.report_dir = self.report(self.run_dir)
                     if self.tracker is not None:
                         self.tracker.log_artifacts(self.report_dir, "report")
+                self.tracked = self.tracker.where() if self.tracker is not None else {}
         finally:
             self.engine.close()
         return run_summary(self.run_dir)

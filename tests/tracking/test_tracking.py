@@ -151,6 +151,8 @@ def tracked_run(tmp_path_factory):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Trackio" not in resumed.stdout + resumed.stderr and "wandb" not in resumed.stdout.lower()  # banners go to the log
     assert "tracking" not in resumed.stderr + killed.stderr  # no backend failed (a failure is a warning naming it)
+    wandb_id = json.loads((tmp / "run" / "tracking.json").read_text())["backends"]["wandb"]["id"]
+    assert f"wandb: run {wandb_id}" in resumed.stdout and "tensorboard: " in resumed.stdout  # where each tracked run is
     report = CliRunner().invoke(app, ["report", str(tmp / "run"), "--json"])
     assert report.exit_code == 0, report.output
     steps = [json.loads(line) for line in (tmp / "run" / "round-001" / "policy" / "metrics.jsonl").read_text().splitlines()]

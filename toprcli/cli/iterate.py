@@ -77,13 +77,15 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
                         report=(lambda run_dir: write_report(run_dir)[1]) if report else None)
     rows = pipeline.run()
     out = str(pipeline.report_dir) if report else None
-    return StageResult("iterate", cfg.run_dir, {"rounds": rows, "report": out}, wall_time_s=time.perf_counter() - t0)
+    return StageResult("iterate", cfg.run_dir, {"rounds": rows, "report": out, "tracking": pipeline.tracked}, wall_time_s=time.perf_counter() - t0)
 
 
 def show(result: StageResult, cfg: IterateConfig) -> None:
     print_rounds(f"run {cfg.run_dir} ({result.wall_time_s:.0f} s this invocation)", result.summary["rounds"], wall=False)
     if result.summary["report"]:
         console.print(f"report: {result.summary['report']}/summary.md, {result.summary['report']}/accuracy.png", highlight=False)
+    for name, where in result.summary["tracking"].items():
+        console.print(f"{name}: {where}", highlight=False)
 
 
 def log_file(cfg: IterateConfig) -> Path:

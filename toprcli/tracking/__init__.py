@@ -97,6 +97,11 @@ class Backend(Protocol):
 
     def log(self, metrics: dict[str, float], step: int, axis: str) -> None: ...
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None: ...
+    def where(self) -> dict[str, str]:
+        """Each backend's run, in words: where to look for it."""
+        shown = {"tensorboard": "{log_dir}", "wandb": "run {id}", "mlflow": "run {run_id} in {tracking_uri}", "trackio": "run {name} of project {project}"}
+        return {name: shown[name].format_map(_Missing(self.state["backends"][name])) for name in self.backends}
+
     def log_artifacts(self, directory: Path, name: str) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
@@ -154,6 +159,11 @@ class Tracker:
         if rows:
             self._each(f"table:{key}", step, lambda b: (b.log_table(key, rows, step), b.flush()))
 
+    def where(self) -> dict[str, str]:
+        """Each backend's run, in words: where to look for it."""
+        shown = {"tensorboard": "{log_dir}", "wandb": "run {id}", "mlflow": "run {run_id} in {tracking_uri}", "trackio": "run {name} of project {project}"}
+        return {name: shown[name].format_map(_Missing(self.state["backends"][name])) for name in self.backends}
+
     def log_artifacts(self, directory: Path, name: str) -> None:
         for backend_name, backend in list(self.backends.items()):
             self._call(backend_name, lambda b=backend: b.log_artifacts(Path(directory), name))
@@ -171,6 +181,11 @@ class Tracker:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _Missing(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
 
 
 def open_tracker(cfg: TrackingConfig, root: str | Path, *, config: dict[str, Any], name: str | None = None,

@@ -13,9 +13,10 @@ class TrackioRun:
         import trackio
 
         self.trackio, self.state = trackio, state
+        project = info.project or "toprcli"
         resume = "must" if state.get("name") else "never"
         state.setdefault("step", 0)
-        self.run = trackio.init(project=info.project or "toprcli", name=state.get("name", info.name), group=info.group,
+        self.run = trackio.init(project=project, name=state.get("name") or _free_name(trackio, project, info.name), group=info.group,
                                 resume=resume, config=config, auto_log_cpu=False, auto_log_gpu=False, embed=False)
         state["name"], state["project"] = self.run.name, self.run.project
 
@@ -46,6 +47,15 @@ class TrackioRun:
         self.run.finish()
         if self.trackio.context_vars.current_run.get() is self.run:  # else trackio's exit hook finishes it again, on screen
             self.trackio.context_vars.current_run.set(None)
+
+
+def _free_name(trackio, project: str, name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``, ...: trackio keys a run by its name, and two run directories
+    called ``policy`` must not write into one run."""
+    taken, candidate, k = set(trackio.SQLiteStorage.get_runs(project)), name, 2
+    while candidate in taken:
+        candidate, k = f"{name}-{k}", k + 1
+    return candidate
 
 
 def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> TrackioRun:
