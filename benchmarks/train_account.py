@@ -11,7 +11,7 @@ README), interleaved over ``--rounds``:
              the walkthrough's mean length, completions of its mean length varied over [C/4, 7C/4], T = 1
 
 For each: tokens/s of the first step (what a one-step walkthrough reports) and the median of the
-later ones, the padding of its micro-batches, and one later step profiled (torch.profiler, self CPU
+steps after the second (the second is profiled), the padding of its micro-batches, and one later step profiled (torch.profiler, self CPU
 time) into the decoder's matmuls, the LM head's, attention, the optimizer, top-p (sort, top-k,
 cumsum), and everything else.
 
@@ -140,7 +140,7 @@ def padding(model: str, data: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is reported apart)")
+    ap.add_argument("--steps", type=int, default=5, help="steps per run (the first is reported apart, the second profiled)")
     ap.add_argument("--work", default="runs/bench-account")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
@@ -164,7 +164,7 @@ def main() -> None:
     results = {v: summarize(r, padding(model, data[v])) for v, r in runs.items()}
     text = table(results)
     print(text)
-    (work / "result.json").write_text(json.dumps({"args": vars(args), "results": results, "wall_s": time.perf_counter() - t0}, indent=2))
+    (work / "result.json").write_text(json.dumps({"args": vars(args), "results": results, "runs": runs, "wall_s": time.perf_counter() - t0}, indent=2))
     if args.write_docs:
         cmd = "python benchmarks/train_account.py " + " ".join(sys.argv[1:])
         body = f"Command: `{cmd}` — {(time.perf_counter() - t0) / 60:.0f} min on 2 CPU cores.\n\n{text}"
@@ -173,7 +173,7 @@ def main() -> None:
 
 def summarize(runs: list[dict], pad: float) -> dict:
     first = [r["steps"][0]["tokens_per_s"] for r in runs]
-    later = [s["tokens_per_s"] for r in runs for s in r["steps"][1:]]
+    later = [s["tokens_per_s"] for r in runs for s in r["steps"][2:]]  # step 2 is the profiled one
     parts = {p: statistics.median(r["parts"][p] for r in runs) for p in PARTS}
     return {"first_tok_s": statistics.median(first), "later_tok_s": statistics.median(later), "padding": pad, "parts_cpu_s": parts,
             "tokens_per_step": statistics.median(s["tokens"] for r in runs for s in r["steps"]),
