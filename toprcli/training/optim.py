@@ -120,8 +120,7 @@ def build_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float, w
     if name == "adamw":
         # The fused kernel (CUDA, and CPU since torch 2.4: 3.4x the for-loop's speed on SmolLM2's 135M
         # parameters) when every parameter is a plain tensor of one device type (not an FSDP2 DTensor shard).
-        fused = bool(params) and all(type(p.data) is torch.Tensor and p.device.type in ("cuda", "cpu") for p in params) \
-            and len({p.device.type for p in params}) == 1
+        fused = bool(params) and all(p.is_cuda and type(p.data) is torch.Tensor for p in params)
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
     if name == "adafactor":
         return Adafactor(params, lr=lr, weight_decay=weight_decay)
