@@ -149,10 +149,11 @@ def tracked_run(tmp_path_factory):
     assert marks["train"] == 2 and marks["round"] == 0  # round 0 and two steps of round 1 were logged
     resumed = subprocess.run([sys.executable, "-m", "toprcli", "iterate", "-c", str(cfg)], env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Trackio" not in resumed.stdout + resumed.stderr and "wandb" not in resumed.stdout.lower()  # banners go to the log
     assert "tracking" not in resumed.stderr + killed.stderr  # no backend failed (a failure is a warning naming it)
     wandb_id = json.loads((tmp / "run" / "tracking.json").read_text())["backends"]["wandb"]["id"]
     assert f"wandb: run {wandb_id}" in resumed.stdout and "tensorboard: " in resumed.stdout  # where each tracked run is
+    screen = [line for line in (resumed.stdout + resumed.stderr).splitlines() if line != f"wandb: run {wandb_id}"]
+    assert not [line for line in screen if "Trackio" in line or "trackio show" in line or line.lower().startswith("wandb")]  # banners: the log
     report = CliRunner().invoke(app, ["report", str(tmp / "run"), "--json"])
     assert report.exit_code == 0, report.output
     steps = [json.loads(line) for line in (tmp / "run" / "round-001" / "policy" / "metrics.jsonl").read_text().splitlines()]
@@ -236,3 +237,21 @@ def test_eval_reports_its_metrics_once(tiny_model_dir, tmp_path):
     events = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0}).Reload()
     assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("eval/pass_at_1")] == [(3, metrics["pass@1"])]
     assert [e.value for e in events.Scalars("eval/pass_at_1_ci_high")] == [pytest.approx(metrics["intervals"]["pass@1"][1])]
+
+
+def test_wandb_reads_back_what_its_offline_files_hold(tmp_path, monkeypatch):
+    """What a resumed W&B run takes as logged: the last step per axis and table its earlier files hold."""
+    from toprcli.tracking import RunInfo
+    from toprcli.tracking.wandb_run import offline_marks, open_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    state: dict = {}
+    run = open_run(RunInfo(tmp_path, "p", "r"), state, {"a": 1})
+    for step in (1, 2, 3):
+        run.log({"train/loss": 1.0 / step, "train/step": float(step)}, step, "train")
+    run.log_table("round/samples", [{"prompt": "q", "reward": 1.0}], 0)
+    run.close()
+    assert offline_marks(tmp_path / "wandb", state["id"]) == {"train": 3, "table:round/samples": 0}
+    again = open_run(RunInfo(tmp_path, "p", "r"), state, {"a": 1})  # resuming reads them into the state
+    again.close()
+    assert state["logged"] == {"train": 3, "table:round/samples": 0} and state["step"] == 4

@@ -281,6 +281,7 @@ class EvalConfig:
 WARM_START_TRAIN = {
     "loss": "sft", "loss_options": {}, "optimizer": "adamw", "lr": 2e-3, "batch_size": 64,
     "schedule": "cosine", "warmup_steps": 10, "epochs": 1.0, "max_steps": None, "kl_coef": 0.0, "ref_model": None,
+    "group_by_prompt": False, "shared_prefix": False,  # one gold solution per prompt: nothing to share, rows batched as rows
 }
 
 
