@@ -117,3 +117,30 @@ def scored_table(items: list[tuple], *, iteration: int = 0, policy: str = "tiny"
         questions.append(question)
     t = pa.table(cols, schema=SCORED_SCHEMA)
     return t.append_column("question", pa.array(questions, pa.string())) if with_question else t
+
+
+# A pipeline small enough for end-to-end tests: tiny model built and warm-started, 16 arith prompts × 4,
+# the hf backend (format with run_dir).
+MICRO_PIPELINE = """
+run_dir: {run_dir}
+rounds: 1
+warm_start:
+  enabled: true
+  init_model: true
+  examples: 64
+  train: {{epochs: 1, lr: 2.0e-3, batch_size: 32}}
+generate:
+  dataset: {{source: builtin:arith, split: train, level: 1, size: 16}}
+  n: 4
+  sampling: {{max_new_tokens: 24}}
+  engine: {{backend: hf}}
+  shard_size: 4
+score: {{verifier: gsm8k, workers: 1}}
+curate: {{positive_fraction: 0.5, unreachable_baseline: 0.0}}
+train: {{loss: topr, optimizer: adamw, lr: 1.0e-3, batch_size: 16, save_every: 1}}
+eval:
+  dataset: {{source: builtin:arith, split: test, level: 1, size: 8}}
+  k: 2
+  sampling: {{max_new_tokens: 24}}
+  engine: {{backend: hf}}
+"""

@@ -14,33 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from builders import MICRO_PIPELINE as MICRO
 from toprcli.cli.main import app
 
 pytestmark = pytest.mark.slow
-
-MICRO = """
-run_dir: {run_dir}
-rounds: 1
-warm_start:
-  enabled: true
-  init_model: true
-  examples: 64
-  train: {{epochs: 1, lr: 2.0e-3, batch_size: 32}}
-generate:
-  dataset: {{source: builtin:arith, split: train, level: 1, size: 16}}
-  n: 4
-  sampling: {{max_new_tokens: 24}}
-  engine: {{backend: hf}}
-  shard_size: 4
-score: {{verifier: gsm8k, workers: 1}}
-curate: {{positive_fraction: 0.5, unreachable_baseline: 0.0}}
-train: {{loss: topr, optimizer: adamw, lr: 1.0e-3, batch_size: 16, save_every: 1}}
-eval:
-  dataset: {{source: builtin:arith, split: test, level: 1, size: 8}}
-  k: 2
-  sampling: {{max_new_tokens: 24}}
-  engine: {{backend: hf}}
-"""
 
 # Runs the pipeline in a child process and SIGKILLs it from inside at a chosen point:
 # after the N-th shard written into a directory ending in DIR_SUFFIX, or after the

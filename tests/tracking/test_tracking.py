@@ -16,36 +16,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from builders import MICRO_PIPELINE
 from toprcli.cli.main import app
 from toprcli.config import TrackingConfig, TrainConfig, from_dict
 from toprcli.errors import UserError
 from toprcli.tracking import check_installed, metric_name, numeric, open_tracker
 
 PROJECT = "topr-tracking-test"
-CONFIG = """
-run_dir: {run_dir}
-rounds: 1
-tracking: {{report_to: [tensorboard, wandb, mlflow, trackio], project: {project}, tags: {{variant: topr}}}}
-warm_start:
-  enabled: true
-  init_model: true
-  examples: 64
-  train: {{epochs: 1, lr: 2.0e-3, batch_size: 32}}
-generate:
-  dataset: {{source: builtin:arith, split: train, level: 1, size: 16}}
-  n: 4
-  sampling: {{max_new_tokens: 24}}
-  engine: {{backend: hf}}
-  shard_size: 4
-score: {{verifier: gsm8k, workers: 1}}
-curate: {{positive_fraction: 0.5, unreachable_baseline: 0.0}}
-train: {{loss: topr, optimizer: adamw, lr: 1.0e-3, batch_size: 16, save_every: 1}}
-eval:
-  dataset: {{source: builtin:arith, split: test, level: 1, size: 8}}
-  k: 2
-  sampling: {{max_new_tokens: 24}}
-  engine: {{backend: hf}}
-"""
+CONFIG = MICRO_PIPELINE + "tracking: {{report_to: [tensorboard, wandb, mlflow, trackio], project: {project}, tags: {{variant: topr}}}}\n"
 # SIGKILLs the pipeline right after its N-th training checkpoint (the warm start saves one, round 1 three).
 KILLER = textwrap.dedent(
     """
