@@ -16,7 +16,7 @@ from typing import Any
 
 from toprcli.config import IterateConfig, config_to_dict
 from toprcli.runs import LINEAGE_FILE, round_dir
-from toprcli.tracking import Tracker, open_tracker, sample_rows
+from toprcli.tracking import Tracker, open_tracker, replay, sample_rows
 
 def open_run_tracker(cfg: IterateConfig, run_dir: Path) -> Tracker | None:
     """The run's tracker; a branch is grouped with its parent run unless ``tracking.group`` says otherwise."""
@@ -42,11 +42,7 @@ def step_sink(tracker: Tracker, axis: str, offset: int = 0, **extra: Any) -> Cal
 
 def log_training(tracker: Tracker, policy: Path, sink: Callable[[dict[str, Any]], None]) -> None:
     """Replay ``policy/metrics.jsonl`` into ``sink`` (what training in a child process, or before tracking, logged)."""
-    path = policy / "metrics.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                sink(json.loads(line))
+    replay(policy / "metrics.jsonl", sink)
 
 
 def log_round(tracker: Tracker, run_dir: Path, r: int, summary: dict[str, Any], wall_times: dict[str, float]) -> None:

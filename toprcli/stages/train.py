@@ -32,7 +32,6 @@ itself is :func:`toprcli.training.trainer.train_loop`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -45,7 +44,7 @@ from toprcli import interrupt, shards
 from toprcli.config import TrainConfig, config_to_dict
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
-from toprcli.tracking import TRACKER_FILES, check_installed, open_tracker
+from toprcli.tracking import TRACKER_FILES, check_installed, open_tracker, replay
 from toprcli.training.distributed import barrier, env_rank, init_distributed, shutdown
 from toprcli.training.prepare import SUMMARY_NAME, Prepared, finished_summary, prepare
 from toprcli.training.trainer import METRICS_NAME, PRECOMPUTED_NAME, train_loop
@@ -105,9 +104,8 @@ def _tracked(prep: Prepared, on_record: Callable[[dict[str, Any]], None] | None)
     tracker = open_tracker(prep.cfg.tracking, prep.partial, config=config_to_dict(prep.cfg), name=Path(prep.cfg.out).name)
     with tracker:
         sink = lambda record: tracker.log("train", record, record["step"])  # noqa: E731
-        metrics = prep.partial / METRICS_NAME
-        for line in metrics.read_text().splitlines() if prep.cfg.resume and metrics.exists() else []:
-            sink(json.loads(line))  # a killed run's steps, which a backend may have lost
+        if prep.cfg.resume:
+            replay(prep.partial / METRICS_NAME, sink)  # a killed run's steps, which a backend may have lost
         yield sink
 
 

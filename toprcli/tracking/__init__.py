@@ -68,6 +68,14 @@ def sample_rows(scored: Path) -> list[dict[str, Any]]:
     return [{c: row[c] for c in SAMPLE_COLUMNS} for row in rows]
 
 
+def replay(metrics: Path, sink) -> None:
+    """Hand each line of a training's ``metrics.jsonl`` to ``sink`` (what a tracker may not have yet)."""
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            if line.strip():
+                sink(json.loads(line))
+
+
 def code_version() -> dict[str, str]:
     """toprcli's version and, from a git checkout, its commit."""
     out = {"toprcli_version": __version__}
