@@ -77,12 +77,13 @@ def test_length_buckets_are_the_cheapest_grouping():
 
 @pytest.mark.parametrize("call_cost", [64, 0], ids=["default", "a-bucket-per-length"])
 def test_shared_prefix_in_length_buckets_equals_one_pass(tmp_path, tiny_model_dir, call_cost, monkeypatch):
-    """Completions run in buckets of similar length (here, with call_cost 0, one per distinct length)."""
+    """Prompts and completions run in buckets of similar length (here, with call_cost 0, one per distinct length)."""
     import toprcli.training.prefix as prefix
 
     monkeypatch.setattr(prefix, "CALL_COST_TOKENS", call_cost)
     data = grouped_data(tmp_path, per_prompt=(5, 2, 3))
     assert len(set(data.completion_lens.tolist())) > 2  # uneven lengths, so several buckets
+    assert len(set(data.prompt_lens.tolist())) == 3  # three prompt lengths: three prompt passes with call_cost 0
     assert_same(policy_of(tiny_model_dir), data, np.array([0, 5, 1, 7, 2, 6, 3, 8, 4, 9]))
 
 
@@ -196,3 +197,66 @@ def test_shared_prefix_equals_one_pass_on_smollm2(tmp_path, smollm2_dir, call_co
     floor = max((lp[i, : len(a)] - a).abs().max().item() for i, a in enumerate(alone))
     assert (lp - lp_shared)[mask].abs().max().item() <= max(2 * floor, 1e-5)
     assert_same(policy.double(), data, rows)
+    if call_cost == 0:  # and the packed layout (FlexAttention's), its mask dense
+        policy.packed_prefix = True
+        assert_same(policy, data, rows)
+
+
+# -- the packed layout (FlexAttention's, on CUDA) -----------------------------------
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
+def test_packed_prefix_layout_equals_one_pass(tmp_path, tiny_model_dir, checkpointing):
+    """Prompts and completions packed into one row each, the block mask materialised dense (SDPA):
+    the layout's positions, mask and gradient, which FlexAttention cannot run backward on CPU."""
+    data = grouped_data(tmp_path, per_prompt=(5, 2, 3))
+    policy = policy_of(tiny_model_dir, Processing(temperature=0.7, top_p=0.9), gradient_checkpointing=checkpointing)
+    assert not policy.packed_prefix  # SDPA on CPU: the padded layout unless asked
+    policy.packed_prefix = True
+    assert_same(policy, data, np.array([0, 5, 1, 7, 2, 6, 3, 8, 4, 9]))  # groups interleaved, uneven lengths
+    (tmp_path / "b").mkdir()
+    assert_same(policy, grouped_data(tmp_path / "b"), np.array([0, 5, 1, 4, 2, 3, 6, 7]))  # with a group of 1
+
+
+@pytest.fixture
+def fresh_compiler():
+    """Each flex test compiles its own kernels: torch 2.13's CPU codegen of a flex kernel recompiled for
+    dynamic shapes (another test's sizes in the cache) emits C++ that does not compile (Triton on CUDA is
+    another code path)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_flex_attention_kernel_forward_equals_one_pass(tmp_path, tiny_model_dir, fresh_compiler):
+    """The model loaded with FlexAttention runs the packed layout through torch's compiled flex kernel
+    and a BlockMask (forward only here: PyTorch has no FlexAttention backward on CPU)."""
+    from toprcli.training.prefix_packed import FLEX
+
+    data = grouped_data(tmp_path, per_prompt=(5, 2, 3))
+    flex = policy_of(tiny_model_dir, attention=FLEX)
+    assert flex.packed_prefix
+    flex.eval()
+    rows = np.array([0, 5, 1, 7, 2, 6, 3, 8, 4, 9])
+    one, shared = collate(data, rows), collate_shared(data, rows)
+    with torch.no_grad():
+        ref, _ = policy_of(tiny_model_dir)(one.input_ids, one.prompt_lens, one.completion_lens)
+        got, _ = flex(shared.input_ids, shared.prompt_lens, shared.completion_lens, **shared.prefix())
+    assert (ref - got)[one.mask.bool()].abs().max().item() <= 1e-5
+
+
+def test_flex_attention_kernel_forward_on_smollm2(tmp_path, smollm2_dir, fresh_compiler):
+    """SmolLM2 (GQA, 9 query heads) through the flex kernel, packed, against its padded shared-prefix layout."""
+    from toprcli.training.prefix_packed import FLEX
+
+    data = real_text_data(tmp_path, smollm2_dir)
+    rows = np.arange(5)
+    shared = collate_shared(data, rows)
+    args = (shared.input_ids, shared.prompt_lens, shared.completion_lens)
+    with torch.no_grad():
+        padded, _ = policy_of(smollm2_dir)(*args, **shared.prefix())
+        flex = policy_of(smollm2_dir, attention=FLEX)
+        assert flex.packed_prefix
+        packed, _ = flex.eval()(*args, **shared.prefix())
+    mask = collate(data, rows).mask.bool()
+    assert (padded - packed)[mask].abs().max().item() <= 1e-4  # float32, different kernels (the one-pass floor is ~3e-5)

@@ -43,6 +43,7 @@ from toprcli.training.distributed import DistContext, broadcast_object, shard_mo
 from toprcli.training.logprobs import chunked_logprobs, completion_index, default_chunk_size, scatter_completion
 from toprcli.training.lora import apply_lora, check_lora_targets, lora_config
 from toprcli.training.prefix import shared_prefix_hidden
+from toprcli.training.prefix_packed import packed_prefix_hidden, uses_flex
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class PolicyLogprobs(torch.nn.Module):
         super().__init__()
         self.lm = lm
         self.processing = processing
+        # A shared prefix runs packed under FlexAttention (block-sparse), padded otherwise (training/prefix*.py).
+        self.packed_prefix = uses_flex(lm.get_decoder()) if hasattr(lm, "get_decoder") else False
         config = getattr(lm, "config", None)
         vocab = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "vocab_size", 32768)
         self.chunk_size = chunk_size or default_chunk_size(int(vocab))
@@ -125,7 +128,8 @@ class PolicyLogprobs(torch.nn.Module):
         B = input_ids.shape[0]
         C = max(int(completion_lens.max()), 1)
         if prompt_ids is not None:
-            hidden = shared_prefix_hidden(self.lm.get_decoder(), prompt_ids, prompt_lens, input_ids, group, completion_lens)  # (B, C', H)
+            shared_hidden = packed_prefix_hidden if self.packed_prefix else shared_prefix_hidden
+            hidden = shared_hidden(self.lm.get_decoder(), prompt_ids, prompt_lens, input_ids, group, completion_lens)  # (B, C, H)
             rows, cols, positions = completion_index(torch.ones_like(completion_lens), completion_lens)  # position j ← hidden j
             input_ids = torch.cat([input_ids[:, :1], input_ids], dim=1)  # so that input_ids[rows, positions + 1] is token j
         else:
@@ -159,18 +163,19 @@ def _disable_dropout(model: torch.nn.Module) -> None:
             m.attention_dropout = 0.0
 
 
-def _load_lm(model: str, dtype: torch.dtype, *, on_meta: bool) -> torch.nn.Module:
+def _load_lm(model: str, dtype: torch.dtype, *, on_meta: bool, attention: Optional[str] = None) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    kw = {"attn_implementation": attention} if attention else {}  # unset: the model's own default (SDPA)
     with quiet_hf():
         if not on_meta:
-            return AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+            return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, **kw)
         from accelerate import init_empty_weights
 
         # Parameters on the meta device (no memory); buffers (rotary tables) real, as the
         # checkpoint does not hold the non-persistent ones.
         with init_empty_weights(include_buffers=False):
-            lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=dtype)
+            lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=dtype, **kw)
         lm.tie_weights()  # meta initialisation loses the tie (tied embeddings must be one parameter, as on rank 0)
         return lm
 
@@ -195,11 +200,13 @@ def load_policy(
     lora: Optional[dict[str, Any]] = None,
     chunk_size: Optional[int] = None,
     trainable: bool = True,
+    attention: Optional[str] = None,
 ) -> tuple[PolicyLogprobs, Any]:
     """The starting policy wrapped in :class:`PolicyLogprobs`, placed and sharded.
 
     ``lora``: ``{"rank", "alpha", "dropout", "target_modules"}`` to train LoRA
-    adapters (base weights frozen). Returns ``(policy, lora_config or None)``.
+    adapters (base weights frozen). ``attention``: Hugging Face's ``attn_implementation``
+    (unset: the model's default). Returns ``(policy, lora_config or None)``.
     """
     # Under torchrun, full fine-tuning streams the checkpoint into the shards (every rank builds the model on
     # the meta device); LoRA adapters, or names the checkpoint lacks, fall back to a full load on rank 0
@@ -211,7 +218,7 @@ def load_policy(
         streamed = bool(broadcast_object(_streamable(probe, files) if ctx.is_main else None, ctx))
         del probe
     meta = ctx.distributed and (streamed or not ctx.is_main)
-    lm = _load_lm(model, precision.weight_dtype, on_meta=meta)
+    lm = _load_lm(model, precision.weight_dtype, on_meta=meta, attention=attention)
     _disable_dropout(lm)
     lcfg = None
     if trainable:

@@ -25,10 +25,10 @@ is: boolean for SDPA (on CUDA it then picks its memory-efficient kernel, which
 takes an arbitrary mask — not run here), additive for eager attention. A left
 pad's query sees only itself; its output is never read.
 
-Cost per micro-batch: P · Lp + Σ_b n_b · C_b tokens through the MLPs and
-projections (instead of B · (Lp + C)): the completions run in buckets of
-similar length, each padded to its own longest C_b (:func:`length_buckets`);
-attention of the completions over Lp + C_b keys. The gathered prompt
+Cost per micro-batch: Σ_a P_a · L_a + Σ_b n_b · C_b tokens through the MLPs
+and projections (instead of B · (Lp + C)): prompts and completions each run
+in buckets of similar length, padded to the bucket's longest (L_a, C_b;
+:func:`length_buckets`); attention of the completions over Lp + C_b keys. The gathered prompt
 keys/values are one copy per completion row and layer (B · Lp · 2 · kv_dim
 values), which attention keeps for its backward.
 """
@@ -113,6 +113,32 @@ def prompt_pass(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens:
     return hidden[:, -1], kv
 
 
+def prompt_passes(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, dtype: torch.dtype):
+    """:func:`prompt_pass` over buckets of similar prompt length (:func:`length_buckets`), each left-padded
+    to its own longest, so a 100-token prompt is not padded to its neighbour's 360. The buckets' keys and
+    values are left-padded back to Lp (zeros, never attended: the completions' mask stops at each prompt's
+    first real column) and put in prompt order: (P, H) and a :class:`PromptKV` of (P, h_kv, Lp, d)."""
+    lens = prompt_lens.tolist()
+    buckets = length_buckets(lens)
+    if len(buckets) == 1:
+        return prompt_pass(decoder, prompt_ids, prompt_lens, dtype)
+    Lp, lasts, kvs, order = prompt_ids.shape[1], [], [], []
+    for rows in buckets:
+        idx = torch.tensor(rows, device=prompt_ids.device)
+        longest = max(lens[rows[-1]], 1)
+        last, kv = prompt_pass(decoder, prompt_ids[idx, Lp - longest:], prompt_lens[idx], dtype)
+        lasts.append(last)
+        kvs.append(kv)
+        order += rows
+    back = torch.argsort(torch.tensor(order, device=prompt_ids.device))  # bucket order -> prompt order
+    merged = PromptKV()
+    for layer in kvs[0].keys:
+        for mine, theirs in ((merged.keys, [kv.keys for kv in kvs]), (merged.values, [kv.values for kv in kvs])):
+            padded = [torch.nn.functional.pad(t[layer], (0, 0, Lp - t[layer].shape[2], 0)) for t in theirs]
+            mine[layer] = torch.cat(padded).index_select(0, back)  # (P, h_kv, Lp, d)
+    return torch.cat(lasts).index_select(0, back), merged
+
+
 def completion_pass(decoder: torch.nn.Module, completion_ids: torch.Tensor, prompt_lens: torch.Tensor, group: torch.Tensor,
                     kv: PromptKV, Lp: int, dtype: torch.dtype) -> torch.Tensor:
     """Run the right-padded completions (B, C) against their prompts' keys/values; hidden (B, C, H)."""
@@ -164,7 +190,7 @@ def shared_prefix_hidden(decoder: torch.nn.Module, prompt_ids: torch.Tensor, pro
     micro-batch of short and long completions does not pad every row to the longest."""
     dtype = dtype or next(decoder.parameters()).dtype
     allow_cache_under_checkpointing(decoder)
-    last, kv = prompt_pass(decoder, prompt_ids, prompt_lens, dtype)
+    last, kv = prompt_passes(decoder, prompt_ids, prompt_lens, dtype)
     B, C = completion_ids.shape
     lens = completion_lens.tolist() if completion_lens is not None else [C] * B
     parts, order = [], []

@@ -45,6 +45,7 @@ from toprcli.training.batching import TokenData, Units, collate, collate_shared,
 from toprcli.training.distributed import DistContext, all_reduce, barrier
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
+from toprcli.training.prefix_packed import attention_for
 from toprcli.training.prepare import Prepared, same_model
 from toprcli.training.stats import StepStats, add_gap, behavior_gap
 
@@ -74,6 +75,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     policy, lcfg = load_policy(
         cfg.model, ctx, precision, prep.logprob_processing,
         gradient_checkpointing=prep.gradient_checkpointing, lora=lora, chunk_size=cfg.logprob_chunk_size,
+        attention=attention_for(ctx.device) if cfg.shared_prefix else None,
     )
     if not ctx.distributed:
         check_chunked_head(policy)
