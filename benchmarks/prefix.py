@@ -15,7 +15,9 @@ both see the same batches); the two are interleaved round by round and the media
 of their steps after the first are reported: completion tokens per wall second and
 per CPU second (the process's), and peak RSS. The token ceiling of a shape is
 Σ (prompt + completion) over Σ distinct prompts + Σ completions of a step batch:
-the speed-up if only token count mattered.
+the speed-up if only token count mattered; its compute ceiling weighs each token by
+the decoder's matmul FLOPs and adds the LM head's per completion token (both layouts
+pay it), the speed-up if only matmul FLOPs mattered.
 
 Usage:
   python benchmarks/prefix.py --write-docs                      # ~25 min on 2 cores
@@ -71,15 +73,23 @@ def make_data(shape: str, work: Path, model: str, args) -> Path:
     return out
 
 
-def ceiling(path: Path, batch: int) -> tuple[float, int, int]:
-    """(token ceiling, rows, completion tokens) of the file, as grouped batches of ``batch`` rows see it."""
+def ceiling(path: Path, model: str) -> tuple[float, float, int]:
+    """(token ceiling, compute ceiling, rows) of the file. The compute ceiling weighs a token by the
+    decoder's matmul FLOPs and adds the LM head's for each completion token, which both layouts pay:
+    what the speed-up would be if only matmul FLOPs mattered (attention left out; it favours sharing)."""
     import pyarrow.parquet as pq
+    from transformers import AutoConfig
 
     t = pq.read_table(path, columns=["prompt_token_ids", "completion_token_ids"]).to_pydict()
-    p = [len(x) for x in t["prompt_token_ids"]]
-    c = [len(x) for x in t["completion_token_ids"]]
-    distinct = {tuple(x) for x in t["prompt_token_ids"]}
-    return (sum(p) + sum(c)) / (sum(len(x) for x in distinct) + sum(c)), len(p), sum(c)
+    p = sum(len(x) for x in t["prompt_token_ids"])
+    c = sum(len(x) for x in t["completion_token_ids"])
+    distinct = sum(len(x) for x in {tuple(x) for x in t["prompt_token_ids"]})
+    cfg = AutoConfig.from_pretrained(model)
+    H, kv = cfg.hidden_size, cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    decoder = cfg.num_hidden_layers * (2 * H * H + 2 * H * kv + 3 * H * cfg.intermediate_size)  # weights a token meets
+    head = cfg.vocab_size * H
+    compute = ((p + c) * decoder + c * head) / ((distinct + c) * decoder + c * head)
+    return (p + c) / (distinct + c), compute, len(t["prompt_token_ids"])
 
 
 def measure(data: Path, model: str, work: Path, shared: bool, args, tag: str) -> dict:
@@ -107,11 +117,11 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| shape | rows | token ceiling | one-pass: completion tok/s (wall / CPU) | shared prefix: completion tok/s (wall / CPU) | "
+    lines = ["| shape | rows | token / compute ceiling | one-pass: completion tok/s (wall / CPU) | shared prefix: completion tok/s (wall / CPU) | "
              "speed-up (wall) | peak RSS one-pass / shared (MiB) |", "|---|---:|---:|---|---|---:|---|"]
     for shape, r in results.items():
         a, b = r["one_pass"], r["shared"]
-        lines.append(f"| {shape} | {r['rows']} | {r['ceiling']:.2f}× | {a['completion_tok_per_wall_s']:.1f} / {a['completion_tok_per_cpu_s']:.1f} | "
+        lines.append(f"| {shape} | {r['rows']} | {r['ceiling']:.2f}× / {r['compute_ceiling']:.2f}× | {a['completion_tok_per_wall_s']:.1f} / {a['completion_tok_per_cpu_s']:.1f} | "
                      f"{b['completion_tok_per_wall_s']:.1f} / {b['completion_tok_per_cpu_s']:.1f} | "
                      f"{b['completion_tok_per_wall_s'] / a['completion_tok_per_wall_s']:.2f}× | {a['peak_rss_mib']:.0f} / {b['peak_rss_mib']:.0f} |")
     return "\n".join(lines)
@@ -138,12 +148,12 @@ def main() -> None:
     results = {}
     for shape in args.shapes.split(","):
         data = make_data(shape, work, model, args)
-        ratio, rows, _ = ceiling(data, args.batch)
+        ratio, compute, rows = ceiling(data, model)
         runs: dict[str, list[dict]] = {"one_pass": [], "shared": []}
         for k in range(args.rounds):
             for mode in ("one_pass", "shared"):
                 runs[mode].append(measure(data, model, work / shape, mode == "shared", args, f"{mode}-{k}"))
-        results[shape] = {"rows": rows, "ceiling": ratio, **{m: summarize(r) for m, r in runs.items()}}
+        results[shape] = {"rows": rows, "ceiling": ratio, "compute_ceiling": compute, **{m: summarize(r) for m, r in runs.items()}}
         print(table({shape: results[shape]}), flush=True)
     text = table(results)
     print(text)
