@@ -16,6 +16,9 @@ from toprcli.training.distributed import DistContext
 from toprcli.training.model import Precision, load_policy
 
 
+LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None}
+
+
 def grouped_data(tmp_path, per_prompt: tuple[int, ...] = (4, 1, 3)) -> TokenData:
     return TokenData.from_table(read_table(grouped_file(tmp_path / "g.parquet", per_prompt)))
 
@@ -90,8 +93,7 @@ def test_shared_prefix_in_length_buckets_equals_one_pass(tmp_path, tiny_model_di
 def test_shared_prefix_with_gradient_checkpointing_and_lora(tmp_path, tiny_model_dir):
     data = grouped_data(tmp_path)
     assert_same(policy_of(tiny_model_dir, gradient_checkpointing=True), data, np.arange(8))
-    lora = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": None}
-    assert_same(policy_of(tiny_model_dir, lora=lora), data, np.arange(8))
+    assert_same(policy_of(tiny_model_dir, lora=LORA), data, np.arange(8))
 
 
 # -- in the trainer ------------------------------------------------------------------
@@ -205,12 +207,12 @@ def test_shared_prefix_equals_one_pass_on_smollm2(tmp_path, smollm2_dir, call_co
 # -- the packed layout (FlexAttention's, on CUDA) -----------------------------------
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
-def test_packed_prefix_layout_equals_one_pass(tmp_path, tiny_model_dir, checkpointing):
+@pytest.mark.parametrize("kw", [{}, {"gradient_checkpointing": True}, {"lora": LORA}], ids=["plain", "gradient-checkpointing", "lora"])
+def test_packed_prefix_layout_equals_one_pass(tmp_path, tiny_model_dir, kw):
     """Prompts and completions packed into one row each, the block mask materialised dense (SDPA):
     the layout's positions, mask and gradient, which FlexAttention cannot run backward on CPU."""
     data = grouped_data(tmp_path, per_prompt=(5, 2, 3))
-    policy = policy_of(tiny_model_dir, Processing(temperature=0.7, top_p=0.9), gradient_checkpointing=checkpointing)
+    policy = policy_of(tiny_model_dir, Processing(temperature=0.7, top_p=0.9), **kw)
     assert not policy.packed_prefix  # SDPA on CPU: the padded layout unless asked
     policy.packed_prefix = True
     assert_same(policy, data, np.array([0, 5, 1, 7, 2, 6, 3, 8, 4, 9]))  # groups interleaved, uneven lengths
@@ -260,3 +262,9 @@ def test_flex_attention_kernel_forward_on_smollm2(tmp_path, smollm2_dir, fresh_c
         packed, _ = flex.eval()(*args, **shared.prefix())
     mask = collate(data, rows).mask.bool()
     assert (padded - packed)[mask].abs().max().item() <= 1e-4  # float32, different kernels (the one-pass floor is ~3e-5)
+
+
+def test_an_attention_the_model_cannot_take_falls_back_to_its_default(tmp_path, tiny_model_dir):
+    with pytest.warns(UserWarning, match="'no_such_kernel' is not available"):
+        policy = policy_of(tiny_model_dir, attention="no_such_kernel")
+    assert not policy.packed_prefix  # the padded layout, with the model's own attention

@@ -164,9 +164,17 @@ def _disable_dropout(model: torch.nn.Module) -> None:
 
 
 def _load_lm(model: str, dtype: torch.dtype, *, on_meta: bool, attention: Optional[str] = None) -> torch.nn.Module:
+    if attention:
+        try:
+            return _load_lm_with(model, dtype, on_meta, {"attn_implementation": attention})
+        except ValueError as e:  # an architecture without it: Hugging Face refuses before loading weights
+            warnings.warn(f"{model}: attention {attention!r} is not available ({str(e).splitlines()[0]}); using the model's default", stacklevel=2)
+    return _load_lm_with(model, dtype, on_meta, {})  # the model's own default (SDPA)
+
+
+def _load_lm_with(model: str, dtype: torch.dtype, on_meta: bool, kw: dict[str, Any]) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kw = {"attn_implementation": attention} if attention else {}  # unset: the model's own default (SDPA)
     with quiet_hf():
         if not on_meta:
             return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, **kw)
