@@ -268,3 +268,25 @@ def test_an_attention_the_model_cannot_take_falls_back_to_its_default(tmp_path, 
     with pytest.warns(UserWarning, match="'no_such_kernel' is not available"):
         policy = policy_of(tiny_model_dir, attention="no_such_kernel")
     assert not policy.packed_prefix  # the padded layout, with the model's own attention
+
+
+def test_a_sharded_policy_makes_one_decoder_call_per_pass(tmp_path, tiny_model_dir, monkeypatch):
+    """Under FSDP2 each decoder call gathers every layer (a collective), so ranks must make equally many
+    calls whatever their rows' lengths: a sharded policy runs prompts and completions unbucketed."""
+    import toprcli.training.prefix as prefix
+    from toprcli.training.model import PolicyLogprobs
+
+    monkeypatch.setattr(prefix, "CALL_COST_TOKENS", 0)  # a bucket per distinct length
+    data = grouped_data(tmp_path, per_prompt=(5, 2, 3))
+    rows = np.array([0, 5, 1, 7, 2, 6, 3, 8, 4, 9])
+    mb = collate_shared(data, rows)
+    calls = {}
+    for sharded in (False, True):
+        lm = policy_of(tiny_model_dir).lm
+        policy = PolicyLogprobs(lm, Processing(), sharded=sharded)
+        n = []
+        lm.get_decoder().register_forward_hook(lambda *a: n.append(1))
+        lp, _ = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, **mb.prefix())
+        calls[sharded] = (len(n), lp.detach())
+    assert calls[False][0] > 2 and calls[True][0] == 2
+    assert (calls[False][1] - calls[True][1])[collate(data, rows).mask.bool()].abs().max().item() <= 1e-5

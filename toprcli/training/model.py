@@ -42,7 +42,7 @@ from toprcli.training.checkpoint import quiet_hf
 from toprcli.training.distributed import DistContext, broadcast_object, shard_model
 from toprcli.training.logprobs import chunked_logprobs, completion_index, default_chunk_size, scatter_completion
 from toprcli.training.lora import apply_lora, check_lora_targets, lora_config
-from toprcli.training.prefix import shared_prefix_hidden
+from toprcli.training.prefix import ONE_CALL, shared_prefix_hidden
 from toprcli.training.prefix_packed import packed_prefix_hidden, uses_flex
 
 
@@ -95,10 +95,12 @@ def _logit_transform(config: Any) -> Callable[[torch.Tensor], torch.Tensor]:
 class PolicyLogprobs(torch.nn.Module):
     """A causal LM whose forward gives log π (and entropy) of the completion tokens, (B, C)."""
 
-    def __init__(self, lm: torch.nn.Module, processing: Processing, chunk_size: Optional[int] = None) -> None:
+    def __init__(self, lm: torch.nn.Module, processing: Processing, chunk_size: Optional[int] = None, *, sharded: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.processing = processing
+        # Sharded (FSDP2): every rank makes the same decoder calls, so a shared prefix runs unbucketed.
+        self.prefix_call_cost = ONE_CALL if sharded else None
         # A shared prefix runs packed under FlexAttention (block-sparse), padded otherwise (training/prefix*.py).
         self.packed_prefix = uses_flex(lm.get_decoder()) if hasattr(lm, "get_decoder") else False
         config = getattr(lm, "config", None)
@@ -129,7 +131,8 @@ class PolicyLogprobs(torch.nn.Module):
         C = max(int(completion_lens.max()), 1)
         if prompt_ids is not None:
             shared_hidden = packed_prefix_hidden if self.packed_prefix else shared_prefix_hidden
-            hidden = shared_hidden(self.lm.get_decoder(), prompt_ids, prompt_lens, input_ids, group, completion_lens)  # (B, C, H)
+            bucketing = {} if self.packed_prefix else {"call_cost": self.prefix_call_cost}  # packed: always two calls
+            hidden = shared_hidden(self.lm.get_decoder(), prompt_ids, prompt_lens, input_ids, group, completion_lens, **bucketing)  # (B, C, H)
             rows, cols, positions = completion_index(torch.ones_like(completion_lens), completion_lens)  # position j ← hidden j
             input_ids = torch.cat([input_ids[:, :1], input_ids], dim=1)  # so that input_ids[rows, positions + 1] is token j
         else:
@@ -240,7 +243,7 @@ def load_policy(
     else:
         lm.requires_grad_(False)
         lm.eval()
-    policy = PolicyLogprobs(lm, processing, chunk_size)
+    policy = PolicyLogprobs(lm, processing, chunk_size, sharded=ctx.distributed)
     if not ctx.distributed:
         return policy.to(ctx.device), lcfg
     if streamed:

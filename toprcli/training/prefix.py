@@ -39,9 +39,12 @@ from typing import Any, Optional
 
 import torch
 
-# A decoder call's fixed cost in tokens' worth of compute (30 layers' dispatch; on FSDP2 an all-gather per
-# layer): what a bucket of completions must save in padding to be run apart (benchmarks/prefix.py).
+# A decoder call's fixed cost in tokens' worth of compute (30 layers' dispatch): what a bucket of rows
+# must save in padding to be run apart (benchmarks/prefix.py: 64 beat 256 and one bucket on the verifier shape).
 CALL_COST_TOKENS = 64
+# The call cost that makes every pass one decoder call. Under FSDP2 each call gathers every layer, a
+# collective, so all ranks must make the same number of calls whatever their rows' lengths.
+ONE_CALL = float("inf")
 
 
 class PromptKV:
@@ -113,13 +116,14 @@ def prompt_pass(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens:
     return hidden[:, -1], kv
 
 
-def prompt_passes(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, dtype: torch.dtype):
+def prompt_passes(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, dtype: torch.dtype,
+                  call_cost: Optional[float] = None):
     """:func:`prompt_pass` over buckets of similar prompt length (:func:`length_buckets`), each left-padded
     to its own longest, so a 100-token prompt is not padded to its neighbour's 360. The buckets' keys and
     values are left-padded back to Lp (zeros, never attended: the completions' mask stops at each prompt's
     first real column) and put in prompt order: (P, H) and a :class:`PromptKV` of (P, h_kv, Lp, d)."""
     lens = prompt_lens.tolist()
-    buckets = length_buckets(lens)
+    buckets = length_buckets(lens, call_cost)
     if len(buckets) == 1:
         return prompt_pass(decoder, prompt_ids, prompt_lens, dtype)
     Lp, lasts, kvs, order = prompt_ids.shape[1], [], [], []
@@ -162,13 +166,15 @@ def allow_cache_under_checkpointing(decoder: torch.nn.Module) -> None:
             layer._can_checkpoint_with_cache = True
 
 
-def length_buckets(lengths: list[int], call_cost: Optional[int] = None) -> list[list[int]]:
+def length_buckets(lengths: list[int], call_cost: Optional[float] = None) -> list[list[int]]:
     """Rows grouped into runs of similar length, each run padded to its longest: the grouping of the
     sorted lengths that minimises Σ (rows · longest + ``call_cost``), a decoder call costing about as
     much as ``call_cost`` tokens (default :data:`CALL_COST_TOKENS`). Exact (dynamic programming over cut
     points, O(n²)); rows of each bucket by length, buckets shortest first."""
     call_cost = CALL_COST_TOKENS if call_cost is None else call_cost
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if call_cost == ONE_CALL:
+        return [order]
     best, cut = [0] + [float("inf")] * len(order), [0] * (len(order) + 1)
     for j in range(1, len(order) + 1):
         longest = lengths[order[j - 1]]
@@ -184,17 +190,19 @@ def length_buckets(lengths: list[int], call_cost: Optional[int] = None) -> list[
 
 
 def shared_prefix_hidden(decoder: torch.nn.Module, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, completion_ids: torch.Tensor,
-                         group: torch.Tensor, completion_lens: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                         group: torch.Tensor, completion_lens: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None,
+                         call_cost: Optional[float] = None) -> torch.Tensor:
     """The hidden states (B, C, H) that predict completion tokens 0..C−1 (see the module docstring); zero past
-    each completion's length. Completions run in buckets of similar length (:func:`length_buckets`), so a
-    micro-batch of short and long completions does not pad every row to the longest."""
+    each completion's length. Prompts and completions run in buckets of similar length (:func:`length_buckets`
+    with ``call_cost``; :data:`ONE_CALL`: one decoder call each), so a micro-batch of short and long
+    completions does not pad every row to the longest."""
     dtype = dtype or next(decoder.parameters()).dtype
     allow_cache_under_checkpointing(decoder)
-    last, kv = prompt_passes(decoder, prompt_ids, prompt_lens, dtype)
+    last, kv = prompt_passes(decoder, prompt_ids, prompt_lens, dtype, call_cost)
     B, C = completion_ids.shape
     lens = completion_lens.tolist() if completion_lens is not None else [C] * B
     parts, order = [], []
-    for rows in length_buckets(lens):
+    for rows in length_buckets(lens, call_cost):
         idx = torch.tensor(rows, device=completion_ids.device)
         c = max(lens[rows[-1]], 1)  # the bucket's longest
         hidden = completion_pass(decoder, completion_ids[idx, :c], prompt_lens, group[idx], kv, prompt_ids.shape[1], dtype)  # (n, c, H)
