@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from toprcli.training.logprobs import completion_index
 from toprcli.training.prefix import PromptKV, allow_cache_under_checkpointing, attention_mask
 
 FLEX = "flex_attention"
@@ -62,17 +63,6 @@ class PackedPrefixKV:
         return 0
 
 
-def unpad(ids: torch.Tensor, lens: torch.Tensor, *, left: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Padded rows (N, L) → their real tokens in one sequence (S,), each token's row (S,) and its
-    position within the row (S,). ``left``: rows are left-padded (real tokens at the end)."""
-    N, L = ids.shape
-    col = torch.arange(L, device=ids.device)[None, :]  # (1, L)
-    start = (L - lens)[:, None] if left else torch.zeros_like(lens)[:, None]  # (N, 1)
-    real = (col >= start) & (col < start + lens[:, None])  # (N, L)
-    row, c = real.nonzero(as_tuple=True)  # row-major: row by row, columns in order
-    return ids[row, c], row, c - start[row, 0]
-
-
 def block_mask(mask_mod: Callable, q_len: int, kv_len: int, decoder: torch.nn.Module, device: torch.device, dtype: torch.dtype):
     """``mask_mod`` in the form the decoder's attention takes: a BlockMask for FlexAttention,
     else the dense 4-D mask of :func:`~.prefix.attention_mask`."""
@@ -96,7 +86,9 @@ def packed_prefix_hidden(decoder: torch.nn.Module, prompt_ids: torch.Tensor, pro
     B, C = completion_ids.shape
     completion_lens = completion_lens if completion_lens is not None else torch.full((B,), C, device=device)
 
-    p_tok, p_doc, p_pos = unpad(prompt_ids, prompt_lens, left=True)  # (Sp,) each
+    # Each real token's row and index within it (completion_index lists the tokens of rows of given lengths).
+    p_doc, p_pos, _ = completion_index(torch.ones_like(prompt_lens), prompt_lens)  # (Sp,) each
+    p_tok = prompt_ids[p_doc, prompt_ids.shape[1] - prompt_lens[p_doc] + p_pos]  # left-padded: real tokens at the end
     Sp = len(p_tok)
 
     def prompt_mask(b, h, q, kv):  # causal within each prompt
@@ -107,7 +99,8 @@ def packed_prefix_hidden(decoder: torch.nn.Module, prompt_ids: torch.Tensor, pro
                      position_ids=p_pos[None], past_key_values=kv, use_cache=False).last_hidden_state[0]  # (Sp, H)
     last = hidden[torch.cumsum(prompt_lens, 0) - 1]  # (P, H): each prompt's last token
 
-    c_tok, c_row, c_pos = unpad(completion_ids, completion_lens, left=False)  # (Sc,) each
+    c_row, c_pos, _ = completion_index(torch.ones_like(completion_lens), completion_lens)  # (Sc,) each
+    c_tok = completion_ids[c_row, c_pos]  # right-padded
     empty = len(c_tok) == 0
     if empty:  # still run the pass (one token, output unused), so FSDP ranks gather each layer as often as the others
         c_tok, c_row, c_pos = completion_ids[:1, 0], group.new_zeros(1), group.new_zeros(1)
