@@ -1,7 +1,8 @@
-"""Stages in child processes: training under torchrun (or a user's launcher), data-parallel generation.
+"""How a stage runs: in this process, or in child processes — training under torchrun (or a
+user's launcher), data-parallel generation (also eval's).
 
-Used by ``topr iterate`` (and by ``topr train --nproc-per-node``/``topr generate
---data-parallel-size`` when run by hand). Each child gets the stage's resolved
+:func:`run_generate`, :func:`run_eval` and :func:`run_train` decide it from the config, for the
+stage commands and ``topr iterate`` alike. Each child gets the stage's resolved
 config as a YAML file next to its output and writes everything it prints to a
 log file there; a failing child becomes one :class:`UserError` line naming its
 exit code, its last error line and the log. Children die with their parent
@@ -11,23 +12,52 @@ running behind it; the rerun resumes from the stage's own checkpoints or shards.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from toprcli import interrupt
-from toprcli.config import GenerateConfig, TrainConfig, config_to_dict
+from toprcli.config import EvalConfig, GenerateConfig, TrainConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.generation.vllm_cpu import BIND_VAR, core_groups
+from toprcli.progress import ProgressFn
 from toprcli.shards import read_manifest, write_text_atomic
 from toprcli.stages import StageResult
-from toprcli.training.distributed import DIE_WITH_PARENT, die_with_parent
+from toprcli.stages import eval as eval_stage
+from toprcli.stages import generate as generate_stage
+from toprcli.stages import train as train_stage
+from toprcli.training.distributed import DIE_WITH_PARENT, die_with_parent, env_world_size
+
+
+def run_generate(cfg: GenerateConfig, *, backend: Any = None, progress: ProgressFn | None = None) -> StageResult:
+    """Generate in this process (on ``backend`` if given), or in ``data_parallel_size`` child processes."""
+    if cfg.data_parallel_size > 1:
+        return generate_data_parallel(cfg, progress)
+    return generate_stage.run(cfg, backend=backend, progress=progress)
+
+
+def run_eval(cfg: EvalConfig, *, backend: Any = None, progress: ProgressFn | None = None) -> StageResult:
+    """Evaluate in this process; with ``data_parallel_size`` > 1 its generation passes run in child
+    processes first (one engine each), and the stage then finds every pass generated."""
+    if cfg.data_parallel_size > 1:
+        for gcfg in eval_stage.generation_passes(cfg):
+            generate_data_parallel(dataclasses.replace(gcfg, data_parallel_size=cfg.data_parallel_size), progress)
+    return eval_stage.run(cfg, backend=backend, progress=progress)
+
+
+def run_train(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Callable[[dict[str, Any]], None] | None = None) -> StageResult:
+    """Train in this process (a torchrun rank included), or launch the ranks in a child (:func:`runs_in_child`)."""
+    if runs_in_child(cfg):
+        summary = train_in_child(cfg)
+        return StageResult("train", cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
+    return train_stage.run(cfg, progress=progress, on_record=on_record)
 
 
 def write_stage_config(cfg: Any, path: Path) -> Path:
@@ -104,7 +134,8 @@ def training_command(cfg: TrainConfig, config_file: Path) -> str:
 
 
 def runs_in_child(cfg: TrainConfig) -> bool:
-    return cfg.nproc_per_node > 1 or bool(cfg.launcher)
+    """Whether ``cfg`` asks for ranks this process must launch (not when it is a rank already)."""
+    return (cfg.nproc_per_node > 1 or bool(cfg.launcher)) and env_world_size() == 1
 
 
 def train_in_child(cfg: TrainConfig) -> dict[str, Any]:
@@ -127,8 +158,6 @@ def train_in_child(cfg: TrainConfig) -> dict[str, Any]:
 
 def _single_process_view(cfg: TrainConfig) -> TrainConfig:
     """What each rank reads: the same config without the launch settings (it must not launch again)."""
-    import dataclasses
-
     return dataclasses.replace(cfg, nproc_per_node=1, launcher=None)
 
 
@@ -148,16 +177,15 @@ def device_groups(processes: int, per_process: int) -> list[str | None]:
     return [",".join(str(d) for d in range(i * per_process, (i + 1) * per_process)) for i in range(processes)]
 
 
-def generate_data_parallel(cfg: GenerateConfig) -> StageResult:
+def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = None) -> StageResult:
     """``cfg.data_parallel_size`` processes, one engine each, disjoint shard ranges into ``cfg.out``.
 
-    Rows do not depend on the split: every prompt samples from its own seed.
-    Each process logs to ``<out>/_logs/part-<i>.log``. The result's counts are the merged manifest's.
+    Rows do not depend on the split: every prompt samples from its own seed. Each process logs
+    to ``<out>/_logs/part-<i>.log``; ``progress`` counts the processes done. The result's counts
+    are the merged manifest's.
     """
     out = Path(cfg.out)
     n = cfg.data_parallel_size
-    import dataclasses
-
     one = dataclasses.replace(cfg, data_parallel_size=1, num_shards=n)
     config_file = write_stage_config(one, out.with_name(out.name + ".generate.yaml"))
     devices = device_groups(n, cfg.engine.tensor_parallel_size)
@@ -175,12 +203,17 @@ def generate_data_parallel(cfg: GenerateConfig) -> StageResult:
         fh = open(log, "ab")
         procs.append((i, subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent), fh, log))
     failed = []
+    task = f"generate: {n} processes, logs in {out / '_logs'}"
     try:
         for i, proc, fh, log in procs:
+            if progress is not None:
+                progress(task, i, n)
             code = proc.wait()
             fh.close()
             if code != 0:
                 failed.append((i, code, log))
+        if progress is not None:
+            progress(task, n, n)
     except BaseException:
         for _, proc, fh, _ in procs:
             proc.kill()

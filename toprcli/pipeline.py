@@ -39,12 +39,12 @@ from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
 from toprcli.generation import open_backend
 from toprcli.generation.base import cuda_available
-from toprcli.launch import generate_data_parallel, runs_in_child, train_in_child
+from toprcli.launch import run_eval, run_generate, run_train, runs_in_child
 from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 from toprcli.progress import ProgressFn
 from toprcli.runs import round_dir
 from toprcli.shards import check_writable, output_lock, read_file_metadata, read_manifest, write_json_atomic
-from toprcli.stages import curate, generate, score, train, warmstart
+from toprcli.stages import curate, score, warmstart
 from toprcli.stages import eval as eval_stage
 
 STATE_FILE = "state.json"
@@ -231,18 +231,11 @@ class Pipeline:
         ``sink`` gets each step's metrics live (in this process; a child's are replayed after)."""
         if self.handover:
             self.engine.release()
-        if runs_in_child(tcfg):
-            train_in_child(tcfg)
-        else:
-            train.run(tcfg, progress=self.progress, on_record=sink)
+        run_train(tcfg, progress=self.progress, on_record=sink)
 
     def _generate(self, r: int) -> None:
         gcfg = replace(self.round_cfg(r).generate, model=self.policy_after(r - 1), out=str(round_dir(self.run_dir, r) / "samples"), iteration=r)
-        if gcfg.data_parallel_size > 1:  # one engine per process; this process's engine would hold memory for nothing
-            self.engine.close()
-            generate_data_parallel(gcfg)
-            return
-        generate.run(gcfg, backend=self.engine.get(gcfg.model), progress=self.progress)
+        run_generate(gcfg, backend=self._engine_for(gcfg.model, gcfg.data_parallel_size), progress=self.progress)
 
     def _score(self, r: int) -> None:
         d = round_dir(self.run_dir, r)
@@ -268,14 +261,17 @@ class Pipeline:
         ecfg = replace(self.round_cfg(r).eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
         if ecfg.verifier == "auto":
             ecfg = replace(ecfg, verifier=self.verifier())
-        if ecfg.data_parallel_size > 1:
+        shared = ecfg.engine == self.cfg.generate.engine  # else the stage opens its own
+        backend = self._engine_for(policy, ecfg.data_parallel_size) if shared or ecfg.data_parallel_size > 1 else None
+        run_eval(ecfg, backend=backend, progress=self.progress)
+
+    def _engine_for(self, model: str, processes: int) -> Any:
+        """The run's engine serving ``model``; none when ``processes`` child engines generate instead
+        (it is closed: this process's engine would hold memory for nothing)."""
+        if processes > 1:
             self.engine.close()
-            for gcfg in eval_stage.generation_passes(ecfg):  # the eval stage then finds every pass generated
-                generate_data_parallel(replace(gcfg, data_parallel_size=ecfg.data_parallel_size))
-            eval_stage.run(ecfg, progress=self.progress)
-            return
-        backend = self.engine.get(policy) if ecfg.engine == self.cfg.generate.engine else None
-        eval_stage.run(ecfg, backend=backend, progress=self.progress)
+            return None
+        return self.engine.get(model)
 
     # driving --------------------------------------------------------------
 

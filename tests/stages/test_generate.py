@@ -1,4 +1,4 @@
-"""The generate stage on the tiny model (hf backend): shards, resume, data parallelism, bad input.
+"""The generate stage on the tiny model (hf backend): shards, resume, bad input.
 
 The backends themselves are tested in tests/generation/.
 """
@@ -216,17 +216,3 @@ def test_sigkill_mid_run_then_rerun_has_exactly_n_per_prompt(tiny_model_dir, tmp
     assert read_table(clean, ["prompt_id", "sample_index", "completion_token_ids"]).to_pylist() == table.to_pylist()
     assert read_manifest(out)["counts"]["completions"] == n * limit
     assert pq.read_metadata(complete_shards(out)[0]).num_rows == 2 * n
-
-
-@pytest.mark.slow
-def test_data_parallel_generation_writes_the_rows_of_one_process(tiny_model_dir, tmp_path):
-    """generate.data_parallel_size 2: two processes, one engine each, disjoint shards — same rows."""
-    from toprcli.stages.generate import run as generate_samples
-    from toprcli.launch import generate_data_parallel
-
-    generate_samples(_cfg(tiny_model_dir, tmp_path / "one"))
-    generate_data_parallel(_cfg(tiny_model_dir, tmp_path / "two", data_parallel_size=2))
-    cols = ["prompt_id", "sample_index", "completion_token_ids", "behavior_logprobs"]
-    assert read_table(tmp_path / "one", cols).to_pylist() == read_table(tmp_path / "two", cols).to_pylist()
-    manifest = read_manifest(tmp_path / "two")
-    assert manifest["counts"]["completions"] == 30 and (tmp_path / "two" / "_logs" / "part-1.log").is_file()

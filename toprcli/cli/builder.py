@@ -8,6 +8,7 @@ keeps only what is its own: how it runs and its summary table (:class:`Stage`)."
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import types
 import typing
@@ -39,7 +40,7 @@ class Stage:
 
     name: str
     config: type
-    run: Callable[..., StageResult | None]  # (cfg, progress, **extra)
+    run: Callable[..., StageResult | None]  # (cfg, progress=..., **extra); None: a torchrun rank other than 0
     show: Callable[[StageResult, Any], None]  # the summary table(s)
     doc: str
     log: Callable[[Any], str | None] = lambda cfg: f"{cfg.out}.log" if cfg.out else None  # where other libraries' output goes
@@ -48,6 +49,12 @@ class Stage:
     default_config: Callable[[], Any] | None = None  # the config file used when --config is not given
     transient: bool = True  # progress bars vanish when the stage ends
     extra: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # own options: name → (annotation, default), passed to run
+
+
+def lazy(target: str) -> Callable[..., Any]:
+    """The function ``module:name``, imported when called: `topr --help` does not load torch or vLLM."""
+    module, name = target.split(":")
+    return lambda *args, **kwargs: getattr(importlib.import_module(module), name)(*args, **kwargs)
 
 
 def _cli_type(tp: Any) -> tuple[Any, Callable[[Any], Any]]:
@@ -132,7 +139,7 @@ def build(stage: Stage) -> Callable[..., None]:
         cfg = load_config(stage.config, path, overrides, sets=sets)
         send_noise_to(stage.log(cfg), kw["verbose_"])
         with progress_bars(kw["progress_"] and not kw["json_"], transient=stage.transient) as progress:
-            result = stage.run(cfg, progress, **{name: kw[name] for name in stage.extra})
+            result = stage.run(cfg, progress=progress, **{name: kw[name] for name in stage.extra})
         if result is None:  # a rank other than 0 under torchrun: it prints nothing
             return
         if kw["json_"]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toprcli.cli.builder import Stage
+from toprcli.cli.builder import Stage, lazy
 from toprcli.cli.common import console, grid_table, summary_table
 from toprcli.config import CurateConfig
 from toprcli.stages import StageResult
@@ -17,12 +17,6 @@ DOC = """Turn scored samples into a training set: baseline, advantages, positive
       [bold]topr curate -s scored --out train.parquet --first-positive --drop-truncated --dedupe[/]
       [bold]topr curate -s scored --out pairs.parquet --pairs matched[/]   (preference pairs for --loss dpo)
     """
-
-
-def run(cfg: CurateConfig, progress) -> StageResult:
-    from toprcli.stages import curate as curate_stage
-
-    return curate_stage.run(cfg, progress=progress)
 
 
 def show(result: StageResult, cfg: CurateConfig) -> None:
@@ -49,4 +43,4 @@ def show(result: StageResult, cfg: CurateConfig) -> None:
         ]))
 
 
-STAGE = Stage("curate", CurateConfig, run, show, DOC, more="scored")
+STAGE = Stage("curate", CurateConfig, lazy("toprcli.stages.curate:run"), show, DOC, more="scored")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toprcli.cli.builder import Stage
+from toprcli.cli.builder import Stage, lazy
 from toprcli.cli.common import console, summary_table, with_interval
 from toprcli.config import EvalConfig
 from toprcli.stages import StageResult
@@ -24,12 +24,6 @@ DOC = """Sample k completions per test prompt, score them, and report the metric
       [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/v --k 8 --verifier-model runs/verifier/round-002/policy[/]
       [bold]topr eval --model runs/verifier/round-002/policy --dataset verify/test.parquet --out eval/judge --candidates runs/demo/round-003/eval/scored[/]
     """
-
-
-def run(cfg: EvalConfig, progress) -> StageResult:
-    from toprcli.stages import eval as eval_stage
-
-    return eval_stage.run(cfg, progress=progress)
 
 
 def show(result: StageResult, cfg: EvalConfig) -> None:
@@ -52,4 +46,4 @@ def show(result: StageResult, cfg: EvalConfig) -> None:
     console.print(f"wrote {Path(cfg.out) / 'eval.json'}", highlight=False)
 
 
-STAGE = Stage("eval", EvalConfig, run, show, DOC)
+STAGE = Stage("eval", EvalConfig, lazy("toprcli.launch:run_eval"), show, DOC)

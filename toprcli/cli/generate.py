@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from toprcli.cli.builder import Stage
-from toprcli.cli.common import console, err_console, summary_table
+from toprcli.cli.builder import Stage, lazy
+from toprcli.cli.common import console, summary_table
 from toprcli.config import GenerateConfig
 from toprcli.stages import StageResult
 
@@ -18,17 +18,6 @@ DOC = """Sample [bold]n[/] completions per prompt, with the behaviour log-probs 
       [bold]topr generate -c configs/demo.yaml -o runs/s0 --shard-index 1 --num-shards 4[/]   (process 1 of 4, same --out)
       [bold]topr generate -m models/smollm2 -d builtin:gsm8k --split test -o runs/s1 --chat-template --n 4 --top-k 50[/]
     """
-
-
-def run(cfg: GenerateConfig, progress) -> StageResult:
-    if cfg.data_parallel_size == 1:
-        from toprcli.stages import generate as generate_stage
-
-        return generate_stage.run(cfg, progress=progress)
-    from toprcli.launch import generate_data_parallel
-
-    err_console.print(f"{cfg.data_parallel_size} processes: logs in {cfg.out}/_logs/", highlight=False)
-    return generate_data_parallel(cfg)
 
 
 def show(result: StageResult, cfg: GenerateConfig) -> None:
@@ -49,4 +38,4 @@ def show(result: StageResult, cfg: GenerateConfig) -> None:
     console.print(summary_table(f"generate → {result.out}", rows))
 
 
-STAGE = Stage("generate", GenerateConfig, run, show, DOC, transient=False)
+STAGE = Stage("generate", GenerateConfig, lazy("toprcli.launch:run_generate"), show, DOC, transient=False)

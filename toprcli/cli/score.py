@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toprcli.cli.builder import Stage
+from toprcli.cli.builder import Stage, lazy
 from toprcli.cli.common import console, grid_table, summary_table
 from toprcli.config import ScoreConfig
 from toprcli.stages import StageResult
@@ -20,12 +20,6 @@ DOC = """Verify every completion and write its reward: the [bold]score[/] stage.
       [bold]topr score -s samples -o scored --verifier 'regex:ANSWER: (\\S+)'[/]
       [bold]topr score -s samples -o scored --verifier python:my_checks:reward --reward-no-answer 0[/]
     """
-
-
-def run(cfg: ScoreConfig, progress) -> StageResult:
-    from toprcli.stages import score as score_stage
-
-    return score_stage.run(cfg, progress=progress)
 
 
 def show(result: StageResult, cfg: ScoreConfig) -> None:
@@ -55,4 +49,4 @@ def show(result: StageResult, cfg: ScoreConfig) -> None:
         console.print(f"[dim]{line}[/]", highlight=False)
 
 
-STAGE = Stage("score", ScoreConfig, run, show, DOC)
+STAGE = Stage("score", ScoreConfig, lazy("toprcli.stages.score:run"), show, DOC)

@@ -32,18 +32,16 @@ def log_file(cfg: TrainConfig) -> str | None:
 
 
 def run(cfg: TrainConfig, progress) -> StageResult | None:
-    from toprcli.launch import runs_in_child, train_in_child
-    from toprcli.stages import train as train_stage
-    from toprcli.training.distributed import env_rank, env_world_size
+    from toprcli.launch import run_train, runs_in_child
+    from toprcli.training.distributed import env_rank
 
     if env_rank() != 0:  # under torchrun, only rank 0 talks
         err_console.quiet = console.quiet = True
-    if runs_in_child(cfg) and env_world_size() == 1:  # launch the ranks (their output goes to <out>.train.log)
+        run_train(cfg)
+        return None
+    if runs_in_child(cfg):  # the ranks' output goes to <out>.train.log
         err_console.print(f"training on {cfg.nproc_per_node} ranks: log in {cfg.out}.train.log", highlight=False)
-        summary = train_in_child(cfg)
-        return StageResult("train", cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
-    result = train_stage.run(cfg, progress=progress if env_rank() == 0 else None)
-    return result if env_rank() == 0 else None
+    return run_train(cfg, progress=progress)
 
 
 def show(result: StageResult, cfg: TrainConfig) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toprcli.cli.builder import Stage
+from toprcli.cli.builder import Stage, lazy
 from toprcli.cli.common import console, summary_table
 from toprcli.config import VerifierDataConfig
 from toprcli.stages import StageResult
@@ -20,12 +20,6 @@ DOC = """Turn scored completions into verification prompts labelled Yes (correct
     """
 
 
-def run(cfg: VerifierDataConfig, progress) -> StageResult:
-    from toprcli.stages import verifier_data as stage
-
-    return stage.run(cfg, progress=progress)
-
-
 def show(result: StageResult, cfg: VerifierDataConfig) -> None:
     s = result.summary
     rows = [
@@ -37,4 +31,4 @@ def show(result: StageResult, cfg: VerifierDataConfig) -> None:
     console.print(summary_table(f"{'already written' if result.skipped else 'verification data'} → {result.out}", rows))
 
 
-STAGE = Stage("verifier-data", VerifierDataConfig, run, show, DOC, more="scored")
+STAGE = Stage("verifier-data", VerifierDataConfig, lazy("toprcli.stages.verifier_data:run"), show, DOC, more="scored")

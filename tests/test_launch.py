@@ -1,0 +1,43 @@
+"""launch.py: a stage in this process or in child processes gives the same rows and the same metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import tiny_generate_config as _cfg
+from toprcli.cli.main import app
+from toprcli.shards import read_manifest, read_table
+
+
+@pytest.mark.slow
+def test_data_parallel_generation_writes_the_rows_of_one_process(tiny_model_dir, tmp_path):
+    """generate.data_parallel_size 2: two processes, one engine each, disjoint shards — same rows."""
+    from toprcli.launch import run_generate
+
+    seen = []
+    run_generate(_cfg(tiny_model_dir, tmp_path / "one"))
+    run_generate(_cfg(tiny_model_dir, tmp_path / "two", data_parallel_size=2), progress=lambda task, done, total, **_: seen.append((done, total)))
+    cols = ["prompt_id", "sample_index", "completion_token_ids", "behavior_logprobs"]
+    assert read_table(tmp_path / "one", cols).to_pylist() == read_table(tmp_path / "two", cols).to_pylist()
+    manifest = read_manifest(tmp_path / "two")
+    assert manifest["counts"]["completions"] == 30 and (tmp_path / "two" / "_logs" / "part-1.log").is_file()
+    assert seen[-1] == (2, 2)  # the processes done, reported as a bar
+
+
+@pytest.mark.slow
+def test_eval_data_parallel_size_from_the_command_line_runs_child_engines_with_one_process_metrics(tiny_model_dir, tmp_path):
+    """`topr eval --data-parallel-size 2` generates in two processes (it once ran one engine, ignoring the
+    setting); every metric equals the one-process eval's."""
+    args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--split", "test", "--limit", "6", "--k", "3",
+            "--max-new-tokens", "16", "--backend", "hf", "--json"]
+    one = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "one")])
+    two = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "two"), "--data-parallel-size", "2"])
+    assert one.exit_code == 0 and two.exit_code == 0, one.output + two.output
+    for generated in ("samples", "greedy/samples"):
+        assert (tmp_path / "two" / generated / "_logs" / "part-1.log").is_file()
+        assert not (tmp_path / "one" / generated / "_logs").exists()
+    metrics = [json.loads(r.output.strip().splitlines()[-1])["metrics"] for r in (one, two)]
+    assert metrics[0] == metrics[1] and metrics[0]["samples"] == 18
