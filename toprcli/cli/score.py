@@ -28,13 +28,13 @@ def show(result: StageResult, cfg: ScoreConfig) -> None:
     s = result.summary
     v, passes = s["verdicts"], s["pass_rate"]
     rows = [
-        ("rows", f"{s['rows']:,}"), ("prompts", f"{s['prompts']:,}"),
+        ("rows", s["rows"]), ("prompts", s["prompts"]),
         ("shards scored / skipped", f"{s['shards_scored']} / {s['shards_skipped']}"),
         ("accuracy", s["accuracy"]), ("mean reward", s["mean_reward"]),
-        *[(f"verdict: {k}", f"{v.get(k, 0):,}") for k in VERDICTS],
-        ("prompts with 0 correct", f"{passes['none_correct']:,}"),
-        ("prompts with some correct", f"{passes['some_correct']:,}"),
-        ("prompts with all correct", f"{passes['all_correct']:,}"),
+        *[(f"verdict: {k}", v.get(k, 0)) for k in VERDICTS],
+        ("prompts with 0 correct", passes["none_correct"]),
+        ("prompts with some correct", passes["some_correct"]),
+        ("prompts with all correct", passes["all_correct"]),
     ]
     if s["rows_per_s"]:
         rows.append(("rows/s", f"{s['rows_per_s']:,.0f}"))
@@ -44,7 +44,7 @@ def show(result: StageResult, cfg: ScoreConfig) -> None:
         n, hist = int(n_text), {int(k): c for k, c in hist_text.items()}
         total = max(1, sum(hist.values()))
         console.print(grid_table(f"pass counts (n={n})", ["correct", "prompts", "share"],
-                                 [(f"{k}/{n}", f"{hist.get(k, 0):,}", f"{hist.get(k, 0) / total:.1%}") for k in range(n + 1)]))
+                                 [(f"{k}/{n}", hist.get(k, 0), f"{hist.get(k, 0) / total:.1%}") for k in range(n + 1)]))
     for line in s["error_examples"]:
         console.print(f"[dim]{line}[/]", highlight=False)
 

@@ -23,9 +23,9 @@ DOC = """Turn scored completions into verification prompts labelled Yes (correct
 def show(result: StageResult, cfg: VerifierDataConfig) -> None:
     s = result.summary
     rows = [
-        ("candidates in", f"{s['rows_in']:,}"), *[(f"dropped: {k}", f"{v:,}") for k, v in s["dropped"].items()],
-        ("rows out", f"{s['rows_out']:,}"), ("labelled Yes / No", f"{s['yes']:,} / {s['no']:,}"),
-        ("questions", f"{s['questions']:,}"), ("question text from", s["question_source"]),
+        ("candidates in", s["rows_in"]), *[(f"dropped: {k}", v) for k, v in s["dropped"].items()],
+        ("rows out", s["rows_out"]), ("labelled Yes / No", f"{s['yes']:,} / {s['no']:,}"),
+        ("questions", s["questions"]), ("question text from", s["question_source"]),
         ("wall time (s)", round(result.wall_time_s, 2)),
     ]
     console.print(summary_table(f"{'already written' if result.skipped else 'verification data'} → {result.out}", rows))
