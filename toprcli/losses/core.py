@@ -407,33 +407,34 @@ def policy_loss(
         if entropy_coef:
             loss = loss - float(entropy_coef) * ent
 
-    # Batch statistics (no gradient).
-    with torch.no_grad():
-        s = sequence_log_ratio(lp, blp, m)  # (B,)
-        active = m.sum(-1) > 0
-        if w is not None:
-            active = active & (w > 0)
-        pos = active & (adv > 0)
-        neg = active & (adv < 0)
-        alpha = torch.exp(s.clamp(max=0.0))
-        negf = neg.to(dtype)
-        actf = active.to(dtype)
-        # where() instead of boolean indexing: no host sync on GPU.
-        s_max = torch.where(active, s, torch.full_like(s, -math.inf)).amax()
-        s_min = torch.where(active, s, torch.full_like(s, math.inf)).amin()
-        s_max = torch.where(torch.isfinite(s_max), s_max, torch.zeros_like(s_max))
-        s_min = torch.where(torch.isfinite(s_min), s_min, torch.zeros_like(s_min))
-        base = {
-            "loss": loss,
-            "pg_loss": pg_loss,
-            "n_pos": pos.sum().to(dtype),
-            "n_neg": neg.sum().to(dtype),
-            "neg_alpha_mean": _safe_div((alpha * negf).sum(), negf.sum()),
-            "neg_alpha_lt1_frac": _safe_div(((s < 0).to(dtype) * negf).sum(), negf.sum()),
-            "log_ratio_mean": _safe_div((s * actf).sum(), actf.sum()),
-            "log_ratio_max": s_max,
-            "log_ratio_min": s_min,
-            "adv_mean": _safe_div((adv * actf).sum(), actf.sum()),
-        }
-    out = {**base, **metrics, **loss_metrics}
+    out = {"loss": loss, "pg_loss": pg_loss, **_batch_statistics(lp, blp, adv, m, w), **metrics, **loss_metrics}
     return loss, {k: v.detach() for k, v in out.items()}
+
+
+@torch.no_grad()
+def _batch_statistics(lp: Tensor, blp: Tensor, adv: Tensor, m: Tensor, w: Optional[Tensor]) -> Dict[str, Tensor]:
+    """What :func:`policy_loss` reports of the batch besides the loss: the sequences in it (≥ 1 token,
+    weight > 0) with A > 0 / A < 0, TOPR's α = min(1, π/μ) of those negatives, their log-ratios, the
+    mean advantage. lp, blp, m: (B, T) with pads zeroed; adv: (B,); w: (B,) or None."""
+    s = sequence_log_ratio(lp, blp, m)  # (B,)
+    active = m.sum(-1) > 0
+    if w is not None:
+        active = active & (w > 0)
+    pos = active & (adv > 0)
+    neg = active & (adv < 0)
+    alpha = torch.exp(s.clamp(max=0.0))
+    negf = neg.to(lp.dtype)
+    actf = active.to(lp.dtype)
+    # where() instead of boolean indexing: no host sync on GPU.
+    s_max = torch.where(active, s, torch.full_like(s, -math.inf)).amax()
+    s_min = torch.where(active, s, torch.full_like(s, math.inf)).amin()
+    return {
+        "n_pos": pos.sum().to(lp.dtype),
+        "n_neg": neg.sum().to(lp.dtype),
+        "neg_alpha_mean": _safe_div((alpha * negf).sum(), negf.sum()),
+        "neg_alpha_lt1_frac": _safe_div(((s < 0).to(lp.dtype) * negf).sum(), negf.sum()),
+        "log_ratio_mean": _safe_div((s * actf).sum(), actf.sum()),
+        "log_ratio_max": torch.where(torch.isfinite(s_max), s_max, torch.zeros_like(s_max)),
+        "log_ratio_min": torch.where(torch.isfinite(s_min), s_min, torch.zeros_like(s_min)),
+        "adv_mean": _safe_div((adv * actf).sum(), actf.sum()),
+    }
