@@ -56,7 +56,7 @@ def run_train(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record
     """Train in this process (a torchrun rank included), or launch the ranks in a child (:func:`runs_in_child`)."""
     if runs_in_child(cfg):
         summary = train_in_child(cfg)
-        return StageResult("train", cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
+        return StageResult(train_stage.STAGE, cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
     return train_stage.run(cfg, progress=progress, on_record=on_record)
 
 
@@ -225,4 +225,4 @@ def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = No
     manifest = read_manifest(out)
     summary = {**manifest["counts"], "backend": manifest["config"]["engine"]["backend_resolved"],
                "shards_written": manifest["counts"]["shards"], "shards_skipped": 0}
-    return StageResult("generate", cfg.out, summary, wall_time_s=manifest["wall_time_s"])
+    return StageResult(generate_stage.STAGE, cfg.out, summary, wall_time_s=manifest["wall_time_s"])

@@ -261,7 +261,9 @@ class Pipeline:
         ecfg = replace(self.round_cfg(r).eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
         if ecfg.verifier == "auto":
             ecfg = replace(ecfg, verifier=self.verifier())
-        shared = ecfg.engine == self.cfg.generate.engine  # else the stage opens its own
+        # The run's engine serves eval when eval's engine settings are generate's (else the stage opens
+        # its own); with child engines none does, and the run's engine is closed first.
+        shared = ecfg.engine == self.cfg.generate.engine
         backend = self._engine_for(policy, ecfg.data_parallel_size) if shared or ecfg.data_parallel_size > 1 else None
         run_eval(ecfg, backend=backend, progress=self.progress)
 
