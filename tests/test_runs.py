@@ -130,6 +130,34 @@ def test_branch_reuses_the_parent_round_and_reports_its_lineage(one_round, tmp_p
     assert "score.verifier (the verifier) differs from the parent's" in line and not (tmp_path / "bad").exists()
 
 
+def test_the_python_api_branches_a_run_before_any_work(one_round, tmp_path):
+    """``Pipeline(branch_from=...)`` makes the branch itself (under the run dir's lock) and hands its lineage to
+    ``on_start`` before the first step: stopping there leaves the branch made and round 2 not begun."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.pipeline import Pipeline
+
+    config, parent = one_round
+    child = tmp_path / "child"
+    cfg = load_config(IterateConfig, config, {"run_dir": str(child), "rounds": 2})
+    seen: list = []
+
+    class Stop(Exception):
+        pass
+
+    def on_start(lineage):
+        seen.append(lineage)
+        raise Stop
+
+    with pytest.raises(Stop):
+        Pipeline(cfg, on_start=on_start, branch_from=str(parent / "round-001")).run()
+    assert seen == [{"parent": str(parent.resolve()), "round": 1, "changed": [], "links": "hardlink"}]
+    a, b = (parent / "round-001" / "policy" / "model.safetensors").stat(), (child / "round-001" / "policy" / "model.safetensors").stat()
+    assert (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev) and not (child / "round-002").exists()
+    assert yaml.safe_load((child / "config.yaml").read_text())["rounds"] == 2  # the config the branch runs with, recorded
+    with pytest.raises(Exception, match="set rounds > 1"):  # the same checks as the command's
+        Pipeline(load_config(IterateConfig, config, {"run_dir": str(tmp_path / "c2")}), branch_from=str(parent / "round-001")).run()
+
+
 @pytest.mark.parametrize("how", ["extend", "branch"])
 def test_a_kill_during_an_extension_or_a_branch_resumes_cleanly(one_round, tmp_path, how):
     config, parent = one_round

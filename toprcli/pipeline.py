@@ -46,6 +46,7 @@ from toprcli.runs import round_dir
 from toprcli.shards import check_writable, output_lock, read_file_metadata, read_manifest, write_json_atomic
 from toprcli.stages import curate, score, warmstart
 from toprcli.stages import eval as eval_stage
+from toprcli.tracking import check_installed
 
 STATE_FILE = "state.json"
 # What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
@@ -136,9 +137,19 @@ class State:
 
 
 class Pipeline:
-    def __init__(self, cfg: IterateConfig, *, progress: ProgressFn | None = None, on_round: Callable[[int, dict], None] | None = None,
-                 apply_from_next_round: bool = False, report: Callable[[Path], Path] | None = None):
+    """A run of ``cfg``: :meth:`run` does every step not yet done in ``cfg.run_dir``.
+
+    ``branch_from`` (``RUN/round-00K``) starts the run from another run's round K; ``apply_from_next_round``
+    lets a changed config apply from the next round. ``on_start(lineage)`` is called once the run is
+    checked (and branched: the lineage, else None), before any work; ``on_round(r, summary)`` after each
+    round's eval; ``report(run_dir)`` writes the report at the end and returns its directory.
+    """
+
+    def __init__(self, cfg: IterateConfig, *, progress: ProgressFn | None = None, on_start: Callable[[dict | None], None] | None = None,
+                 on_round: Callable[[int, dict], None] | None = None, apply_from_next_round: bool = False,
+                 branch_from: str | None = None, report: Callable[[Path], Path] | None = None):
         self.cfg = cfg
+        self.branch_from, self.on_start = branch_from, on_start
         self.report, self.report_dir = report, None  # report: writes the run's report, returns its directory
         self.tracker: run_tracking.Tracker | None = None
         self.tracked: dict[str, str] = {}  # each tracker's run, in words (after run())
@@ -277,17 +288,24 @@ class Pipeline:
 
     # driving --------------------------------------------------------------
 
-    def check_run_dir(self) -> None:
-        """Refuse a changed config the run cannot take (runs.reconcile); record the one it can."""
+    def prepare(self) -> dict[str, Any] | None:
+        """Before any work, each refusal one line: a tracker's package missing, a bad ``branch_from``, a changed
+        config the run cannot take (runs.reconcile). Makes the branch (once) and records the config the run
+        can take. Returns a branch's lineage (its parent run and round), else None."""
+        check_installed(self.cfg.tracking.report_to)
+        lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
+        return lineage
 
     def run(self) -> list[dict[str, Any]]:
         check_writable(self.run_dir)
         with output_lock(self.run_dir):  # one `topr iterate` per run dir
+            lineage = self.prepare()
+            if self.on_start is not None:
+                self.on_start(lineage)
             return self._run()
 
     def _run(self) -> list[dict[str, Any]]:
-        self.check_run_dir()
         self.state = State(self.run_dir)
         self.tracker = run_tracking.open_run_tracker(self.cfg, self.run_dir)
         try:

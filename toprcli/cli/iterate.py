@@ -54,18 +54,14 @@ def default_config() -> Path:
 def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round: bool = False, branch_from: str | None = None) -> StageResult:
     from toprcli.pipeline import Pipeline
     from toprcli.report import write_report
-    from toprcli.runs import branch, reconcile
-    from toprcli.tracking import check_installed
 
-    check_installed(cfg.tracking.report_to)  # a missing tracker package: one line, before any work
-    if not branch_from:  # a refused change is one error line, before anything is printed
-        reconcile(Path(cfg.run_dir), cfg, apply_from_next_round=apply_from_next_round, write=False)
-    if branch_from:
-        lineage = branch(branch_from, Path(cfg.run_dir), cfg)
-        err_console.print(f"branch of {lineage['parent']} at round {lineage['round']} ({lineage['links']}s; changed: {', '.join(lineage['changed']) or 'nothing'})", highlight=False)
-    err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False)
     seen: list[dict] = []
     t0 = time.perf_counter()
+
+    def on_start(lineage: dict | None) -> None:
+        if lineage:
+            err_console.print(f"branch of {lineage['parent']} at round {lineage['round']} ({lineage['links']}s; changed: {', '.join(lineage['changed']) or 'nothing'})", highlight=False)
+        err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False)
 
     def on_round(r: int, summary: dict) -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
@@ -73,8 +69,8 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
         if progress is not None:  # not under --json
             print_rounds(f"after round {r}", seen)
 
-    pipeline = Pipeline(cfg, progress=progress, on_round=on_round, apply_from_next_round=apply_from_next_round,
-                        report=(lambda run_dir: write_report(run_dir)[1]) if report else None)
+    pipeline = Pipeline(cfg, progress=progress, on_start=on_start, on_round=on_round, apply_from_next_round=apply_from_next_round,
+                        branch_from=branch_from, report=(lambda run_dir: write_report(run_dir)[1]) if report else None)
     rows = pipeline.run()
     out = str(pipeline.report_dir) if report else None
     return StageResult("iterate", cfg.run_dir, {"rounds": rows, "report": out, "tracking": pipeline.tracked}, wall_time_s=time.perf_counter() - t0)
