@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -54,6 +55,19 @@ PRECOMPUTED_NAME = "precomputed.npz"
 PAD_ID = 0  # padding is never attended to (causal attention, right padding) nor scored
 
 
+@dataclass
+class _Learner:
+    """The policy being trained and what updates it: its optimizer and learning-rate schedule."""
+
+    policy: PolicyLogprobs
+    lora_config: Any  # peft's, to save the merged policy
+    precision: Precision
+    params: list[torch.nn.Parameter]  # the trainable ones
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    autocast: Callable[[], Any]
+
+
 def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
                on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train ``prep`` (this rank's part under torchrun); returns the run's summary.
@@ -62,27 +76,11 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     and, at the end, the policy. Resumes from the latest checkpoint with ``resume``.
     ``on_record`` (rank 0) gets each line of ``metrics.jsonl`` as it is written (the trackers).
     """
-    cfg, loss, data, partial = prep.cfg, prep.loss, prep.data, prep.partial
+    cfg, partial = prep.cfg, prep.partial
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)  # same on every rank: identical LoRA init before sharding
     np.random.seed(cfg.seed)
-
-    # The policy: float32 master weights (bf16 compute with dtype bfloat16), log π under the data's sampling.
-    precision = Precision.resolve(cfg.dtype, ctx.device)
-    if precision.name == "bfloat16-pure" and ctx.is_main:
-        warn_pure_bf16(cfg.lr)
-    lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=cfg.lora_target_modules) if cfg.lora_rank else None
-    policy, lcfg = load_policy(
-        cfg.model, ctx, precision, prep.logprob_processing,
-        gradient_checkpointing=prep.gradient_checkpointing, lora=lora, chunk_size=cfg.logprob_chunk_size,
-        attention=attention_for(ctx.device) if cfg.shared_prefix else None,
-    )
-    if not ctx.distributed:
-        check_chunked_head(policy)
-    autocast = lambda: precision.autocast(ctx.distributed)  # noqa: E731
-    params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = build_optimizer(cfg.optimizer, params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = build_scheduler(optimizer, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=prep.steps)
+    model = _build_model(prep, ctx)
 
     # Output: <out>.partial/ holds everything until the policy is complete.
     ckpt_root = partial / "checkpoints"
@@ -91,79 +89,41 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
         _clear(partial)
         partial.mkdir(parents=True, exist_ok=True)
     barrier(ctx)
-
     state: dict[str, Any] = {"step": 0, "tokens": 0, "train_time_s": 0.0, "skipped_steps": 0, "gap": None, "first_loss": None}
     if resume_from is not None:
-        state = _resume(prep, resume_from, policy, optimizer, scheduler, ctx)
-        behavior, ref = _load_precomputed(partial, data)
+        state = _resume(prep, resume_from, model.policy, model.optimizer, model.scheduler, ctx)
+        behavior, ref = _load_precomputed(partial, prep.data)
     else:
-        behavior, ref = _precompute(prep, policy, ctx, autocast, state)
+        behavior, ref = _precompute(prep, model.policy, ctx, model.autocast, state)
     state.update(config_fingerprint=prep.config_fingerprint, data_fingerprint=prep.data_fingerprint)
     start_step = int(state["step"])
 
     metrics_file = _open_logs(prep, ctx, start_step)
-    has_tokens = data.completion_lens > 0
-    make_batch = collate_shared if cfg.shared_prefix else collate
     measure_gap = state["gap"] is None and start_step == 0
     last: dict[str, Any] = {}
     report(progress, "train", start_step, prep.steps)
     try:
         for step in range(start_step, prep.steps):
             t0, c0 = time.perf_counter(), time.process_time()
-            # 1. Batch: this step's units and their rows (same on every rank); whitening over the whole step batch.
-            units = prep.plan.step_units(step)
-            rows = prep.units.rows_of(units)
-            advantages = None
-            if loss.whiten_advantages:
-                advantages = data.advantages.copy()
-                advantages[rows] = whiten(torch.from_numpy(data.advantages[rows]).double(), torch.from_numpy(has_tokens[rows])).float().numpy()
-            denominator = loss_denominator(data, rows, loss.aggregation)
-            stats = StepStats()
-            for mb_rows in _micro_batches(prep, units, ctx):
-                mb = make_batch(data, mb_rows, pad_id=PAD_ID, behavior=behavior, ref=ref, advantages=advantages).to(ctx.device)
-                with _out_of_memory_hint(cfg, mb.n_tokens):
-                    # 2. log π of the completion tokens, under the data's sampling processing.
-                    with autocast():
-                        logprobs, entropy = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, with_entropy=loss.entropy_coef > 0, **mb.prefix())
-                    # 3. Loss: the micro-batch's share of the step's loss, so gradients sum to the step's.
-                    mb_loss, metrics = policy_loss(
-                        loss.name, logprobs, mb.behavior, mb.advantages, mb.mask, weights=mb.weights,
-                        ref_logprobs=mb.ref, entropy=entropy, **loss.loss_kwargs(),
-                    )
-                    share = loss_denominator(data, mb_rows, loss.aggregation) / denominator if denominator > 0 else 0.0
-                    # 4. Backward (FSDP2 sums gradients over ranks; see distributed.shard_model).
-                    (mb_loss * share).backward()
-                keys = sorted(metrics)
-                values = torch.stack([metrics[k].float() for k in keys]).tolist()
-                n_active = int(((mb.completion_lens > 0) & (mb.weights > 0)).sum())
-                stats.add(dict(zip(keys, values)), share, n_active, mb.n_tokens, mb.n_completion_tokens)
-                if measure_gap and step == 0:
-                    add_gap(stats, logprobs.detach(), mb)
+            # 1–4. Each micro-batch's log π, loss and backward.
+            stats = _accumulate_gradients(prep, ctx, model, step, behavior, ref, measure_gap=measure_gap and step == 0)
             # 5. Step: clip, update, schedule.
-            grad_norm = _clip_grad_norm(params, cfg.grad_clip)
-            lr = scheduler.get_last_lr()[0]
-            if math.isfinite(grad_norm):
-                optimizer.step()
-            else:
-                state["skipped_steps"] += 1
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm, lr = _optimizer_step(model, cfg.grad_clip, state)
             # 6. Log.
-            record = _step_record(prep, state, stats.reduce(ctx), step, grad_norm, lr, time.perf_counter() - t0, time.process_time() - c0)
-            last = record
+            last = _step_record(prep, state, stats.reduce(ctx), step, grad_norm, lr, time.perf_counter() - t0, time.process_time() - c0)
             if ctx.is_main:
                 if (step + 1) % cfg.log_every == 0 or step + 1 == prep.steps:
-                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.write(json.dumps(last) + "\n")
                     metrics_file.flush()
                     if on_record is not None:
-                        on_record(record)
-                report(progress, "train", step + 1, prep.steps, loss=f"{record['loss']:.4g}")
+                        on_record(last)
+                report(progress, "train", step + 1, prep.steps, loss=f"{last['loss']:.4g}")
             # Checkpoint (not after the last step: the policy itself is saved next), and on a stop request.
             stop = _stop_requested(ctx)
             if step + 1 < prep.steps and (stop or (cfg.save_every and (step + 1) % cfg.save_every == 0)):
                 if metrics_file is not None:
                     os.fsync(metrics_file.fileno())
-                ckpt.save_checkpoint(ckpt_root, step + 1, policy, optimizer, scheduler, state, ctx)
+                ckpt.save_checkpoint(ckpt_root, step + 1, model.policy, model.optimizer, model.scheduler, state, ctx)
                 if stop:
                     raise interrupt.Interrupted(stop, f"training stopped after step {step + 1} of {prep.steps}, checkpoint saved")
     finally:
@@ -171,13 +131,81 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
             metrics_file.close()
 
     # The policy, then the run's record, then the rename that makes <out> exist.
-    ckpt.save_policy(
-        partial, policy, ctx, source=cfg.model, save_dtype=getattr(torch, cfg.save_dtype),
-        lora=bool(cfg.lora_rank), lora_config=lcfg,
-    )
+    ckpt.save_policy(partial, model.policy, ctx, source=cfg.model, save_dtype=getattr(torch, cfg.save_dtype),
+                     lora=bool(cfg.lora_rank), lora_config=model.lora_config)
     resumed = None if resume_from is None else int(resume_from.name.split("-")[1])
     state["peak_memory"] = _peak_memory(ctx)
-    return _summary(prep, ctx, state, last, policy, params, precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
+    return _summary(prep, ctx, state, last, model.policy, model.params, model.precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
+
+
+def _build_model(prep: Prepared, ctx: DistContext) -> _Learner:
+    """The policy: float32 master weights (bf16 compute with dtype bfloat16), log π under the data's sampling; its optimizer."""
+    cfg = prep.cfg
+    precision = Precision.resolve(cfg.dtype, ctx.device)
+    if precision.name == "bfloat16-pure" and ctx.is_main:
+        warn_pure_bf16(cfg.lr)
+    lora = dict(rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=cfg.lora_target_modules) if cfg.lora_rank else None
+    policy, lora_config = load_policy(
+        cfg.model, ctx, precision, prep.logprob_processing,
+        gradient_checkpointing=prep.gradient_checkpointing, lora=lora, chunk_size=cfg.logprob_chunk_size,
+        attention=attention_for(ctx.device) if cfg.shared_prefix else None,
+    )
+    if not ctx.distributed:
+        check_chunked_head(policy)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = build_optimizer(cfg.optimizer, params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = build_scheduler(optimizer, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=prep.steps)
+    return _Learner(policy, lora_config, precision, params, optimizer, scheduler, lambda: precision.autocast(ctx.distributed))
+
+
+def _accumulate_gradients(prep: Prepared, ctx: DistContext, model: _Learner, step: int, behavior: np.ndarray,
+                          ref: np.ndarray | None, *, measure_gap: bool) -> StepStats:
+    """Steps 1–4 of optimizer step ``step``: this rank's micro-batches, each backward scaled by its share of the step's
+    loss, so the gradients accumulated here (and summed over ranks) are those of the whole step batch."""
+    cfg, loss, data = prep.cfg, prep.loss, prep.data
+    # 1. Batch: this step's units and their rows (same on every rank); whitening over the whole step batch.
+    units = prep.plan.step_units(step)
+    rows = prep.units.rows_of(units)
+    advantages = None
+    if loss.whiten_advantages:
+        advantages = data.advantages.copy()
+        has_tokens = torch.from_numpy(data.completion_lens[rows] > 0)
+        advantages[rows] = whiten(torch.from_numpy(data.advantages[rows]).double(), has_tokens).float().numpy()
+    denominator = loss_denominator(data, rows, loss.aggregation)
+    make_batch = collate_shared if cfg.shared_prefix else collate
+    stats = StepStats()
+    for mb_rows in _micro_batches(prep, units, ctx):
+        mb = make_batch(data, mb_rows, pad_id=PAD_ID, behavior=behavior, ref=ref, advantages=advantages).to(ctx.device)
+        with _out_of_memory_hint(cfg, mb.n_tokens):
+            # 2. log π of the completion tokens, under the data's sampling processing.
+            with model.autocast():
+                logprobs, entropy = model.policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, with_entropy=loss.entropy_coef > 0, **mb.prefix())
+            # 3. Loss: the micro-batch's share of the step's loss, so gradients sum to the step's.
+            mb_loss, metrics = policy_loss(loss.name, logprobs, mb.behavior, mb.advantages, mb.mask, weights=mb.weights,
+                                           ref_logprobs=mb.ref, entropy=entropy, **loss.loss_kwargs())
+            share = loss_denominator(data, mb_rows, loss.aggregation) / denominator if denominator > 0 else 0.0
+            # 4. Backward (FSDP2 sums gradients over ranks; see distributed.shard_model).
+            (mb_loss * share).backward()
+        keys = sorted(metrics)
+        values = torch.stack([metrics[k].float() for k in keys]).tolist()
+        n_active = int(((mb.completion_lens > 0) & (mb.weights > 0)).sum())
+        stats.add(dict(zip(keys, values)), share, n_active, mb.n_tokens, mb.n_completion_tokens)
+        if measure_gap:
+            add_gap(stats, logprobs.detach(), mb)
+    return stats
+
+
+def _optimizer_step(model: _Learner, grad_clip: float | None, state: dict[str, Any]) -> tuple[float, float]:
+    """Step 5: clip, update (skipped, and counted, when the gradient is not finite), schedule. Returns (grad norm, lr)."""
+    grad_norm = _clip_grad_norm(model.params, grad_clip)
+    lr = model.scheduler.get_last_lr()[0]
+    if math.isfinite(grad_norm):
+        model.optimizer.step()
+    else:
+        state["skipped_steps"] += 1
+    model.scheduler.step()
+    model.optimizer.zero_grad(set_to_none=True)
+    return grad_norm, lr
 
 
 def _micro_batches(prep: Prepared, units: np.ndarray, ctx: DistContext) -> list[np.ndarray]:
