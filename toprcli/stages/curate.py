@@ -197,91 +197,45 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     inputs = ScoredInputs.open(list(cfg.scored))
     config = config_to_dict(cfg)
     fingerprints = {p: shards.fingerprint(p) for p in cfg.scored}
+    previous = _previous_or_refuse(cfg, out, config, fingerprints)
+    if previous is not None:
+        return previous
 
-    if out.exists():
-        previous = _previous_result(out, config, fingerprints)
-        if previous is not None:
-            return previous
-        if out.is_dir():
-            raise UserError(f"--out {out} is a directory — give a file name such as {out / 'train.parquet'}")
-        if not cfg.overwrite:
-            raise UserError(f"{out} already exists (from other inputs or settings) — pass --overwrite or choose another --out")
-
+    # -- pass 1: the light columns, every decision --------------------------------
     sampling, generation = inputs.sampling(list(cfg.scored))
-    n_total = inputs.rows
-    if n_total == 0:
-        raise UserError(f"the scored inputs hold no rows ({', '.join(cfg.scored)}) — check that `topr score` finished")
-    light = _read_light(inputs, cfg, progress)
-    reward = _numpy(light["reward"], np.float64)
-    if not np.all(np.isfinite(reward)):
-        bad = int((~np.isfinite(reward)).sum())
-        raise UserError(f"{bad} rows have a NaN or infinite reward — fix the verifier's rewards and re-run `topr score`")
+    light, reward = _read_light(inputs, cfg, progress)
     correct = _numpy(light["correct"], bool)
     sample_index = _numpy(light["sample_index"], np.int64)
     row_source = np.repeat(inputs.file_source, inputs.file_rows)  # (N,)
     row_weight = np.asarray(weights, dtype=np.float64)[row_source]
     groups, n_groups = cu.group_ids(light["iteration"], light["policy"], light["prompt_id"])
-
-    # Group baselines use every scored sample of the prompt (see module docstring).
-    group_c = None
-    if kind == "group-mean":
-        group_c = cu.group_mean_baseline(reward, groups, n_groups)
-    elif kind == "leave-one-out":
-        group_c = cu.leave_one_out_baseline(reward, groups, n_groups)
-    elif kind == "batch-mean":
-        c_const = float(reward.mean())
-    # Likewise the std of std_normalize (ROLL normalises before it masks anything).
-    std = None
-    if cfg.std_normalize == "batch":
-        std = cu.reward_std(reward)
-    elif cfg.std_normalize == "group":
-        std = cu.group_reward_std(reward, groups, n_groups)
-
+    # Group and batch-mean baselines, and the std, use every scored sample (see module docstring).
+    group_c, c_const, std = _all_sample_statistics(cfg, kind, c_const, reward, groups, n_groups)
     keep, dropped = _select(cfg, inputs, light, correct, groups, n_groups, sample_index)
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
         raise UserError(f"no rows left after selection ({_fmt_dropped(dropped)}) — relax the filters")
-
-    # -- baseline and advantages ------------------------------------------------
     r_k, w_k = reward[kept], row_weight[kept]
     target = None
-    if kind == "positive-fraction":
-        target = cfg.positive_fraction
-        if cfg.positive_fraction_rule == "at-least-p":  # never below the data's own share: c = 0 once p passes the target
-            target = max(target, cu.positive_share(correct[kept], w_k))
-        try:
-            c_const = cu.solve_baseline(r_k, target, w_k)
-        except ValueError:
-            value = float(r_k[w_k > 0][0])
-            if cfg.unreachable_baseline is not None:
-                # A round with one outcome only (all wrong early on, all right late) must not
-                # stop a multi-round run: fall back to the configured constant, and say so.
-                c_const = float(cfg.unreachable_baseline)
-                kind = "constant (positive fraction unreachable)"
-            else:
-                raise UserError(
-                    f"--positive-fraction {cfg.positive_fraction} is unreachable: every curated row has reward {value:g}, "
-                    "so no baseline makes both positives and negatives — add data with both outcomes or use --baseline"
-                ) from None
-    baseline = group_c[kept] if group_c is not None else c_const
-    adv = cu.advantages(r_k, baseline)  # float32 (K,)
+    if kind == "positive-fraction":  # solved on the final rows and weights: p̃ describes the training set
+        target, c_const, kind = _solve_positive_fraction(cfg, r_k, w_k, correct[kept])
+    adv = cu.advantages(r_k, group_c[kept] if group_c is not None else c_const)  # float32 (K,)
     if std is not None or cfg.reward_clip is not None:
         adv = cu.scale_advantages(adv, std[kept] if isinstance(std, np.ndarray) else std, cfg.reward_clip)
     w32 = w_k.astype(np.float32)
     pair_order = _pair_order(cfg, correct[kept], groups[kept], sample_index[kept]) if cfg.pairs != "none" else None
     rows = (kept, adv, w32) if pair_order is None else (kept[pair_order], adv[pair_order], w32[pair_order])
-
     counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, *rows, correct, row_source, weights, dropped, target)
     if pair_order is not None:
         counts.pairs = len(pair_order) // 2
         counts.prompts_without_pair = cu.groups_without_pair(correct[kept], groups[kept])
+    del light, reward, correct, sample_index, groups, row_source, row_weight, group_c
 
     # -- pass 2: stream the kept rows out ----------------------------------------
-    advantage_full = np.zeros(n_total, dtype=np.float32)
-    weight_full = np.zeros(n_total, dtype=np.float32)
+    advantage_full = np.zeros(inputs.rows, dtype=np.float32)
+    weight_full = np.zeros(inputs.rows, dtype=np.float32)
     advantage_full[kept] = adv
     weight_full[kept] = w32
-    del light, reward, correct, sample_index, groups, row_source, row_weight, group_c
     summary = counts.as_dict()
     meta = {"stage": STAGE, **summary, "config": config, "sampling": sampling, "generation": generation}
     # An old manifest must never vouch for a new file (a kill between the two writes).
@@ -293,20 +247,62 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         schema, tables = cu.as_pair_rows(schema, tables, pair_order, ROW_GROUP)
     shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=dictionary_columns(schema))
     wall = time.perf_counter() - t0
-    shards.write_json_atomic(
-        manifest_path(out),
-        {
-            "stage": STAGE,
-            "config": config,
-            "inputs": fingerprints,
-            "counts": summary,
-            "output": str(out),
-            "wall_time_s": wall,
-            "versions": shards.versions(),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
-    )
+    shards.write_json_atomic(manifest_path(out), {
+        "stage": STAGE, "config": config, "inputs": fingerprints, "counts": summary, "output": str(out), "wall_time_s": wall,
+        "versions": shards.versions(), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
     return StageResult(STAGE, str(out), {**summary, "manifest": str(manifest_path(out))}, wall_time_s=wall)
+
+
+def _previous_or_refuse(cfg: CurateConfig, out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> StageResult | None:
+    """The result of an ``out`` already made from these inputs and settings; an ``out`` that may not be replaced is refused."""
+    if not out.exists():
+        return None
+    previous = _previous_result(out, config, fingerprints)
+    if previous is None and out.is_dir():
+        raise UserError(f"--out {out} is a directory — give a file name such as {out / 'train.parquet'}")
+    if previous is None and not cfg.overwrite:
+        raise UserError(f"{out} already exists (from other inputs or settings) — pass --overwrite or choose another --out")
+    return previous
+
+
+def _all_sample_statistics(cfg: CurateConfig, kind: str, c_const: float | None, reward: np.ndarray, groups: np.ndarray,
+                           n_groups: int) -> tuple[np.ndarray | None, float | None, np.ndarray | float | None]:
+    """What is estimated from every scored sample, before selection: a per-row group baseline (N,) or None, the
+    constant c (batch-mean: the mean reward), and the std of ``std_normalize`` (ROLL normalises before it masks)."""
+    group_c = None
+    if kind == "group-mean":
+        group_c = cu.group_mean_baseline(reward, groups, n_groups)
+    elif kind == "leave-one-out":
+        group_c = cu.leave_one_out_baseline(reward, groups, n_groups)
+    elif kind == "batch-mean":
+        c_const = float(reward.mean())
+    std = None
+    if cfg.std_normalize == "batch":
+        std = cu.reward_std(reward)
+    elif cfg.std_normalize == "group":
+        std = cu.group_reward_std(reward, groups, n_groups)
+    return group_c, c_const, std
+
+
+def _solve_positive_fraction(cfg: CurateConfig, reward: np.ndarray, weight: np.ndarray, correct: np.ndarray) -> tuple[float, float, str]:
+    """The constant c that gives the kept rows the effective positive share p̃: (p̃, c, the baseline's kind)."""
+    target = cfg.positive_fraction
+    if cfg.positive_fraction_rule == "at-least-p":  # never below the data's own share: c = 0 once p passes the target
+        target = max(target, cu.positive_share(correct, weight))
+    try:
+        return target, cu.solve_baseline(reward, target, weight), "positive-fraction"
+    except ValueError:
+        if cfg.unreachable_baseline is None:
+            weighted = reward[weight > 0]
+            what = f"every curated row has reward {float(weighted[0]):g}" if len(weighted) else "every curated row has weight 0"
+            raise UserError(
+                f"--positive-fraction {cfg.positive_fraction} is unreachable: {what}, "
+                "so no baseline makes both positives and negatives — add data with both outcomes or use --baseline"
+            ) from None
+        # A round with one outcome only (all wrong early on, all right late) must not
+        # stop a multi-round run: fall back to the configured constant, and say so.
+        return target, float(cfg.unreachable_baseline), "constant (positive fraction unreachable)"
 
 
 def _pair_order(cfg: CurateConfig, correct: np.ndarray, groups: np.ndarray, sample_index: np.ndarray) -> np.ndarray:
@@ -366,15 +362,22 @@ def _select(cfg: CurateConfig, inputs: ScoredInputs, light: dict[str, Any], corr
     return keep, dropped
 
 
-def _read_light(inputs: ScoredInputs, cfg: CurateConfig, progress: ProgressFn | None) -> dict[str, Any]:
-    """Pass 1: the columns every decision needs; with ``dedupe``, an 8-byte fingerprint of each completion."""
+def _read_light(inputs: ScoredInputs, cfg: CurateConfig, progress: ProgressFn | None) -> tuple[dict[str, Any], np.ndarray]:
+    """Pass 1: the columns every decision needs (with ``dedupe``, an 8-byte fingerprint of each completion), and
+    the rewards (N,), checked finite."""
+    if inputs.rows == 0:
+        raise UserError(f"the scored inputs hold no rows ({', '.join(cfg.scored)}) — check that `topr score` finished")
     cols = ["prompt_id", "policy", "iteration", "sample_index", "reward", "correct"]
     if cfg.drop_truncated:
         cols.append("finish_reason")
     derived = {"fingerprint": ("completion", cu.string_fingerprint)} if cfg.dedupe else None
     light = inputs.read_light(cols, derived=derived, progress=lambda i, n: report(progress, "curate: reading ids and rewards", i, n))
     light.setdefault("fingerprint", None)
-    return light
+    reward = _numpy(light["reward"], np.float64)
+    if not np.all(np.isfinite(reward)):
+        bad = int((~np.isfinite(reward)).sum())
+        raise UserError(f"{bad} rows have a NaN or infinite reward — fix the verifier's rewards and re-run `topr score`")
+    return light, reward
 
 
 def _numpy(col: pa.ChunkedArray, dtype) -> np.ndarray:
