@@ -6,8 +6,8 @@ Pure tensor code; raises ``ValueError``. The registered losses are in
 
 from __future__ import annotations
 
+import functools
 import inspect
-
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
@@ -354,26 +354,8 @@ def policy_loss(
     spec = get_loss(name)
     opts = resolve_options(name, options)
     aggregation = spec.aggregation or aggregation  # a loss defined with its own aggregation keeps it
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(
-            f"unknown aggregation {aggregation!r} — choose one of: {', '.join(AGGREGATIONS)}"
-        )
-    if logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
-    shape = logprobs.shape
-    _check_shape(behavior_logprobs, shape, "behavior_logprobs")
-    _check_shape(mask, shape, "mask")
-    _check_shape(ref_logprobs, shape, "ref_logprobs")
-    _check_shape(entropy, shape, "entropy")
-    _check_shape(advantages, shape[:1], "advantages")
-    _check_shape(weights, shape[:1], "weights")
-    if kl_coef and ref_logprobs is None:
-        raise ValueError("kl_coef is set but no ref_logprobs were given — pass a reference policy or set kl_coef to 0")
-    if entropy_coef and entropy is None:
-        raise ValueError("entropy_coef is set but no per-token entropy was given — pass entropy or set entropy_coef to 0")
-    if adv_clip is not None and adv_clip != 0 and not float(adv_clip) > 0:
-        raise ValueError(f"adv_clip must be > 0, got {adv_clip!r}")
-
+    _check_arguments(aggregation, logprobs, behavior_logprobs, advantages, mask, weights, ref_logprobs, entropy,
+                     kl_coef=kl_coef, entropy_coef=entropy_coef, adv_clip=adv_clip)
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     m_bool = mask.bool()
     m = m_bool.to(dtype)
@@ -390,25 +372,51 @@ def policy_loss(
         adv = adv.clamp(-float(adv_clip), float(adv_clip))
 
     per_token, loss_metrics = spec.fn(lp, blp, adv, m, **opts)
-    pg_loss = aggregate(per_token, m, aggregation, w, norm_length=norm_length)
-    loss = pg_loss
+    agg = functools.partial(aggregate, mask=m, mode=aggregation, weights=w, norm_length=norm_length)  # one aggregation for every term
+    pg_loss = agg(per_token)
+    ref = None if ref_logprobs is None else ref_logprobs.detach().to(dtype).masked_fill(~m_bool, 0.0)
+    ent = None if entropy is None else entropy.to(dtype).masked_fill(~m_bool, 0.0)
+    loss, metrics = _add_regularisers(pg_loss, agg, lp, ref, ent, kl_coef=kl_coef, kl_estimator=kl_estimator, entropy_coef=entropy_coef)
+    out = {"loss": loss, "pg_loss": pg_loss, **_batch_statistics(lp, blp, adv, m, w), **metrics, **loss_metrics}
+    return loss, {k: v.detach() for k, v in out.items()}
 
-    metrics: Dict[str, Tensor] = {}
-    if ref_logprobs is not None:
-        ref = ref_logprobs.detach().to(dtype).masked_fill(~m_bool, 0.0)
-        kl = aggregate(kl_penalty(lp, ref, kl_estimator), m, aggregation, w, norm_length=norm_length)
-        metrics["kl"] = kl
+
+def _add_regularisers(pg_loss: Tensor, agg: Callable[[Tensor], Tensor], lp: Tensor, ref: Optional[Tensor], entropy: Optional[Tensor], *,
+                      kl_coef: Optional[float], kl_estimator: str, entropy_coef: Optional[float]) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """``pg_loss + kl_coef · agg(KL_est(π‖ref)) − entropy_coef · agg(H)``, and the kl / kl_loss / entropy metrics
+    (reported whenever ``ref`` / ``entropy`` is given, penalised only with a coefficient). ``lp``, ``ref``, ``entropy``: (B, T), pads 0."""
+    loss, metrics = pg_loss, {}
+    if ref is not None:
+        kl = metrics["kl"] = agg(kl_penalty(lp, ref, kl_estimator))
         if kl_coef:
             loss = loss + float(kl_coef) * kl
             metrics["kl_loss"] = float(kl_coef) * kl
     if entropy is not None:
-        ent = aggregate(entropy.to(dtype).masked_fill(~m_bool, 0.0), m, aggregation, w, norm_length=norm_length)
-        metrics["entropy"] = ent
+        ent = metrics["entropy"] = agg(entropy)
         if entropy_coef:
             loss = loss - float(entropy_coef) * ent
+    return loss, metrics
 
-    out = {"loss": loss, "pg_loss": pg_loss, **_batch_statistics(lp, blp, adv, m, w), **metrics, **loss_metrics}
-    return loss, {k: v.detach() for k, v in out.items()}
+
+def _check_arguments(aggregation: str, logprobs: Tensor, behavior_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                     weights: Optional[Tensor], ref_logprobs: Optional[Tensor], entropy: Optional[Tensor], *,
+                     kl_coef: Optional[float], entropy_coef: Optional[float], adv_clip: Optional[float]) -> None:
+    """:func:`policy_loss`'s arguments agree: (B, T) tensors of one shape, (B,) per sequence, a term's coefficient only with its input."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r} — choose one of: {', '.join(AGGREGATIONS)}")
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
+    shape = logprobs.shape
+    for tensor, what in ((behavior_logprobs, "behavior_logprobs"), (mask, "mask"), (ref_logprobs, "ref_logprobs"), (entropy, "entropy")):
+        _check_shape(tensor, shape, what)
+    _check_shape(advantages, shape[:1], "advantages")
+    _check_shape(weights, shape[:1], "weights")
+    if kl_coef and ref_logprobs is None:
+        raise ValueError("kl_coef is set but no ref_logprobs were given — pass a reference policy or set kl_coef to 0")
+    if entropy_coef and entropy is None:
+        raise ValueError("entropy_coef is set but no per-token entropy was given — pass entropy or set entropy_coef to 0")
+    if adv_clip is not None and adv_clip != 0 and not float(adv_clip) > 0:
+        raise ValueError(f"adv_clip must be > 0, got {adv_clip!r}")
 
 
 @torch.no_grad()
