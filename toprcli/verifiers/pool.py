@@ -39,6 +39,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from toprcli.errors import UserError
@@ -106,6 +107,17 @@ class _Worker:
 def _kill_all(workers: list[_Worker]) -> None:
     for w in workers:
         w.kill()
+
+
+@dataclass
+class _Job:
+    """One :meth:`VerifierPool._run`: the chunks (start, end) still to send, the verdicts so far."""
+
+    op: str
+    items: list[tuple]
+    pending: collections.deque[tuple[int, int]]
+    results: list[Verdict | None]
+    report: Callable[[int], None]  # items done
 
 
 class VerifierPool:
@@ -269,85 +281,87 @@ class VerifierPool:
             raise RuntimeError("pool is closed")
         if not self._workers:
             self.start()
-
-        def payload(start: int, end: int) -> tuple[str, list[tuple]]:
-            return op, items[start:end]
-
         # Chunks: big enough to amortise the pipe, small enough to keep every worker busy.
         size = max(1, min(self.chunk_size, -(-n // (self.workers * 4))))
-        pending: collections.deque[tuple[int, int]] = collections.deque((s, min(s + size, n)) for s in range(0, n, size))
-        results: list[Verdict | None] = [None] * n
-        report = progress or (lambda k: None)
-
-        def fail(w: _Worker, verdict: str, detail: str) -> None:
-            start, end = w.chunk  # type: ignore[misc]
-            idx, _ = w.current()
-            culprit = start + min(idx, end - start - 1)
-            results[culprit] = Verdict(verdict, detail=detail)
-            self.stats[verdict + "s"] += 1
-            report(1)
-            if culprit + 1 < end:
-                pending.appendleft((culprit + 1, end))
-            if start < culprit:
-                pending.appendleft((start, culprit))
-            self._replace(w)
-
+        job = _Job(op, items, collections.deque((s, min(s + size, n)) for s in range(0, n, size)), [None] * n, progress or (lambda k: None))
         try:
             while True:
-                for w in list(self._workers):  # _replace edits the list
-                    if w.state == _IDLE and pending:
-                        start, end = pending.popleft()
-                        w.chunk = (start, end)
-                        w.dispatched = time.monotonic()
-                        w.state = _BUSY
-                        try:
-                            w.conn.send(payload(start, end))
-                        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-                            pending.appendleft((start, end))  # never started: nobody to blame
-                            self.stats["crashes"] += 1
-                            self._replace(w)
+                self._dispatch(job)
                 busy = [w for w in self._workers if w.state == _BUSY]
-                if not busy and not pending:
+                if not busy and not job.pending:
                     break
                 now = time.monotonic()
                 deadline = min((w.current()[1] + self.timeout for w in busy), default=now + _MAX_WAIT)
                 waiting = [w.conn for w in self._workers if w.state in (_BUSY, _STARTING)]
-                ready = mpc.wait(waiting, timeout=max(0.0, min(deadline - now, _MAX_WAIT)))
-                for conn in ready:
-                    w = next((w for w in self._workers if w.conn is conn), None)
-                    if w is None:
-                        continue
-                    if w.state == _STARTING:
-                        self._on_startup_message(w)
-                        continue
-                    try:
-                        out = w.conn.recv()
-                    except (EOFError, OSError):
-                        w.proc.join(5)  # it is exiting; its exit status says why
-                        self.stats["crashes"] += 1
-                        fail(w, ERROR, f"verifier worker died ({_exit_reason(w.proc.exitcode)})")
-                        continue
-                    start, end = w.chunk  # type: ignore[misc]
-                    for i, (verdict, extracted, score, detail) in zip(range(start, end), out):
-                        results[i] = Verdict(verdict, extracted, score, detail)
-                    w.base += end - start
-                    w.chunk = None
-                    w.state = _IDLE
-                    report(end - start)
-                now = time.monotonic()
-                for w in [w for w in self._workers if w.state == _BUSY]:
-                    idx, began = w.current()
-                    if now - began >= self.timeout:
-                        fail(w, TIMEOUT, f"check ran past {self.timeout:g} s; worker killed")
-                for w in [w for w in self._workers if w.state == _STARTING]:
-                    if now - w.started > STARTUP_TIMEOUT:
-                        self._workers.remove(w)
-                        w.kill()
-                        raise RuntimeError(f"verifier worker not ready after {STARTUP_TIMEOUT:.0f} s")
+                for conn in mpc.wait(waiting, timeout=max(0.0, min(deadline - now, _MAX_WAIT))):
+                    self._receive(job, conn)
+                self._enforce_limits(job)
         except BaseException:
             self.close()  # Ctrl-C or a bug: leave no stuck workers behind
             raise
-        return results  # type: ignore[return-value]
+        return job.results  # type: ignore[return-value]
+
+    def _dispatch(self, job: _Job) -> None:
+        """Send the next pending chunk to every idle worker."""
+        for w in list(self._workers):  # _replace edits the list
+            if w.state == _IDLE and job.pending:
+                start, end = job.pending.popleft()
+                w.chunk, w.dispatched, w.state = (start, end), time.monotonic(), _BUSY
+                try:
+                    w.conn.send((job.op, job.items[start:end]))
+                except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                    job.pending.appendleft((start, end))  # never started: nobody to blame
+                    self.stats["crashes"] += 1
+                    self._replace(w)
+
+    def _receive(self, job: _Job, conn: Any) -> None:
+        """What a worker sent: its startup message, a chunk's verdicts, or (it died) the end of its pipe."""
+        w = next((w for w in self._workers if w.conn is conn), None)
+        if w is None:
+            return
+        if w.state == _STARTING:
+            self._on_startup_message(w)
+            return
+        try:
+            out = w.conn.recv()
+        except (EOFError, OSError):
+            w.proc.join(5)  # it is exiting; its exit status says why
+            self.stats["crashes"] += 1
+            self._fail(job, w, ERROR, f"verifier worker died ({_exit_reason(w.proc.exitcode)})")
+            return
+        start, end = w.chunk  # type: ignore[misc]
+        for i, (verdict, extracted, score, detail) in zip(range(start, end), out):
+            job.results[i] = Verdict(verdict, extracted, score, detail)
+        w.base += end - start
+        w.chunk, w.state = None, _IDLE
+        job.report(end - start)
+
+    def _enforce_limits(self, job: _Job) -> None:
+        """Kill a check past the per-check limit (its verdict: timeout); a worker not ready in time is an error."""
+        now = time.monotonic()
+        for w in [w for w in self._workers if w.state == _BUSY]:
+            idx, began = w.current()
+            if now - began >= self.timeout:
+                self._fail(job, w, TIMEOUT, f"check ran past {self.timeout:g} s; worker killed")
+        for w in [w for w in self._workers if w.state == _STARTING]:
+            if now - w.started > STARTUP_TIMEOUT:
+                self._workers.remove(w)
+                w.kill()
+                raise RuntimeError(f"verifier worker not ready after {STARTUP_TIMEOUT:.0f} s")
+
+    def _fail(self, job: _Job, w: _Worker, verdict: str, detail: str) -> None:
+        """The item ``w`` was checking gets ``verdict``; the rest of its chunk goes back to the queue; ``w`` is replaced."""
+        start, end = w.chunk  # type: ignore[misc]
+        idx, _ = w.current()
+        culprit = start + min(idx, end - start - 1)
+        job.results[culprit] = Verdict(verdict, detail=detail)
+        self.stats[verdict + "s"] += 1
+        job.report(1)
+        if culprit + 1 < end:
+            job.pending.appendleft((culprit + 1, end))
+        if start < culprit:
+            job.pending.appendleft((start, culprit))
+        self._replace(w)
 
     def _replace(self, w: _Worker) -> None:
         self._workers.remove(w)
