@@ -83,9 +83,7 @@ def import_gguf(
     is not empty (unless ``overwrite``). ``out_dir`` is untouched on failure.
     ``progress`` gets one status line once the input has been checked.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers.utils import logging as hf_logging
+    from transformers import GenerationConfig
 
     src, out = Path(gguf_path).expanduser(), Path(out_dir).expanduser()
     general = check_gguf(src)
@@ -93,6 +91,34 @@ def import_gguf(
         raise UserError(f"output path {out} exists and is not a directory — choose another OUT")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"output dir {out} already exists and is not empty — pass --overwrite or choose another OUT")
+    tokenizer, model = _dequantize(src, general, progress)
+    special = {k: getattr(model.config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    if special["pad_token_id"] is None:
+        special["pad_token_id"] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else special["eos_token_id"]
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        GenerationConfig(**{k: v for k, v in special.items() if v is not None}).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        card = {"builder": "toprcli.models.gguf.import_gguf", "source": src.name, "source_sha256": sha256_file(src), "dtype": "float32", **general}
+        (tmp / CARD).write_text(json.dumps(card, indent=2, default=str) + "\n")
+        swap_dir_into_place(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write {out}: {first_line(e)} — check the path and free disk space") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _dequantize(src: Path, general: dict[str, Any], progress: Callable[[str], None] | None) -> tuple[Any, Any]:
+    """The GGUF's tokenizer, and its weights dequantized into a float32 transformers model of the GGUF's config."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
@@ -110,7 +136,6 @@ def import_gguf(
             f"cannot import {src} (architecture {general['architecture']!r}): {first_line(e)} — "
             "transformers must support this GGUF architecture as a causal LM"
         ) from None
-
     config = gguf_model.config
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         if hasattr(config, key):
@@ -122,37 +147,11 @@ def import_gguf(
         raise UserError(f"cannot import {src}: the dequantized weights do not fit the model ({(missing or unexpected)[:3]}) — report this checkpoint")
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    special = {k: getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    if special["pad_token_id"] is None:
-        special["pad_token_id"] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else special["eos_token_id"]
-    del gguf_model
     # GGUF carries no tokenizer length limit (transformers leaves 1e30); the model's context is the real one.
     context = getattr(config, "max_position_embeddings", None)
     if context:
         tokenizer.model_max_length = context
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        GenerationConfig(**{k: v for k, v in special.items() if v is not None}).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        card = {
-            "builder": "toprcli.models.gguf.import_gguf",
-            "source": src.name,
-            "source_sha256": sha256_file(src),
-            "dtype": "float32",
-            **general,
-        }
-        (tmp / CARD).write_text(json.dumps(card, indent=2, default=str) + "\n")
-        swap_dir_into_place(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write {out}: {first_line(e)} — check the path and free disk space") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return tokenizer, model
 
 
 @contextmanager
