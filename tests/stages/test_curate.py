@@ -399,6 +399,12 @@ def test_unreachable_after_filters_and_empty_selection(tmp_path):
     with pytest.raises(UserError, match="unreachable: every curated row has reward 1"):
         run(tmp_path, scored, positive_fraction=0.5, drop_truncated=True)
     assert _no_output(tmp_path)
+    # the weighted source's rows all dropped: the rows left weigh 0 and carry no share (this was an IndexError)
+    weighted = write_scored(tmp_path / "s3", scored_table(["a", "b"], [True, False], finish=["length", "length"]))
+    unweighted = write_scored(tmp_path / "s4", scored_table(["c", "d"], [True, False]))
+    with pytest.raises(UserError, match="unreachable: every curated row has weight 0"):
+        run(tmp_path, [weighted, unweighted], positive_fraction=0.5, source_weights=[1.0, 0.0], drop_truncated=True)
+    assert _no_output(tmp_path)
 
 
 def test_missing_input_and_bad_out(tmp_path):
