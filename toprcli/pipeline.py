@@ -72,7 +72,7 @@ class EngineHolder:
 
     Hand-over: :meth:`release` gives the engine's device memory back before
     training — vLLM's sleep mode where the engine supports it (GPUs: weights
-    offloaded, KV cache dropped), else the engine is closed — and :meth:`get`
+    and KV cache discarded), else the engine is closed — and :meth:`get`
     takes it again (wake up, or reopen) with the new policy's weights. The
     seconds both cost are kept in ``handover_s`` for the run's state.
     """
@@ -92,7 +92,7 @@ class EngineHolder:
         if self.backend is None:
             self.backend = open_backend(self.engine, model, seed=self.seed, sleep_mode=self.sleep_mode)
         elif self.asleep:
-            self.backend.wake_up()
+            self.backend.wake_up(model)  # with the weights of ``model``
             self.asleep = False
         if str(self.backend.model) != model:
             self.backend.load_weights(model)

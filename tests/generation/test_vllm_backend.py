@@ -102,3 +102,58 @@ def test_vllm_greedy_matches_hf_greedy(vllm_backend, tiny_model_dir):
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
     hf = HFBackend(BackendOptions(model=str(tiny_model_dir), batch_size=8))
     assert _ids(hf.generate(reqs, params)) == _ids(vllm_backend.generate(reqs, params))
+
+
+class _SleepRecorded:
+    """The session's engine with ``sleep`` and ``wake_up`` recorded instead of run (vLLM's sleep mode is CUDA-only,
+    so this is as far as the hand-over runs here); ``reload_weights`` and generation are the real engine's."""
+
+    def __init__(self, llm):
+        self._llm, self.calls = llm, []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+
+    def collective_rpc(self, method, *args, **kwargs):
+        self.calls.append(("rpc", method))
+        return self._llm.collective_rpc(method, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+
+def test_vllm_hand_over_wakes_up_serving_the_new_policy_in_vllms_documented_order(vllm_backend, tiny_model_dir, tmp_path, monkeypatch):
+    """EngineHolder.release → sleep(level=2) (weights discarded, no host copy); get(new policy) → weights' memory,
+    the new weights in place, then the KV cache. Waking up for the policy it served reloads it too (level 2
+    discarded it). The engine then samples what the new policy samples."""
+    from toprcli.config import EngineConfig
+    from toprcli.generation.vllm_backend import VLLMBackend
+    from toprcli.models.tiny import build_tiny_model
+    from toprcli.pipeline import EngineHolder
+
+    other = str(build_tiny_model(tmp_path / "tiny-seed1", seed=1))
+    params = SamplingParams(n=2, max_new_tokens=24)
+    reqs = [PromptRequest(p, seed=derive_seed(1, 0, i)) for i, p in enumerate(_prompts(6))]
+    vllm_backend.load_weights(other)
+    expected = _ids(vllm_backend.generate(reqs, params))  # the new policy's samples, loaded the plain way
+    vllm_backend.load_weights(str(tiny_model_dir))
+    monkeypatch.setattr(VLLMBackend, "can_sleep", property(lambda self: True))
+    real, recorder = vllm_backend.llm, _SleepRecorded(vllm_backend.llm)
+    holder = EngineHolder(EngineConfig(), seed=0, sleep_mode=True)
+    holder.backend, holder.model, vllm_backend.llm = vllm_backend, str(tiny_model_dir), recorder
+    try:
+        holder.release()
+        assert holder.asleep and recorder.calls == [("sleep", 2)]
+        assert holder.get(other) is vllm_backend and not holder.asleep and vllm_backend.model == other
+        assert recorder.calls[1:] == [("wake_up", ["weights"]), ("rpc", "reload_weights"), ("wake_up", ["kv_cache"])]
+        assert "reacquire_s" in holder.handover_s
+        assert _ids(vllm_backend.generate(reqs, params)) == expected
+        recorder.calls.clear()
+        holder.release()
+        holder.get(other)  # the same policy: its weights were discarded, so they are read again
+        assert recorder.calls == [("sleep", 2), ("wake_up", ["weights"]), ("rpc", "reload_weights"), ("wake_up", ["kv_cache"])]
+    finally:
+        vllm_backend.llm = real  # the session's engine, not the holder's: never closed here

@@ -360,12 +360,23 @@ class VLLMBackend:
         return self.llm is not None and bool(self._engine_kwargs_used.get("enable_sleep_mode"))
 
     def sleep(self) -> None:
-        """Free the GPU memory (weights offloaded to CPU, KV cache dropped) until :meth:`wake_up`."""
+        """Give the GPU memory back until :meth:`wake_up`: weights and KV cache discarded (vLLM's level 2).
+        The engine sleeps while a new policy trains and wakes up serving it, so the old weights need no
+        copy in host RAM (level 1 would keep one: the model's size again, per engine)."""
         self.llm.reset_prefix_cache()
-        self.llm.sleep(level=1)
+        self.llm.sleep(level=2)
 
-    def wake_up(self) -> None:
-        self.llm.wake_up()
+    def wake_up(self, model_dir: str) -> dict:
+        """Serve ``model_dir`` after :meth:`sleep`, in the order vLLM documents for new weights: the weights'
+        memory, the weights read from ``model_dir`` (also when it is the policy served before: level 2 discarded
+        them), then the KV cache, which is not held while the weights load. Another architecture is a new engine."""
+        if not same_architecture(self.model, model_dir):
+            return self.load_weights(model_dir, force_restart=True)
+        self.llm.wake_up(tags=["weights"])
+        rec = self.load_weights(model_dir)
+        if rec["mode"] == "inplace":  # a restart is a new engine, awake
+            self.llm.wake_up(tags=["kv_cache"])
+        return rec
 
     # -- weights ----------------------------------------------------------------
 
