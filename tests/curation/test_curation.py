@@ -176,6 +176,17 @@ def test_dedupe_exact_within_group():
     np.testing.assert_array_equal(cu.dedupe_mask(g, comp, order), [False, True, True, True, True, False, True])
 
 
+def test_dedupe_of_one_repeated_completion():
+    """Every completion the same (a degenerate policy), or one row: the fingerprints span a tiny range of uint64
+    values at or above 2^63, which must not be cast to int64 before their offset is taken (an OverflowError)."""
+    assert int(cu.string_fingerprint(pa.array(["x"]))[0]) >= 2**63
+    np.testing.assert_array_equal(cu.dedupe_mask(np.array([0, 0, 0]), pa.array(["x", "x", "x"])), [True, False, False])
+    np.testing.assert_array_equal(cu.dedupe_mask(np.array([0]), pa.array(["x"])), [True])
+    big = np.array([2**64 - 1, 2**63, 2**64 - 1], dtype=np.uint64)
+    np.testing.assert_array_equal(cu.encode(big), [1, 0, 1])
+    np.testing.assert_array_equal(cu.encode(np.array([True, False, True])), [1, 0, 1])
+
+
 def test_dedupe_survives_fingerprint_collisions():
     # Same length, same first/middle/last 8 bytes, different in between: the
     # fingerprints collide and the exact check must keep both.

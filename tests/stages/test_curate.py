@@ -255,6 +255,10 @@ def test_dedupe_is_per_prompt_and_exact(tmp_path):
     )
     _, t = run(tmp_path, scored, dedupe=True)
     assert t.column("completion").to_pylist() == ["same", "same", long_a, long_b]
+    # a policy that answers every prompt the same way: one copy per prompt (was an OverflowError)
+    scored = write_scored(tmp_path / "s2", scored_table(["p", "p", "p", "q"], [True, True, True, False], completions=["x"] * 4))
+    _, t = run(tmp_path, scored, dedupe=True, overwrite=True)
+    assert t.column("prompt_id").to_pylist() == ["p", "q"]
 
 
 def test_subsample_is_seeded(tmp_path):

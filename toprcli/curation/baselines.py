@@ -133,10 +133,13 @@ def encode(values: pa.Array | pa.ChunkedArray | np.ndarray) -> np.ndarray:
                 return np.zeros(0, dtype=np.int64)
             return np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in chunks]).astype(np.int64)
     values = np.asarray(values)
-    if values.dtype.kind in "iub" and len(values):
+    if values.dtype.kind == "b":
+        values = values.astype(np.int64)
+    if values.dtype.kind in "iu" and len(values):
         lo, hi = int(values.min()), int(values.max())
         if hi - lo < 4 * len(values) + 1024:  # small range: no sort
-            return _compact(values.astype(np.int64) - lo, hi - lo + 1)
+            # Offsets in the values' own dtype: a uint64 (a fingerprint) may not fit in int64, its offset does.
+            return _compact((values - values.min()).astype(np.int64), hi - lo + 1)
     return np.unique(values, return_inverse=True)[1].astype(np.int64).reshape(-1)
 
 
