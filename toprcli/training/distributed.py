@@ -144,6 +144,16 @@ def all_reduce(t: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tens
     return t
 
 
+def union_keys(keys, ctx: DistContext) -> list[str]:
+    """The sorted union of every rank's ``keys``, so that ranks which saw different metrics (a rank whose
+    micro-batches are all padding has none of a loss's own, nor the first step's gap) reduce one vector."""
+    if not ctx.distributed:
+        return sorted(keys)
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, sorted(keys))
+    return sorted(set().union(*gathered))
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from toprcli.training.distributed import all_reduce
+from toprcli.training.distributed import all_reduce, union_keys
 
 
 def behavior_gap(stored: np.ndarray, own: np.ndarray) -> dict[str, float]:
@@ -74,8 +74,8 @@ class StepStats:
             self.maxes["behavior_gap_max"] = max(self.maxes["behavior_gap_max"], max_abs)
 
     def reduce(self, ctx) -> dict[str, float]:
-        keys = sorted(self.sums)
-        sums = all_reduce(torch.tensor([self.sums[k] for k in keys], dtype=torch.float64), ctx).tolist()
+        keys = union_keys(self.sums, ctx)  # a key another rank lacks counts 0 there
+        sums = all_reduce(torch.tensor([self.sums.get(k, 0.0) for k in keys], dtype=torch.float64), ctx).tolist()
         s = dict(zip(keys, sums))
         mkeys = sorted(self.maxes)
         maxes = dict(zip(mkeys, all_reduce(torch.tensor([self.maxes[k] for k in mkeys], dtype=torch.float64), ctx, op="max").tolist()))

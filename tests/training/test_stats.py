@@ -1,0 +1,55 @@
+"""A step's statistics reduced over ranks (training/stats.py), with two real gloo processes on this machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from toprcli.losses import policy_loss
+from toprcli.training.distributed import DistContext
+from toprcli.training.stats import StepStats
+
+
+def _step_stats(empty: bool) -> StepStats:
+    """One rank's micro-batch of a DPO step on the first step (the gap measured): two pairs, or the padding
+    micro-batch ``batching.collate`` makes of no rows (one row, no completion token, weight 0)."""
+    torch.manual_seed(0)
+    rows, T = 4, 3
+    lp, ref = torch.randn(rows, T) - 2, torch.randn(rows, T) - 2
+    adv, mask, weights = torch.tensor([1.0, -1.0] * (rows // 2)), torch.ones(rows, T), torch.ones(rows)
+    if empty:
+        lp, ref, adv, mask, weights = torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, 1), torch.zeros(1)
+        rows = 0
+    _, metrics = policy_loss("dpo", lp, ref, adv, mask, weights=weights)
+    stats = StepStats()
+    stats.add({k: float(v) for k, v in metrics.items()}, share=0.0 if empty else 1.0, n_active=rows, tokens=rows * T, completion_tokens=rows * T)
+    if not empty:  # what add_gap adds; it adds nothing for a micro-batch without rows
+        d = lp - ref
+        stats.add_gap(float(d.abs().sum()), float(d.sum()), rows * T, float(d.abs().max()))
+    return stats
+
+
+def _rank(rank: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        reduced = _step_stats(empty=rank == 1).reduce(DistContext(rank=rank, world_size=2))
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(reduced, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_a_rank_with_only_padding_reduces_with_the_others(tmp_path):
+    """A step with fewer units than ranks leaves a rank only a padding micro-batch: no DPO metrics, no gap.
+    The ranks still reduce one vector (before, their differently long vectors aborted the all-reduce) and
+    agree with one process that saw the whole batch."""
+    mp.spawn(_rank, args=(str(tmp_path / "init"), str(tmp_path / "out")), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"out.{r}").read_text()) for r in (0, 1)]
+    alone = _step_stats(empty=False).reduce(DistContext())
+    assert ranks[0] == ranks[1] == pytest.approx(alone)
+    assert {"dpo_margin", "behavior_gap_mean", "loss"} <= set(alone)
