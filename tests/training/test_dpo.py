@@ -94,6 +94,16 @@ def test_greedy_or_foreign_data_also_recomputes_and_missing_pairs_are_refused(tm
         prepare(_cfg(tiny_model_dir, plain, tmp_path / "o"))
 
 
+def test_a_broken_pair_is_named_by_its_own_pair_id():
+    """Units are numbered in their own order, not pair_id's sorted one: [5, 5, 3] names 3 (it named 5)."""
+    from toprcli.training.prepare import batch_units
+
+    for pair_id, broken in (([5, 5, 3], 3), ([2, 9, 9, 4, 4], 2), ([7, 1, 1], 7)):
+        table = pa.table({"pair_id": pair_id, "chosen": [True, False, True, False, True][: len(pair_id)]})
+        with pytest.raises(UserError, match=rf"pair_id {broken} has 1 row\(s\), not 2"):
+            batch_units(table, "t.parquet", pairwise=True, group_by_prompt=False)
+
+
 def _rows(path: Path) -> dict:
     import pyarrow.parquet as pq
 

@@ -190,8 +190,9 @@ def batch_units(table, path: str, *, pairwise: bool, group_by_prompt: bool) -> U
     units = Units.from_labels(pair, whole=True)
     sizes = units.sizes
     if (sizes != 2).any():
-        bad = int(np.unique(pair)[np.flatnonzero(sizes != 2)[0]])
-        raise UserError(f"{path}: pair_id {bad} has {int(sizes[sizes != 2][0])} row(s), not 2 — re-run `topr curate --pairs matched`")
+        unit = int(np.flatnonzero(sizes != 2)[0])
+        bad = int(pair[units.rows[units.off[unit]]])  # a row of that unit: units are numbered in their own order
+        raise UserError(f"{path}: pair_id {bad} has {int(sizes[unit])} row(s), not 2 — re-run `topr curate --pairs matched`")
     first, second = units.rows[units.off[:-1]], units.rows[units.off[:-1] + 1]
     if (chosen[first] == chosen[second]).any():
         raise UserError(f"{path}: a pair needs one chosen and one rejected row — re-run `topr curate --pairs matched`")
