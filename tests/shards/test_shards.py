@@ -111,3 +111,9 @@ def test_fingerprint_changes_with_content(tmp_path):
     a = shards.fingerprint(tmp_path)
     shards.write_shard(tmp_path, 1, samples_table())
     assert shards.fingerprint(tmp_path) != a
+    # bookkeeping a rerun rewrites (the manifest, process logs) is not data: same fingerprint
+    b = shards.fingerprint(tmp_path)
+    (tmp_path / "_manifest.json").write_text("{}")
+    (tmp_path / "_logs").mkdir()
+    (tmp_path / "_logs" / "part-0.log").write_text("log")
+    assert shards.fingerprint(tmp_path) == b

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -318,6 +320,11 @@ def test_metadata_manifest_and_resume(tmp_path):
     again = curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.15))
     assert again.skipped and again["c"] == pytest.approx(result["c"]) and again["rows_out"] == 40
     assert (tmp_path / "train.parquet").stat().st_mtime_ns == mtime
+    # `topr score` rerun with nothing to score rewrites its manifest, a second later: the data is the same
+    manifest_file = Path(scored) / "_manifest.json"
+    manifest_file.write_text(manifest_file.read_text() if manifest_file.exists() else "{}")
+    os.utime(manifest_file, (mtime / 1e9 + 5, mtime / 1e9 + 5))
+    assert curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.15)).skipped
     # other settings: refuse, then overwrite
     with pytest.raises(UserError, match="already exists"):
         curate(CurateConfig(scored=[scored], out=result.out, positive_fraction=0.2))

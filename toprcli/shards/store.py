@@ -276,10 +276,12 @@ def made_from(record: Mapping[str, Any], config: Mapping[str, Any], inputs: Mapp
 
 
 def fingerprint(path: str | os.PathLike[str]) -> str:
-    """A cheap, stable fingerprint of a file or directory: names, sizes, mtimes."""
+    """A cheap, stable fingerprint of a file or directory: names, sizes, mtimes. In a directory only the data
+    counts: bookkeeping (``_manifest.json``, ``_logs/``, dot files) is left out, since a rerun that changes
+    no data rewrites it, and a stage made from the directory must still find its output up to date."""
     p = Path(path)
     h = hashlib.sha256()
-    entries = sorted(p.rglob("*")) if p.is_dir() else [p]
+    entries = sorted(e for e in p.rglob("*") if not any(part.startswith(("_", ".")) for part in e.relative_to(p).parts)) if p.is_dir() else [p]
     for e in entries:
         if e.is_file() and not e.name.endswith(".tmp"):
             st = e.stat()
