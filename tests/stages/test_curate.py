@@ -115,6 +115,15 @@ def test_at_least_p_rule_follows_the_data_once_it_passes_the_target(tmp_path, p)
         np.testing.assert_allclose(t.column("advantage").to_numpy(), t.column("reward").to_numpy())
 
 
+def test_at_least_p_with_every_row_correct_keeps_the_raw_baseline(tmp_path):
+    """p = 1 (every kept row correct, rewards of a plugin that grades): p̃ = max(P, p) = 1 is every A ≥ 0, which
+    the raw baseline gives. This was refused as 'unreachable: every curated row has reward 1', which was not true."""
+    scored = write_scored(tmp_path / "s", scored_table(["a", "a", "b", "b"], [True] * 4, rewards=[1.0, 0.5, 0.8, 0.2]))
+    result, t = run(tmp_path, scored, positive_fraction=0.2, positive_fraction_rule="at-least-p")
+    assert result["c"] == 0.0 and result["p_target"] == 1.0 and result["p_effective"] == 1.0
+    np.testing.assert_allclose(t.column("advantage").to_numpy(), [1.0, 0.5, 0.8, 0.2])
+
+
 def test_paper_example_c_0_7(tmp_path):
     # exactly half correct → p = 0.5, P = 0.15 → c = 0.7; A = +0.3 / -1.7
     correct = [True, False] * 8

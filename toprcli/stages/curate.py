@@ -290,6 +290,9 @@ def _solve_positive_fraction(cfg: CurateConfig, reward: np.ndarray, weight: np.n
     target = cfg.positive_fraction
     if cfg.positive_fraction_rule == "at-least-p":  # never below the data's own share: c = 0 once p passes the target
         target = max(target, cu.positive_share(correct, weight))
+    if target >= 1.0:  # every kept row correct: p̃ = 1 wants every A ≥ 0, the raw baseline unless a reward is negative
+        weighted = reward[weight > 0]
+        return target, min(0.0, float(weighted.min())) if len(weighted) else 0.0, "positive-fraction"
     try:
         return target, cu.solve_baseline(reward, target, weight), "positive-fraction"
     except ValueError:
