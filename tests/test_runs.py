@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,83 @@ def test_a_key_added_to_toprcli_since_the_run_started_is_no_change(tmp_path):
     del old["train"]["shared_prefix"], old["curate"]["pairs"]  # as written by an older toprcli
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(old))
     assert reconcile(tmp_path / "run", cfg, apply_from_next_round=False) == []
+
+
+def test_a_sampling_change_is_refused_while_rounds_replay_earlier_ones(tmp_path):
+    """With replay_rounds > 0 the next round would curate its samples with an earlier round's, of another
+    sampling distribution, which one training set cannot hold: refused up front, instead of a round that fails
+    at its curate on every rerun. Without replay it applies from the next round as any change."""
+    import yaml
+
+    from toprcli.config import IterateConfig, config_to_dict, load_config
+    from toprcli.errors import UserError
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = IterateConfig(run_dir=str(run), replay_rounds=1)
+    (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
+    hotter = load_config(IterateConfig, None, sets={"run_dir": str(run), "replay_rounds": 1, "generate.sampling.temperature": 0.8})
+    with pytest.raises(UserError, match=r"generate.sampling.temperature \(the sampling distribution, while replay_rounds > 0\)"):
+        reconcile(run, hotter, apply_from_next_round=True)
+    no_replay = load_config(IterateConfig, None, sets={"run_dir": str(run), "generate.sampling.temperature": 0.8})
+    assert reconcile(run, no_replay, apply_from_next_round=True, write=False) == ["generate.sampling.temperature", "replay_rounds"]
+
+
+def test_a_branch_compares_with_the_round_it_starts_from_read_through_the_schema(one_round, tmp_path):
+    """A parent recorded by an older toprcli (a key missing) is no change, as in reconcile; tracking is not the run;
+    a rerun naming another round is refused rather than silently ignored."""
+    import yaml
+
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.errors import UserError
+    from toprcli.runs import branch
+
+    config, parent = one_round
+    old = tmp_path / "old-parent"
+    subprocess.run(["cp", "-a", str(parent), str(old)], check=True)
+    for recorded in (old / "config.yaml", old / "round-001" / "config.yaml"):
+        data = yaml.safe_load(recorded.read_text())
+        del data["train"]["shared_prefix"], data["generate"]["dataset"]["few_shot"]  # as written before those keys existed
+        recorded.write_text(yaml.safe_dump(data))
+    cfg = load_config(IterateConfig, config, {"run_dir": str(tmp_path / "child"), "rounds": 2}, sets={"tracking.project": "p"})
+    lineage = branch(str(old / "round-001"), tmp_path / "child", cfg)
+    assert lineage["changed"] == [] and lineage["round"] == 1
+    with pytest.raises(UserError, match="is a branch of .* at round 1"):
+        branch(str(old / "round-000"), tmp_path / "child", cfg)
+
+
+def test_a_killed_merge_into_an_existing_run_dir_completes_on_the_rerun(tmp_path, monkeypatch):
+    """The command has already made RUN_DIR (its log), so a branch is merged in entry by entry: the lineage,
+    which marks the branch complete, goes last, and an entry a killed merge moved is replaced."""
+    from toprcli import runs
+
+    def branching() -> Path:
+        tmp = tmp_path / "run.branching"
+        for name in ("round-000", "round-001"):
+            (tmp / name).mkdir(parents=True)
+            (tmp / name / "eval.json").write_text(name)
+        (tmp / runs.LINEAGE_FILE).write_text("{}")
+        return tmp
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "topr.log").write_text("log")
+    moved: list[str] = []
+    real = Path.rename
+
+    def rename_then_die(self, target):
+        if moved:  # killed after the first entry
+            raise KeyboardInterrupt
+        moved.append(self.name)
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        runs._merge_into(branching(), run)
+    monkeypatch.setattr(Path, "rename", real)
+    assert moved == ["round-000"] and not (run / runs.LINEAGE_FILE).exists()  # not a complete branch
+    shutil.rmtree(tmp_path / "run.branching")  # what branch() does on the rerun before linking again
+    runs._merge_into(branching(), run)
+    assert sorted(p.name for p in run.iterdir()) == [runs.LINEAGE_FILE, "round-000", "round-001", "topr.log"]
+    assert not (tmp_path / "run.branching").exists()

@@ -36,7 +36,9 @@ LINEAGE_FILE = "lineage.json"
 FROZEN = {"model": "the model", "warm_start": "the starting policy", "generate.dataset": "the training data",
           "score.verifier": "the verifier", "score.strict": "the verifier", "score.verifier_by_source": "the verifier",
           "score.reward_correct": "the rewards", "score.reward_incorrect": "the rewards", "score.reward_no_answer": "the rewards"}
-EVAL_KEYS = "eval."  # changes allowed, but they break comparability across rounds (report says so)
+EVAL_KEYS = "eval."
+# The sampling distribution: a training set holds one, so rounds that replay earlier ones must keep it.
+SAMPLING_KEYS = tuple(f"generate.sampling.{k}" for k in ("temperature", "top_p", "top_k", "min_p"))  # changes allowed, but they break comparability across rounds (report says so)
 
 
 def round_dir(run_dir: Path, r: int) -> Path:
@@ -59,8 +61,12 @@ def trained_rounds(run_dir: Path) -> int:
     return max(done, default=0)
 
 
-def _frozen(keys: list[str]) -> list[str]:
-    return [f"{k} ({why})" for k in keys for prefix, why in FROZEN.items() if k == prefix or k.startswith(prefix + ".")]
+def _frozen(keys: list[str], cfg: IterateConfig) -> list[str]:
+    """The keys among ``keys`` that cannot change, each with why."""
+    out = [f"{k} ({why})" for k in keys for prefix, why in FROZEN.items() if k == prefix or k.startswith(prefix + ".")]
+    if cfg.replay_rounds > 0:  # the next round would curate its samples with an earlier round's, of another distribution
+        out += [f"{k} (the sampling distribution, while replay_rounds > 0)" for k in keys if k in SAMPLING_KEYS]
+    return out
 
 
 def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool, write: bool = True) -> list[str]:
@@ -81,7 +87,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     if cfg.rounds < done:
         raise UserError(f"run dir {run_dir} has {done} trained rounds; rounds {cfg.rounds} would drop them — set rounds >= {done}, or pass a new --run-dir")
     others = [k for k in changed if k != "rounds"]
-    if frozen := _frozen(others):
+    if frozen := _frozen(others, cfg):
         raise UserError(f"run dir {run_dir}: {', '.join(frozen)} cannot change — the completed rounds were made with the old value; "
                         "start a new --run-dir (or --branch-from a round of this one)")
     if others and not apply_from_next_round:
@@ -112,10 +118,7 @@ def record_round(run_dir: Path, r: int, cfg: IterateConfig) -> None:
 def parse_branch(source: str) -> tuple[Path, int]:
     """``RUN/round-00k`` → (RUN, k), checked: round k of RUN is complete."""
     path = Path(source)
-    try:
-        k = int(path.name.split("-")[1]) if path.name.startswith("round-") else -1
-    except (IndexError, ValueError):
-        k = -1
+    k = _round_number(path)
     if k < 0 or not (path.parent / CONFIG_FILE).exists():
         raise UserError(f"--branch-from {source}: not a round of a `topr iterate` run — write RUN_DIR/round-00K")
     if k > 0 and not (path / "policy" / "config.json").exists() or k == 0 and not (path / "eval" / "eval.json").exists():
@@ -123,18 +126,31 @@ def parse_branch(source: str) -> tuple[Path, int]:
     return path.parent, k
 
 
+def _round_number(path: Path) -> int:
+    """k of ``RUN/round-00k``, else -1."""
+    try:
+        return int(path.name.split("-")[1]) if path.name.startswith("round-") else -1
+    except (IndexError, ValueError):
+        return -1
+
+
 def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | None:
     """Start ``run_dir`` from round k of another run (once; a rerun finds it done). Returns the lineage."""
-    if (run_dir / LINEAGE_FILE).exists():
-        return json.loads((run_dir / LINEAGE_FILE).read_text())
+    if (run_dir / LINEAGE_FILE).exists():  # written last: the branch is complete
+        lineage = json.loads((run_dir / LINEAGE_FILE).read_text())
+        if (lineage["parent"], lineage["round"]) != (str(Path(source).parent.resolve()), _round_number(Path(source))):
+            raise UserError(f"--branch-from {source}: {run_dir} is a branch of {lineage['parent']} at round {lineage['round']} — "
+                            "branch into a new --run-dir")
+        return lineage
     if (run_dir / CONFIG_FILE).exists():
         raise UserError(f"--branch-from: {run_dir} is already a run — branch into a new --run-dir")
     parent, k = parse_branch(source)
     if cfg.rounds <= k:
         raise UserError(f"--branch-from {source}: set rounds > {k} (the branch continues from round {k + 1})")
-    parent_cfg = yaml.safe_load((parent / CONFIG_FILE).read_text()) or {}
-    changed = sorted(changed_keys(parent_cfg, config_to_dict(cfg)) - {"run_dir", "rounds"})
-    if frozen := _frozen(changed):
+    # What round k ran with, read through the schema (keys added since take their defaults, as in reconcile).
+    parent_cfg = config_to_dict(round_config(parent, k) or from_dict(IterateConfig, yaml.safe_load((parent / CONFIG_FILE).read_text()) or {}))
+    changed = sorted(key for key in changed_keys(parent_cfg, config_to_dict(cfg)) - {"run_dir", "rounds"} if not key.startswith("tracking."))
+    if frozen := _frozen(changed, cfg):
         raise UserError(f"--branch-from {source}: {', '.join(frozen)} differs from the parent's — the inherited rounds used the parent's")
     tmp = run_dir.with_name(run_dir.name + ".branching")
     shutil.rmtree(tmp, ignore_errors=True)  # a killed branch starts over: nothing in it is the run yet
@@ -165,7 +181,11 @@ def _link_tree(src: Path, dst: Path, how: set[str]) -> None:
 
 
 def _merge_into(tmp: Path, run_dir: Path) -> None:
-    """``run_dir`` exists but is empty of a run (e.g. made by the user): move the branch's entries in."""
-    for entry in tmp.iterdir():
-        entry.rename(run_dir / entry.name)
+    """``run_dir`` exists but holds no run (the command's log, a directory the user made): move the branch's
+    entries in, the lineage last, since it marks the branch complete; what a killed merge moved is replaced."""
+    for entry in sorted(tmp.iterdir(), key=lambda e: e.name == LINEAGE_FILE):
+        target = run_dir / entry.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        entry.rename(target)  # a file is replaced in one step
     tmp.rmdir()
