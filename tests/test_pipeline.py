@@ -277,3 +277,22 @@ def test_dpo_without_pairs_is_refused_at_config_load(reference, tmp_path):
                                  "--set", "train.loss=dpo"])
     assert r.exit_code != 0 and "curate.pairs=matched" in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_a_round_recorded_with_other_engine_settings_gets_an_engine_with_them(tiny_model_dir):
+    """A round started before a change keeps its recorded config, its engine settings included: the run's engine
+    is reopened with them (it served the current config's) instead of generating the round with others."""
+    from toprcli.config import EngineConfig
+    from toprcli.pipeline import EngineHolder
+
+    current, recorded = EngineConfig(backend="hf", batch_size=8), EngineConfig(backend="hf", batch_size=4)
+    holder = EngineHolder(current, seed=0)
+    try:
+        first = holder.get(str(tiny_model_dir))
+        assert holder.get(str(tiny_model_dir), current) is first  # the same settings: the same engine
+        second = holder.get(str(tiny_model_dir), recorded)
+        assert second is not first and second.options.batch_size == 4 and holder.engine == recorded
+        assert "reacquire_s" not in holder.handover_s  # another engine, not a hand-over
+    finally:
+        holder.close()
+

@@ -86,7 +86,12 @@ class EngineHolder:
         self.asleep = False
         self.handover_s: dict[str, float] = {}
 
-    def get(self, model: str) -> Any:
+    def get(self, model: str, engine: EngineConfig | None = None) -> Any:
+        """The backend serving ``model`` with the ``engine`` settings (default: the ones it has); other
+        settings (a round recorded with them) close it, to reopen with theirs."""
+        if engine is not None and engine != self.engine:
+            self.close()
+            self.engine, self.model = engine, None
         t0 = time.perf_counter()
         reacquire = self.asleep or (self.backend is None and self.model is not None)
         if self.backend is None:
@@ -246,7 +251,7 @@ class Pipeline:
 
     def _generate(self, r: int) -> None:
         gcfg = replace(self.round_cfg(r).generate, model=self.policy_after(r - 1), out=str(round_dir(self.run_dir, r) / "samples"), iteration=r)
-        run_generate(gcfg, backend=self._engine_for(gcfg.model, gcfg.data_parallel_size), progress=self.progress)
+        run_generate(gcfg, backend=self._engine_for(gcfg.model, gcfg.data_parallel_size, gcfg.engine), progress=self.progress)
 
     def _score(self, r: int) -> None:
         d = round_dir(self.run_dir, r)
@@ -272,19 +277,19 @@ class Pipeline:
         ecfg = replace(self.round_cfg(r).eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
         if ecfg.verifier == "auto":
             ecfg = replace(ecfg, verifier=self.verifier())
-        # The run's engine serves eval when eval's engine settings are generate's (else the stage opens
-        # its own); with child engines none does, and the run's engine is closed first.
-        shared = ecfg.engine == self.cfg.generate.engine
-        backend = self._engine_for(policy, ecfg.data_parallel_size) if shared or ecfg.data_parallel_size > 1 else None
+        # The run's engine serves eval when eval's engine settings are the round's generate's (else the
+        # stage opens its own); with child engines none does, and the run's engine is closed first.
+        shared = ecfg.engine == self.round_cfg(r).generate.engine
+        backend = self._engine_for(policy, ecfg.data_parallel_size, ecfg.engine) if shared or ecfg.data_parallel_size > 1 else None
         run_eval(ecfg, backend=backend, progress=self.progress)
 
-    def _engine_for(self, model: str, processes: int) -> Any:
-        """The run's engine serving ``model``; none when ``processes`` child engines generate instead
-        (it is closed: this process's engine would hold memory for nothing)."""
+    def _engine_for(self, model: str, processes: int, engine: EngineConfig) -> Any:
+        """The run's engine serving ``model`` with a round's ``engine`` settings; none when ``processes`` child
+        engines generate instead (it is closed: this process's engine would hold memory for nothing)."""
         if processes > 1:
             self.engine.close()
             return None
-        return self.engine.get(model)
+        return self.engine.get(model, engine)
 
     # driving --------------------------------------------------------------
 
