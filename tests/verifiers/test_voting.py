@@ -136,6 +136,23 @@ def test_gsm8k_votes_are_unchanged_and_start_no_pool(monkeypatch):
     assert after == before
 
 
+def test_answers_vote_together_exactly_when_the_check_treats_them_alike():
+    """A vote key is the form the verifier's check compares. gsm8k reads -$5, $-5, −5 (Unicode minus), -5.00 as
+    one number: one vote, which wins here (it was three votes, and 7 won). exact tells "Paris." from "Paris":
+    two votes, the wrong one wins (merged by value-and-punctuation normalisation, maj@k said 1.0)."""
+    from toprcli.evaluation import prompt_scores
+
+    answers = ["-$5", "$-5", "−5", "-5.00", "7", "7", "7"]
+    correct = [True] * 4 + [False] * 3
+    keys = vote_keys("gsm8k", ["p"] * 7, answers, correct, 7)
+    assert len(set(keys[:4])) == 1 and prompt_scores(["p"] * 7, correct, 7, keys)[0]["maj@k"] == {"p": 1.0}
+    assert vote_keys("gsm8k", ["p", "p"], ["-0", "0"], [True, True], 2) == ["0", "0"]
+    answers, correct = ["Paris.", "Paris.", "Paris", "Lyon"], [False, False, True, False]
+    for verifier in ("exact", "regex:(.+)"):
+        keys = vote_keys(verifier, ["p"] * 4, answers, correct, 4)
+        assert keys == ["Paris.", "Paris.", "Paris", "Lyon"] and prompt_scores(["p"] * 4, correct, 4, keys)[0]["maj@k"] == {"p": 0.0}
+
+
 def _index_in_prompt(pids):
     seen: dict[str, int] = {}
     out = []

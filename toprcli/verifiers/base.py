@@ -73,8 +73,10 @@ class Verifier:
     lazy imports) are not charged to the first row's time limit.
     ``equivalent(a, b)``: do two extracted answers say the same thing
     (``correct`` if so)? Majority voting groups answers with it, in the pool
-    like a check. None: answers vote by
-    :func:`toprcli.evaluation.normalize_answer` (numbers by value, text by content).
+    like a check. Without it, answers vote by ``vote_key(answer)``: the form
+    in which ``check`` compares an answer with the gold one, so that answers
+    the check tells apart never share a vote (None:
+    :func:`toprcli.evaluation.normalize_answer`, numbers by value, text by content).
     """
 
     name: str
@@ -87,6 +89,7 @@ class Verifier:
     preload: tuple[str, ...] = ()
     warmup: Callable[[], None] | None = None
     equivalent: Callable[[str, str], Verdict] | None = None
+    vote_key: Callable[[str], Any] | None = None
 
 
 @dataclass(frozen=True)

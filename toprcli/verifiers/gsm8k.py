@@ -51,6 +51,16 @@ def to_decimal(text: str) -> Decimal | None:
     return d if d.is_finite() and "e" not in s.lower() else None
 
 
+def vote_key(answer: str) -> str | None:
+    """The number an extracted answer says, as ``check`` compares it (``-$5``, ``−5``, ``-5.00`` are one vote)."""
+    d = to_decimal(answer)
+    if d is None:
+        return None
+    if d == 0:
+        return "0"  # -0 is 0
+    return format(d.normalize(), "f") if abs(d.adjusted()) <= 100 else str(d.normalize())
+
+
 def gold_number(answer: str | None) -> Decimal | None:
     if answer is None:
         return None

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from toprcli.errors import UserError
-from toprcli.verifiers.base import Verifier
+from toprcli.verifiers.base import Verifier, normalize_ws
 
 BUILTIN = ("gsm8k", "math", "exact", "judge", "data_source")
 SPEC_HELP = "gsm8k, math, exact, judge, data_source, regex:PATTERN or python:MODULE:FUNCTION"
@@ -58,7 +58,8 @@ def resolve_verifier(spec: str, *, strict: bool = False, by_source: dict[str, st
 
         check = gsm8k.check_strict if strict else gsm8k.check
         return Verifier(
-            "gsm8k-strict" if strict else "gsm8k", spec, check, options, chunk_size=512, preload=("toprcli.verifiers.gsm8k",)
+            "gsm8k-strict" if strict else "gsm8k", spec, check, options, chunk_size=512, preload=("toprcli.verifiers.gsm8k",),
+            vote_key=gsm8k.vote_key,
         )
     if spec == "math":
         from toprcli.verifiers import math_verifier
@@ -76,11 +77,11 @@ def resolve_verifier(spec: str, *, strict: bool = False, by_source: dict[str, st
     if spec == "exact":
         from toprcli.verifiers import exact
 
-        return Verifier("exact", spec, exact.check_exact, options, chunk_size=512)
+        return Verifier("exact", spec, exact.check_exact, options, chunk_size=512, vote_key=normalize_ws)
     if spec == "judge":  # a generative verifier's Yes/No verdict against the row's label
         from toprcli.verifiers import judge
 
-        return Verifier("judge", spec, judge.check, options, chunk_size=512)
+        return Verifier("judge", spec, judge.check, options, chunk_size=512, vote_key=normalize_ws)
     if spec.startswith("regex:"):
         from toprcli.verifiers import exact
 
@@ -91,7 +92,7 @@ def resolve_verifier(spec: str, *, strict: bool = False, by_source: dict[str, st
             exact.compile_pattern(pattern)
         except re.error as e:
             raise UserError(f"bad regular expression in --verifier {spec!r}: {e} — fix the pattern") from None
-        return Verifier("regex", spec, functools.partial(exact.check_regex, pattern=pattern), options, chunk_size=512)
+        return Verifier("regex", spec, functools.partial(exact.check_regex, pattern=pattern), options, chunk_size=512, vote_key=normalize_ws)
     if spec.startswith("python:"):
         from toprcli.verifiers import plugins
 

@@ -4,8 +4,10 @@ maj@k (:func:`toprcli.evaluation.eval_metrics`) counts votes per key within a
 prompt; this module computes the keys.
 
 * A verifier without ``equivalent`` (gsm8k, exact, regex, plugins): the key is
-  :func:`~toprcli.evaluation.normalize_answer` — numbers by value
-  (``18.00`` ≡ ``18``), text by content. No worker is started.
+  its ``vote_key`` — the form its check compares (gsm8k: the number, so
+  ``-$5`` ≡ ``−5`` ≡ ``-5.00``; exact and regex: the text, whitespace
+  collapsed, so ``Paris.`` and ``Paris`` are two votes, as the check tells them
+  apart) — else :func:`~toprcli.evaluation.normalize_answer`. No worker is started.
 * math: answers vote together when math-verify finds them equivalent
   (``\\frac{1}{2}`` ≡ ``0.5``). Per prompt, over its first ``k`` samples:
   identical strings merge first; every string some sample got right is
@@ -90,9 +92,11 @@ def vote_keys(
             rows[pid].append(i)
     keys: list[Hashable | None] = [None] * n
     if verifier.equivalent is None:
+        key_of = verifier.vote_key or normalize_answer
         for voting in rows.values():
             for i in voting:
-                keys[i] = normalize_answer(extracted[i])
+                text = extracted[i]
+                keys[i] = key_of(text) if text is not None and text.strip() else None
         return keys
 
     prompts: dict[str, _Prompt] = {}
