@@ -18,8 +18,8 @@ import yaml
 
 from toprcli.errors import UserError
 from toprcli.pipeline import run_summary
-from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, changed_keys, round_dir
-from toprcli.shards import complete_shards, read_table
+from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir
+from toprcli.shards import changed_keys, complete_shards, read_table
 
 VERDICT_COLORS = {"correct": "#2e7d32", "incorrect": "#c62828", "no_answer": "#9e9e9e", "timeout": "#6a1b9a", "error": "#ef6c00"}
 

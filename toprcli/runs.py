@@ -28,7 +28,7 @@ import yaml
 
 from toprcli.config import IterateConfig, config_to_dict, from_dict
 from toprcli.errors import UserError
-from toprcli.shards import write_json_atomic, write_text_atomic
+from toprcli.shards import changed_keys, write_json_atomic, write_text_atomic
 
 CONFIG_FILE = "config.yaml"
 LINEAGE_FILE = "lineage.json"
@@ -43,16 +43,6 @@ SAMPLING_KEYS = tuple(f"generate.sampling.{k}" for k in ("temperature", "top_p",
 
 def round_dir(run_dir: Path, r: int) -> Path:
     return Path(run_dir) / f"round-{r:03d}"
-
-
-def changed_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
-    """The dotted keys whose values differ between two plain configs."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: set[str] = set()
-        for k in set(a) | set(b):
-            out |= changed_keys(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return set() if a == b else {prefix.rstrip(".")}
 
 
 def trained_rounds(run_dir: Path) -> int:

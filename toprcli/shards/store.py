@@ -275,6 +275,16 @@ def made_from(record: Mapping[str, Any], config: Mapping[str, Any], inputs: Mapp
     return settings(record.get("config")) == settings(config) and record.get("inputs") == inputs
 
 
+def changed_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
+    """The dotted keys whose values differ between two plain configs (e.g. an output's record and now)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: set[str] = set()
+        for k in set(a) | set(b):
+            out |= changed_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return set() if a == b else {prefix.rstrip(".")}
+
+
 def fingerprint(path: str | os.PathLike[str]) -> str:
     """A cheap, stable fingerprint of a file or directory: names, sizes, mtimes. In a directory only the data
     counts: bookkeeping (``_manifest.json``, ``_logs/``, dot files) is left out, since a rerun that changes

@@ -91,6 +91,7 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     check_installed(cfg.tracking.report_to)
     done = read_eval(out)
     if done is not None:
+        _check_same_eval(out, done, cfg)
         _track(cfg, out, done)  # logged once: a tracker skips what it has
         return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
     if cfg.verifier_model:  # a bad verifier is refused before anything is generated
@@ -102,6 +103,20 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
         result = _evaluate(cfg, out, backend, examples, progress)
         _track(cfg, out, result)
     return StageResult(STAGE, str(out), result, wall_time_s=result["wall_time_s"])
+
+
+# What says how an eval runs, not what it measures: a rerun may change these and keep the result.
+HOW_IT_RUNS = {"out", "tracking", "workers", "data_parallel_size", "shard_size", "engine.gpu_memory_utilization",
+               "engine.enforce_eager", "engine.tensor_parallel_size", "engine.batch_size"}
+
+
+def _check_same_eval(out: Path, done: dict[str, Any], cfg: EvalConfig) -> None:
+    """An ``eval.json`` is this eval's result only if it measured the same thing: other settings are refused."""
+    changed = sorted(k for k in shards.changed_keys(done.get("config") or {}, config_to_dict(cfg))
+                     if not any(k == h or k.startswith(h + ".") for h in HOW_IT_RUNS) and not (k == "verifier" and cfg.verifier == "auto"))
+    if changed:
+        shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+        raise UserError(f"{out} holds an eval made with other settings (changed: {shown}) — choose another --out, or delete {out} to evaluate there again")
 
 
 def _track(cfg: EvalConfig, out: Path, result: dict[str, Any]) -> None:

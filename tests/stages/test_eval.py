@@ -1,0 +1,24 @@
+"""The eval stage (stages/eval.py): what a rerun into an existing --out returns."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from toprcli.cli.main import app
+
+
+def test_a_rerun_returns_the_eval_only_if_it_measured_the_same_thing(tiny_model_dir, tmp_path):
+    """The same eval again is skipped, also with other workers or engines; another k (or model, dataset, sampling,
+    verifier, bootstrap) is refused with what changed — it returned the old metrics as if they were the new ones."""
+    out = tmp_path / "eval"
+    args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--split", "test", "--limit", "4", "--k", "2",
+            "--max-new-tokens", "8", "--backend", "hf", "--no-greedy", "-o", str(out), "--json"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    metrics = json.loads(first.output.strip().splitlines()[-1])["metrics"]
+    again = CliRunner().invoke(app, [*args, "--workers", "1", "--batch-size", "2"])
+    assert again.exit_code == 0 and json.loads(again.output.strip().splitlines()[-1])["metrics"] == metrics
+    refused = CliRunner().invoke(app, [*args, "--k", "3", "--bootstrap-seed", "1"])
+    assert refused.exit_code == 2 and "holds an eval made with other settings (changed: bootstrap_seed, k)" in refused.output
