@@ -106,6 +106,8 @@ def test_templates_and_chat_template(tiny_model_dir):
     assert ex.question in chat and "Be brief." in chat and chat != text
     with pytest.raises(UserError, match="no \\{question\\} placeholder"):
         render_prompt(ex, DatasetSpec(template="no placeholder"))
+    with pytest.raises(UserError, match="no \\{question\\} placeholder"):  # the chat instruction too (the problem was dropped)
+        render_prompt(ex, DatasetSpec(template="Solve it step by step.", chat_template=True), tok)
 
 
 @pytest.mark.parametrize(
@@ -133,6 +135,11 @@ def test_bad_columns_and_empty(tmp_path):
     e.write_text("question,answer\n")
     with pytest.raises(UserError):
         load_examples(DatasetSpec(source=str(e)))
+    # a row without its question is one error naming the row (it became the text "None")
+    n = tmp_path / "n.jsonl"
+    n.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": null, "answer": "#### 3"}\n')
+    with pytest.raises(UserError, match="row 1, column 'question': no question"):
+        load_examples(DatasetSpec(source=str(n)))
     u = tmp_path / "d.txt"
     u.write_text("x")
     with pytest.raises(UserError, match="unsupported file type"):
@@ -150,6 +157,8 @@ def test_unreachable_hub_id_is_one_line(monkeypatch):
 def test_gold_helpers():
     assert gsm8k_gold("a\nb\n#### 1,234") == "1234"
     assert gsm8k_gold("42") == "42"
+    assert gsm8k_gold("3 + 15 = 18.\n#### 18\nThe answer is: 18") == "18"  # MetaMathQA: text after the answer line
+    assert gsm8k_gold("#### 3 then #### 4") == "4"  # the last one, as the verifiers read it
     assert last_boxed("x \\boxed{\\frac{1}{2}} y \\boxed{3}") == "3"
     assert last_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
     assert last_boxed("none") is None

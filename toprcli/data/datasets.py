@@ -125,7 +125,6 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-_GSM8K_GOLD = re.compile(r"####\s*(.+?)\s*$", re.S)
 
 
 @functools.lru_cache(maxsize=64)  # keyed by mtime: render_prompt resolves the preset once per example
@@ -145,9 +144,10 @@ def _written_by(source: str) -> str | None:
 
 
 def gsm8k_gold(raw: str) -> str:
-    """The number after ``####`` in a GSM8K-style solution, or the whole value."""
-    m = _GSM8K_GOLD.search(raw)
-    return (m.group(1) if m else raw).strip().replace(",", "")
+    """The answer after the last ``####`` of a GSM8K-style solution, to the end of its line (the verifiers read
+    the last one; a reference may go on, as MetaMathQA's ``#### 18\nThe answer is: 18``), or the whole value."""
+    tail = raw.rsplit("####", 1)[1].strip() if "####" in raw else raw
+    return tail.split("\n", 1)[0].strip().replace(",", "")
 
 
 def last_boxed(text: str) -> str | None:
@@ -376,6 +376,8 @@ def _text(value: Any) -> str | None:
 def _question(row: dict[str, Any], column: str, preset: Preset, where: str) -> tuple[str, tuple | None, str | None]:
     """(question, conversation or None, reference solution or None) of one row."""
     value = formats.get_path(row, column)
+    if value is None or isinstance(value, str) and not value.strip():
+        raise UserError(f"{where}: no question (empty) — fix or drop that row, or pick another --question-column")
     if not isinstance(value, (list, tuple)) and preset.name not in ("verl", "trl", "messages"):
         return str(value), None, None
     messages, reference = formats.check_messages(value, where), None
@@ -394,6 +396,8 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
     instruction around the question; few-shot examples first; ``system_prompt`` where there is no system turn."""
     if example.messages is not None and not spec.chat_template:
         raise UserError(f"dataset {spec.source!r} holds chat messages — pass --chat-template (dataset.chat_template: true) to render them")
+    if spec.template is not None and "{question}" not in spec.template:  # the chat instruction too: the problem must be in it
+        raise UserError(f"prompt template {spec.template!r} has no {{question}} placeholder — add one")
     if spec.chat_template:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise UserError("dataset.chat_template is set but the tokenizer has no chat template — turn it off or use an instruct model")
@@ -406,8 +410,6 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
         messages = formats.with_shots(formats.with_system(messages, spec.system_prompt), shots)
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     template = spec.template or resolve_preset(spec).template
-    if "{question}" not in template:
-        raise UserError(f"prompt template {template!r} has no {{question}} placeholder — add one")
     shots = "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in example.shots)
     return shots + template.replace("{question}", example.question)
 
