@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,11 +42,19 @@ def test_write_and_read_shards_with_metadata(tmp_path):
 
 def test_half_written_temporary_is_ignored_and_replaced(tmp_path):
     shards.write_shard(tmp_path, 0, samples_table())
-    # What a writer killed mid-way leaves behind: a truncated temporary file.
-    (tmp_path / ".shard-00001.parquet.999.tmp").write_bytes(b"PAR1 truncated")
+    # What a writer killed mid-way leaves behind: a truncated temporary file named with its (now dead) pid.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f".shard-00001.parquet.{dead.pid}.tmp").write_bytes(b"PAR1 truncated")
     assert list(shards.complete_shards(tmp_path)) == [0]
     assert shards.read_table(tmp_path).num_rows == 3
-    assert shards.remove_stale_temporaries(tmp_path) == 1
+    # Another data-parallel writer, alive, writing its shard into the same directory: its temporary stays.
+    with subprocess.Popen(["sleep", "30"]) as alive:
+        live = tmp_path / f".shard-00002.parquet.{alive.pid}.tmp"
+        live.write_bytes(b"PAR1 being written")
+        assert shards.remove_stale_temporaries(tmp_path) == 1 and live.exists()
+        alive.kill()
+    live.unlink()
     shards.write_shard(tmp_path, 1, samples_table())
     assert list(shards.complete_shards(tmp_path)) == [0, 1]
 

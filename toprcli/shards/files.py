@@ -168,13 +168,29 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
 
 
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
-    """Delete ``.tmp`` files a killed writer left behind; returns how many."""
+    """Delete ``.tmp`` files a killed writer left behind; returns how many. A temporary of a live process
+    (``write_atomic`` names it ``.<name>.<pid>.tmp``) is kept: data-parallel writers share a directory."""
     directory = Path(directory)
     if not directory.is_dir():
         return 0
     n = 0
     for entry in directory.iterdir():
-        if entry.name.endswith(".tmp"):
+        if entry.name.endswith(".tmp") and not _writer_alive(entry.name):
             entry.unlink(missing_ok=True)
             n += 1
     return n
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the process named in a ``write_atomic`` temporary (``.<name>.<pid>.tmp``) is running (not this one:
+    whatever this process left is stale by the time it cleans up)."""
+    pid = name.removesuffix(".tmp").rsplit(".", 1)[-1]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
