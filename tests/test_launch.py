@@ -41,3 +41,13 @@ def test_eval_data_parallel_size_from_the_command_line_runs_child_engines_with_o
         assert not (tmp_path / "one" / generated / "_logs").exists()
     metrics = [json.loads(r.output.strip().splitlines()[-1])["metrics"] for r in (one, two)]
     assert metrics[0] == metrics[1] and metrics[0]["samples"] == 18
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-m", "m", "--data-parallel-size", "2"], "no output directory — pass --out DIR"),
+    (["-m", "m", "-o", "{tmp}/x", "--data-parallel-size", "2", "--num-shards", "2"], "choose one split"),
+])
+def test_data_parallel_generation_refuses_what_it_cannot_split_in_one_line(tmp_path, args, message):
+    """No --out was a ValueError traceback; with --num-shards the children's split overlapped the command's."""
+    r = CliRunner().invoke(app, ["generate", *(a.format(tmp=tmp_path) for a in args)])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output

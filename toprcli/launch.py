@@ -184,6 +184,11 @@ def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = No
     to ``<out>/_logs/part-<i>.log``; ``progress`` counts the processes done. The result's counts
     are the merged manifest's.
     """
+    if not cfg.out:
+        raise UserError("no output directory — pass --out DIR")
+    if cfg.num_shards > 1:  # the children split the prompts num-shards ways themselves: the two splits would overlap
+        raise UserError(f"--data-parallel-size {cfg.data_parallel_size} with --num-shards {cfg.num_shards}: choose one split — "
+                        "--data-parallel-size for the engines of one machine, --num-shards/--shard-index for one process per machine")
     out = Path(cfg.out)
     n = cfg.data_parallel_size
     one = dataclasses.replace(cfg, data_parallel_size=1, num_shards=n)
