@@ -148,3 +148,18 @@ def test_a_verifier_trained_by_iterate_judges_candidates_as_it_was_trained():
     assert cfg.eval.candidates == "scored"
     with pytest.raises(ConfigError, match="choose one"):
         from_dict(IterateConfig, {"eval": {"candidates": "scored", "verifier_model": "m"}})
+
+
+def test_a_mapping_flag_adds_to_the_files_or_the_default_mapping(tmp_path):
+    """`--verifier-by-source NAME=math` adds a data_source (it replaced the built-in ones, so GSM8K rows then had no
+    verifier); `--loss-option` adds to the file's loss_options; `--set` still sets the whole mapping."""
+    from toprcli.config import ScoreConfig, TrainConfig, load_config
+    from toprcli.config.schema import VERIFIER_BY_SOURCE
+
+    score = load_config(ScoreConfig, None, {"verifier_by_source": {"my/src": "math"}})
+    assert score.verifier_by_source == {**VERIFIER_BY_SOURCE, "my/src": "math"}
+    f = tmp_path / "train.yaml"
+    f.write_text("loss_options: {ratio_level: token}\n")
+    train = load_config(TrainConfig, f, {"loss_options": {"positive_weight": 0.5}})
+    assert train.loss_options == {"ratio_level": "token", "positive_weight": 0.5}
+    assert load_config(TrainConfig, f, sets={"loss_options": {}}).loss_options == {}

@@ -82,17 +82,32 @@ def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides
                 *, sets: dict[str, Any] | None = None) -> Any:
     """Build a stage config: defaults ← YAML file ← overrides ← sets.
 
-    ``overrides`` maps dotted keys to typed command-line values; None means "not given". ``sets``
+    ``overrides`` maps dotted keys to typed command-line values; None means "not given"; a mapping adds to
+    the file's (or the default) mapping. ``sets``
     are ``--set key=value`` pairs, applied as written (``null`` included), keys resolved by :func:`resolve_key`.
     """
     stage = next(name for name, c in STAGES.items() if c is cls)
     data = stage_section(read_yaml(path), stage) if path is not None else {}
     for key, value in (overrides or {}).items():
         if value is not None:
-            _set_dotted(data, key, value)
+            _set_dotted(data, key, {**_current(cls, data, key), **value} if isinstance(value, dict) else value)
     for key, value in (sets or {}).items():
         _set_dotted(data, resolve_key(cls, key), value)
     return from_dict(cls, data)
+
+
+def _current(cls: type, data: dict[str, Any], dotted: str) -> dict[str, Any]:
+    """A mapping field's value before a flag adds to it (``--verifier-by-source NAME=math`` adds a pair): the
+    file's, else the default."""
+    node: Any = data
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        return node
+    default: Any = cls()
+    for part in dotted.split("."):
+        default = getattr(default, part)
+    return dict(default)
 
 
 def default_config(stage: str) -> Any:
