@@ -163,3 +163,16 @@ def test_a_mapping_flag_adds_to_the_files_or_the_default_mapping(tmp_path):
     train = load_config(TrainConfig, f, {"loss_options": {"positive_weight": 0.5}})
     assert train.loss_options == {"ratio_level": "token", "positive_weight": 0.5}
     assert load_config(TrainConfig, f, sets={"loss_options": {}}).loss_options == {}
+
+
+def test_set_keeps_a_string_fields_text_as_written():
+    """`--set` values arrive as text: a string field keeps it (a split named 2023 was refused, a regex lost its
+    ' # x' as a YAML comment, '#id' became unset, 010 became 8); other fields read it as YAML."""
+    from toprcli.config import GenerateConfig, ScoreConfig, TrainConfig, load_config, split_override
+
+    sets = dict(split_override(t) for t in ["dataset.split=2023", "dataset.id_column=#id", "model=010", "dataset.system_prompt=Be brief.  "])
+    cfg = load_config(GenerateConfig, None, sets=sets)
+    assert (cfg.dataset.split, cfg.dataset.id_column, cfg.model, cfg.dataset.system_prompt) == ("2023", "#id", "010", "Be brief.  ")
+    assert load_config(ScoreConfig, None, sets=dict([split_override("verifier=regex:answer is (\\d+) # x")])).verifier == "regex:answer is (\\d+) # x"
+    train = load_config(TrainConfig, None, sets=dict(split_override(t) for t in ["lr=1e-6", "max_steps=null", "lora_target_modules=[q_proj]", "loss_options.clip=0.2"]))
+    assert (train.lr, train.max_steps, train.lora_target_modules, train.loss_options) == (1e-6, None, ["q_proj"], {"clip": 0.2})

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from toprcli.cli.common import RESUME, Verbose, echo_json, progress_bars, send_noise_to, user_errors
-from toprcli.config import load_config, parse_override, parse_value
+from toprcli.config import load_config, parse_override, parse_value, split_override
 from toprcli.config.fields import describe, sections
 from toprcli.stages import StageResult
 
@@ -134,7 +134,7 @@ def build(stage: Stage) -> Callable[..., None]:
         overrides = {f.key: f.parse(kw[f.param]) if kw[f.param] is not None else None for f in options}
         if stage.more and kw["more_"]:
             overrides[stage.more] = (overrides[stage.more] or []) + list(kw["more_"])
-        sets = dict(parse_override(s) for s in kw["set_"] or [])
+        sets = dict(split_override(s) for s in kw["set_"] or [])  # text: load_config reads it by the field's type
         path = kw["config_"] or (stage.default_config() if stage.default_config else None)
         cfg = load_config(stage.config, path, overrides, sets=sets)
         send_noise_to(stage.log(cfg), kw["verbose_"])

@@ -8,7 +8,10 @@ happens once, here: a :class:`ConfigError` (one line, exit 2) names every unknow
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,8 @@ from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, Tr
 
 __all__ = ["STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
            "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig", "config_to_dict",
-           "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "resolve_key", "stage_section"]
+           "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "resolve_key", "split_override",
+           "stage_section"]
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -84,7 +88,8 @@ def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides
 
     ``overrides`` maps dotted keys to typed command-line values; None means "not given"; a mapping adds to
     the file's (or the default) mapping. ``sets``
-    are ``--set key=value`` pairs, applied as written (``null`` included), keys resolved by :func:`resolve_key`.
+    are ``--set key=value`` pairs, keys resolved by :func:`resolve_key`; a value given as text is read as YAML
+    (``null`` included) unless its field is a string (``split=2023``, ``verifier=regex:(\\d+) # x`` stay as written).
     """
     stage = next(name for name, c in STAGES.items() if c is cls)
     data = stage_section(read_yaml(path), stage) if path is not None else {}
@@ -92,7 +97,8 @@ def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides
         if value is not None:
             _set_dotted(data, key, {**_current(cls, data, key), **value} if isinstance(value, dict) else value)
     for key, value in (sets or {}).items():
-        _set_dotted(data, resolve_key(cls, key), value)
+        path = resolve_key(cls, key)
+        _set_dotted(data, path, value if not isinstance(value, str) or value == "" or _is_text(cls, path) else parse_value(value))
     return from_dict(cls, data)
 
 
@@ -127,9 +133,26 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """``key.sub=value`` with the value parsed as YAML (``key=`` is the empty string)."""
+def split_override(text: str) -> tuple[str, str]:
+    """``key.sub=value`` as (key, the value's text)."""
     if "=" not in text:
         raise ConfigError(f"bad override {text!r} — write it as key=value, e.g. train.lr=1e-6")
     key, raw = text.split("=", 1)
-    return key.strip(), parse_value(raw) if raw else ""
+    return key.strip(), raw
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key.sub=value`` with the value parsed as YAML (``key=`` is the empty string)."""
+    key, raw = split_override(text)
+    return key, parse_value(raw) if raw else ""
+
+
+def _is_text(cls: type, dotted: str) -> bool:
+    """Whether the field at ``dotted`` holds a string (``str`` or ``str | None``); a key inside a mapping does not."""
+    tp: Any = cls
+    for part in dotted.split("."):
+        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
+        if part not in hints:
+            return False
+        tp = hints[part]
+    return tp is str or typing.get_origin(tp) in (typing.Union, types.UnionType) and [a for a in typing.get_args(tp) if a is not type(None)] == [str]
