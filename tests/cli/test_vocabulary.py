@@ -153,3 +153,9 @@ def test_import_roll_into_a_file_keeps_every_key_on_one_line(tmp_path):
     keys = [r.key for r in import_roll(read_yaml(src)).rows]
     lines = done.stdout.splitlines()
     assert len(keys) > 30 and all(any(k in line for line in lines) for k in keys), [k for k in keys if not any(k in ln for ln in lines)]
+
+
+def test_set_on_the_command_line_keeps_a_string_fields_text(tmp_path):
+    """`--set out=010` is the file name 010 (YAML read it as the integer 8: 'expected a string')."""
+    r = CliRunner().invoke(app, ["curate", "--set", "out=010", "-s", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "--out 010:" in r.output, r.output
