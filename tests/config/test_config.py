@@ -176,3 +176,18 @@ def test_set_keeps_a_string_fields_text_as_written():
     assert load_config(ScoreConfig, None, sets=dict([split_override("verifier=regex:answer is (\\d+) # x")])).verifier == "regex:answer is (\\d+) # x"
     train = load_config(TrainConfig, None, sets=dict(split_override(t) for t in ["lr=1e-6", "max_steps=null", "lora_target_modules=[q_proj]", "loss_options.clip=0.2"]))
     assert (train.lr, train.max_steps, train.lora_target_modules, train.loss_options) == (1e-6, None, ["q_proj"], {"clip": 0.2})
+
+
+def test_a_section_left_empty_is_its_defaults_everywhere(tmp_path):
+    """`generate:` with nothing under it: the defaults, for `topr iterate` as for `topr generate` (iterate refused
+    it as 'expected a mapping'); an old `tensorboard: true` beside an empty `tracking:` migrates (a TypeError)."""
+    from toprcli.config import GenerateConfig, IterateConfig, TrainConfig, load_config
+
+    f = tmp_path / "run.yaml"
+    f.write_text("rounds: 1\ngenerate:\n  sampling:\ntrain:\n  tensorboard: true\ntracking:\n")
+    cfg = load_config(IterateConfig, f)
+    assert cfg.generate == GenerateConfig() and cfg.tracking.report_to == ["tensorboard"]
+    assert load_config(GenerateConfig, f) == GenerateConfig()
+    t = tmp_path / "train.yaml"
+    t.write_text("tensorboard: true\ntracking:\n")
+    assert load_config(TrainConfig, t).tracking.report_to == ["tensorboard"]

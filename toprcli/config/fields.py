@@ -87,6 +87,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
+        value = {} if value is None else value  # a section left empty in YAML (`generate:`) is its defaults
         return _build(tp, value, f"{key}.") if isinstance(value, dict) else _MISSING
     if tp in (bool, int, str):  # that type only: a bool is no int
         return value if isinstance(value, tp) and (tp is bool or not isinstance(value, bool)) else _MISSING

@@ -237,7 +237,8 @@ class TrainConfig:
     def migrate(data: dict[str, Any]) -> dict[str, Any]:
         """``tensorboard: true`` (before trackers) is ``tracking.report_to: [tensorboard]``."""
         if data.pop("tensorboard", False):
-            data["tracking"] = {**data.get("tracking", {}), "report_to": [*data.get("tracking", {}).get("report_to", []), "tensorboard"]}
+            tracking = data.get("tracking") or {}
+            data["tracking"] = {**tracking, "report_to": [*(tracking.get("report_to") or []), "tensorboard"]}
         return data
 
 
@@ -321,7 +322,7 @@ class IterateConfig:
         """A run's ``train.tensorboard: true`` (before trackers) reports the whole run to TensorBoard."""
         train = data.get("train")
         if isinstance(train, dict) and train.get("tensorboard"):
-            data["tracking"] = TrainConfig.migrate({"tensorboard": train.pop("tensorboard"), "tracking": data.get("tracking", {})})["tracking"]
+            data["tracking"] = TrainConfig.migrate({"tensorboard": train.pop("tensorboard"), "tracking": data.get("tracking")})["tracking"]
         return data
 
     def check(self) -> None:
