@@ -169,3 +169,12 @@ def test_cli_reports_bad_dataset_in_one_line(tmp_path):
 
     r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "nope.yaml")])
     assert r.exit_code == 2 and "config file not found" in r.stderr
+
+
+def test_a_solution_column_beside_the_answer_is_the_worked_solution(tmp_path):
+    """MATH-500's rows have problem, solution and answer: the gold is the answer, the solution (few-shot examples,
+    the warm start) is the solution column's working (it was the bare answer)."""
+    f = tmp_path / "math500.jsonl"
+    f.write_text(json.dumps({"problem": "What is 1 - 0?", "solution": "1 - 0 = $\\boxed{1}$.", "answer": "1"}) + "\n")
+    ex = load_examples(DatasetSpec(source=str(f), preset="math"))[0]
+    assert (ex.answer, ex.solution) == ("1", "1 - 0 = $\\boxed{1}$.")

@@ -360,7 +360,8 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
     examples = []
     for pid, (q, messages, reference), r in zip(ids, parts, rows):
         raw = reference if reference is not None else _text(formats.get_path(r, a_col) if a_col else None)
-        solution = _text(formats.get_path(r, "extra_info.answer")) if preset.name == "verl" else None
+        # The worked solution (few-shot, warm start): verl's extra_info.answer, else a solution column beside the answer's.
+        solution = _text(formats.get_path(r, "extra_info.answer") if preset.name == "verl" else r.get("solution") if a_col != "solution" else None)
         examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source"))))
     if spec.few_shot:
         pool = [e for e in load_examples(dataclasses.replace(spec, split=spec.few_shot_split, few_shot=0, limit=None)) if e.solution]
