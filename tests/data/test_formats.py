@@ -178,3 +178,27 @@ def test_verl_data_generated_and_scored_by_data_source(tmp_path, gsm8k_dir, smol
     r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / "right"), "-o", str(tmp_path / "x"), "--verifier", "data_source",
                                  "--set", "verifier_by_source={}"])
     assert r.exit_code == 2 and "no verifier for data_source openai/gsm8k" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("completion", [[{"role": "assistant", "content": "1 + 1 = 2\n#### 2"}], "1 + 1 = 2\n#### 2"])
+def test_trl_prompt_completion_rows_take_the_gold_from_the_completion(tmp_path, completion):
+    """TRL's prompt-completion format: the reference is `completion` (assistant turns, or text). It was ignored
+    and the gold was silently None, so every sample failed to score."""
+    f = tmp_path / "trl.jsonl"
+    f.write_text(json.dumps({"prompt": [{"role": "user", "content": "1 + 1?"}], "completion": completion}) + "\n")
+    ex = load_examples(DatasetSpec(source=str(f)))[0]
+    assert resolve_preset(DatasetSpec(source=str(f)), {"prompt": [{"role": "user", "content": "x"}]}).name == "trl"
+    assert (ex.answer, ex.solution) == ("2", "1 + 1 = 2\n#### 2")
+
+
+def test_few_shot_draws_on_when_the_problem_is_in_the_pool_twice():
+    """A pool holding the problem twice: both copies may be drawn, leaving k - 1 examples and a false 'only N solved
+    examples' error. Every seed now gets k examples, none of them the problem."""
+    from types import SimpleNamespace
+
+    from toprcli.data.formats import choose_shots
+
+    pool = [SimpleNamespace(question="A?")] * 2 + [SimpleNamespace(question=f"Q{i}?") for i in range(20)]
+    for seed in range(200):
+        shots = choose_shots(pool, "p", "A?", 5, seed)
+        assert len(shots) == 5 and all(s.question != "A?" for s in shots)

@@ -113,7 +113,7 @@ PRESETS: dict[str, Preset] = {
     ),
     # Chat datasets (formats.py): the prompt is a conversation rendered as given; these say where the gold is.
     "verl": Preset("verl", ("prompt",), ("reward_model.ground_truth",), "{question}", "{question}", verifier="data_source"),
-    "trl": Preset("trl", ("prompt",), ("answer", "solution"), "{question}", "{question}", verifier="math"),
+    "trl": Preset("trl", ("prompt",), ("answer", "solution", "completion"), "{question}", "{question}", verifier="math"),
     "messages": Preset("messages", ("messages",), (), "{question}", "{question}", verifier="math"),
     "none": Preset(
         name="none",
@@ -359,7 +359,7 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         raise UserError(f"dataset {spec.source!r}: column {id_col!r} has duplicate ids — pick a unique id column")
     examples = []
     for pid, (q, messages, reference), r in zip(ids, parts, rows):
-        raw = reference if reference is not None else _text(formats.get_path(r, a_col) if a_col else None)
+        raw = reference if reference is not None else _answer_text(formats.get_path(r, a_col) if a_col else None)
         # The worked solution (few-shot, warm start): verl's extra_info.answer, else a solution column beside the answer's.
         solution = _text(formats.get_path(r, "extra_info.answer") if preset.name == "verl" else r.get("solution") if a_col != "solution" else None)
         examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source"))))
@@ -372,6 +372,13 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _answer_text(value: Any) -> str | None:
+    """An answer column's text; a conversational one (TRL's ``completion``: assistant turns) is its last turn's content."""
+    if formats.is_messages(value):
+        return value[-1]["content"] if value else None
+    return _text(value)
 
 
 def _question(row: dict[str, Any], column: str, preset: Preset, where: str) -> tuple[str, tuple | None, str | None]:

@@ -100,8 +100,11 @@ def with_shots(messages: list[dict[str, str]], shots: list[tuple[str, str]]) -> 
 def choose_shots(pool: list[Any], prompt_id: str, question: str, k: int, seed: int) -> list[Any]:
     """k examples of ``pool`` for one problem: seeded by (seed, prompt id), never the problem itself."""
     rng = random.Random(f"{seed}:{prompt_id}")
-    picked = [pool[i] for i in rng.sample(range(len(pool)), min(len(pool), k + 1))]  # one spare: the problem may be drawn
-    picked = [e for e in picked if e.question != question][:k]
+    drawn = rng.sample(range(len(pool)), min(len(pool), k + 1))  # one spare: the problem may be drawn
+    picked = [pool[i] for i in drawn if pool[i].question != question][:k]
+    if len(picked) < k:  # the problem drawn twice (a pool with duplicates): draw on from the rest
+        rest = sorted(set(range(len(pool))) - set(drawn))
+        picked += [pool[i] for i in rng.sample(rest, len(rest)) if pool[i].question != question][: k - len(picked)]
     if len(picked) < k:
         raise UserError(f"few_shot {k}: the few-shot split has only {len(pool)} solved examples to choose from — lower dataset.few_shot")
     return picked
