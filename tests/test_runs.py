@@ -270,3 +270,22 @@ def test_a_killed_merge_into_an_existing_run_dir_completes_on_the_rerun(tmp_path
     runs._merge_into(branching(), run)
     assert sorted(p.name for p in run.iterdir()) == [runs.LINEAGE_FILE, "round-000", "round-001", "topr.log"]
     assert not (tmp_path / "run.branching").exists()
+
+
+def test_a_warm_start_killed_after_a_checkpoint_resumes_with_its_own_settings(tmp_path):
+    """The warm start records its config (as round 0's) when it begins: rerun with a train setting changed for the
+    next rounds, it resumes from its checkpoint with the settings it began with (it was refused: 'checkpoint made
+    with a different config — run without --resume', which `topr iterate` cannot do)."""
+    import yaml
+
+    config = tmp_path / "micro.yaml"
+    run = tmp_path / "run"
+    config.write_text(MICRO.format(run_dir=run).replace("warm_start: {init_model: true}",
+                                                        "warm_start: {init_model: true, enabled: true, examples: 16, train: {save_every: 1, batch_size: 4}}"))
+    cmd = [sys.executable, str(KILLER), "iterate", "-c", str(config), "--no-report", "--no-progress"]
+    killed = subprocess.run(cmd, env={**os.environ, "KILL_AFTER_CHECKPOINT": "1"}, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9 and (run / "warmstart" / "policy.partial" / "checkpoints").is_dir(), killed.stderr[-2000:]
+    iterate(config, "--set", "train.lr=5e-4", "--apply-from-next-round")
+    assert yaml.safe_load((run / "round-000" / "config.yaml").read_text())["train"]["lr"] == 1e-3
+    assert yaml.safe_load((run / "round-001" / "config.yaml").read_text())["train"]["lr"] == 5e-4
+    assert json.loads((run / "warmstart" / "policy" / "train_summary.json").read_text())["resumed_from_step"] == 1

@@ -236,7 +236,7 @@ class Pipeline:
     def _warm_start_train(self) -> None:
         ws = self.run_dir / "warmstart"
         tcfg = replace(
-            self.cfg.warm_start_train(),
+            self.round_cfg(0).warm_start_train(),  # as recorded when the warm start began: a resume keeps its settings
             model=self.initial_model(), data=str(ws / "gold.parquet"), out=str(ws / "policy"), resume=True,
         )
         self._run_training(tcfg, self._train_sink(0))
@@ -332,8 +332,8 @@ class Pipeline:
     def _run_step(self, step: Step) -> None:
         t0 = time.perf_counter()
         self.engine.handover_s = {}
-        if step.key.startswith("round-"):  # the round's config is recorded when it starts
-            r = int(step.key.split("/")[0].split("-")[1])
+        if step.key.startswith(("round-", "warmstart/")):  # a round's config is recorded when it starts (the warm start's is round 0's)
+            r = int(step.key.split("/")[0].split("-")[1]) if step.key.startswith("round-") else 0
             runs.record_round(self.run_dir, r, self.round_cfg(r))
         step.run()
         self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)
