@@ -96,6 +96,13 @@ def test_eval_sampling_needs_a_temperature():
         load_config(IterateConfig, None, {"eval.sampling.temperature": 0})
 
 
+def test_a_temperature_vllm_would_decode_greedily_is_refused():
+    """Below 1e-5 vLLM decodes greedily and returns μ at T = 1, while training would read T as recorded."""
+    with pytest.raises(ConfigError, match=r"0 \(greedy\) or a number >= 1e-5"):
+        load_config(GenerateConfig, None, sets={"temperature": 1e-6})
+    assert load_config(GenerateConfig, None, sets={"temperature": 0}).sampling.temperature == 0
+
+
 def test_curate_fraction_bounds():
     with pytest.raises(ConfigError, match="strictly between 0 and 1"):
         load_config(CurateConfig, None, {"positive_fraction": 1.0})

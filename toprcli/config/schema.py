@@ -51,7 +51,8 @@ class SamplingConfig:
     """The distribution μ is drawn from, shared by generate and eval; it travels with the data and train
     computes log π under the same processing (docs/architecture.md §5)."""
 
-    temperature: float = opt(1.0, "Sampling temperature (0 = greedy).", check=_check(lambda v: v >= 0, "a number >= 0 (0 = greedy)"))
+    temperature: float = opt(1.0, "Sampling temperature (0 = greedy).", check=_check(  # vLLM samples below 1e-5 greedily, μ at T = 1
+        lambda v: v == 0 or v >= 1e-5, "0 (greedy) or a number >= 1e-5 (vLLM decodes lower temperatures greedily)"))
     top_p: float = opt(1.0, "Nucleus sampling mass in (0, 1].", check=UNIT_HALF_OPEN)
     top_k: int = opt(-1, "Keep the k most likely tokens; -1 is off.", check=TOP_K)
     min_p: float = opt(0.0, "Drop tokens less likely than min-p × the most likely one; 0 is off.", check=MIN_P)
