@@ -65,6 +65,23 @@ def test_sampled_verdicts_go_through_generate_and_the_judge_verifier(tiny_model_
     assert m["verifier_invalid_rate"] == pytest.approx(1 - valid.astype(np.float64).mean()) and m["verifier_invalid_rate"] > 0.5
 
 
+def test_a_verifier_of_another_architecture_gets_its_own_engine(tiny_model_dir, hf_backend, tmp_path):
+    """Sampled verdicts of a verifier unlike the policy: rendered, tokenised and decoded with the verifier's own
+    engine and tokenizer. The policy's engine was swapped to it and kept the policy's tokenizer and context."""
+    from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
+
+    verifier = build_tiny_model(tmp_path / "small", seed=3, **TINY_PRESETS["small"])
+    cfg = eval_config(tiny_model_dir, tmp_path / "eval", verifier_model=str(verifier), verifier_mode="sampled", verifier_samples=1,
+                      verifier_max_new_tokens=4)
+    try:
+        run(cfg, backend=hf_backend)
+        assert str(hf_backend.model) == str(tiny_model_dir)  # the policy's engine still serves the policy
+        assert pq.read_table(tmp_path / "eval" / "judge" / "samples").num_rows == 18
+    finally:
+        if str(hf_backend.model) != str(tiny_model_dir):
+            hf_backend.load_weights(str(tiny_model_dir))
+
+
 def test_candidates_are_judged_by_the_evaluated_model(tiny_model_dir, hf_backend, tmp_path):
     first = tmp_path / "generator-eval"
     run(eval_config(tiny_model_dir, first), backend=hf_backend)

@@ -39,6 +39,7 @@ from toprcli.data.verification import NO, YES, label_word, verification_id, veri
 from toprcli.errors import UserError
 from toprcli.evaluation import verifier_metrics
 from toprcli.generation import open_backend
+from toprcli.generation.model_info import same_architecture
 from toprcli.generation.model_info import check_model, load_tokenizer
 from toprcli.generation.verdicts import verdict_scores
 from toprcli.progress import ProgressFn, report
@@ -151,7 +152,10 @@ def _sampled(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, out:
         sampling=SamplingConfig(temperature=1.0, max_new_tokens=cfg.verifier_max_new_tokens, seed=cfg.sampling.seed),
         engine=cfg.engine, shard_size=cfg.shard_size, iteration=cfg.iteration,
     )
-    generate_stage.run(gcfg, backend=backend, progress=progress)
+    # The run's engine serves the verifier only if it shares the policy's architecture (and so its tokenizer and
+    # context); else the generate stage opens the verifier's own, which renders and decodes with its tokenizer.
+    shared = backend is not None and same_architecture(str(backend.model), verifier)
+    generate_stage.run(gcfg, backend=backend if shared else None, progress=progress)
     scfg = ScoreConfig(samples=gcfg.out, out=str(out / "judge" / "scored"), verifier="judge", workers=cfg.workers, timeout=cfg.timeout)
     score_stage.run(scfg, progress=progress)
     verdicts = shards.read_table(scfg.out, columns=["prompt_id", "extracted_answer"])
