@@ -82,6 +82,37 @@ def test_a_failing_backend_is_one_warning_and_the_run_goes_on(tmp_path, monkeypa
     assert state["tensorboard"]["logged"] == {"train": 1} and "logged" not in state["mlflow"]
 
 
+def test_a_step_a_backend_failed_to_take_is_logged_on_the_next_run(tmp_path, monkeypatch):
+    """MLflow's server is down while round 2 is logged: the backend is dropped for this run, and round 2 is not
+    marked as logged, so the rerun logs it (it was marked, and the run's MLflow series had a hole for good)."""
+    from mlflow.tracking import MlflowClient
+
+    from toprcli.tracking import mlflow_run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    cfg, run = TrackingConfig(report_to=["mlflow"]), tmp_path / "run"
+    backend_class = mlflow_run.MlflowRun
+    real = backend_class.log
+
+    def down_at_round_2(self, metrics, step, axis):
+        if step == 2:
+            raise ConnectionError("mlflow server unreachable")
+        return real(self, metrics, step, axis)
+
+    monkeypatch.setattr(backend_class, "log", down_at_round_2)
+    with warnings.catch_warnings(record=True), open_tracker(cfg, run, config={}) as tracker:
+        warnings.simplefilter("always")
+        for r in (1, 2, 3):
+            tracker.log("round", {"pass@1": r / 10}, r)
+    monkeypatch.setattr(backend_class, "log", real)  # the server is back
+    with open_tracker(cfg, run, config={}) as tracker:
+        for r in (1, 2, 3):
+            tracker.log("round", {"pass@1": r / 10}, r)
+        run_id = tracker.state["backends"]["mlflow"]["run_id"]
+    history = MlflowClient().get_metric_history(run_id, "round/pass_at_1")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+
 def test_train_tensorboard_of_older_configs_is_report_to():
     assert from_dict(TrainConfig, {"tensorboard": True}).tracking.report_to == ["tensorboard"]
     assert from_dict(TrainConfig, {"tensorboard": False}).tracking.report_to == []

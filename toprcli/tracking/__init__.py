@@ -137,7 +137,7 @@ class Tracker:
             backend = self._call(name, lambda m=module, o=own: m.open_run(info, o, config), opening=True)
             if backend is not None:
                 self.backends[name] = backend
-        self._save()
+            self._save()  # each run id as soon as it exists: an interrupted start must not open a second run
 
     def _call(self, name: str, fn, *, opening: bool = False) -> Any:
         """``fn()``; a failure is one warning and drops the backend (tracking never stops training)."""
@@ -154,8 +154,9 @@ class Tracker:
             marks = self.state["backends"][name].setdefault("logged", {})
             if step > marks.get(mark, -1):
                 self._call(name, lambda b=backend: call(b))
-                marks[mark] = step
-        self._save()
+                if name in self.backends:  # a failure dropped it: the step stays to log on the next run
+                    marks[mark] = step
+                    self._save()
 
     def log(self, axis: str, metrics: dict[str, Any], step: int) -> None:
         """Log ``metrics`` at ``step`` of ``axis`` to each backend that does not have that step (a resumed run)."""
