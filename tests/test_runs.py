@@ -113,6 +113,8 @@ def test_branch_reuses_the_parent_round_and_reports_its_lineage(one_round, tmp_p
     assert yaml.safe_load((child / "round-002" / "config.yaml").read_text())["train"]["lr"] == 5e-4
     report = CliRunner().invoke(app, ["report", str(child)])
     assert report.exit_code == 0 and f"Branched from {parent.resolve()} at round 1" in (child / "report" / "summary.md").read_text()
+    rows = json.loads(CliRunner().invoke(app, ["report", str(child), "--json"]).stdout)
+    assert rows[2]["config_changed"] == ["train.lr"]  # not run_dir: the inherited rounds recorded the parent's
     # Runs compared: both series, named by what differs, the plot on disk.
     r = CliRunner().invoke(app, ["report", str(parent), str(child), "--out", str(tmp_path / "cmp"), "--json"])
     assert r.exit_code == 0, r.output

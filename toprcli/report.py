@@ -40,7 +40,9 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
             configs[row["round"]] = yaml.safe_load(path.read_text()) or {}
             before = configs.get(row["round"] - 1)
             if before is not None:
-                row["config_changed"] = sorted(changed_keys(before, configs[row["round"]]) - {"rounds"})
+                # As runs.reconcile counts a change: where the run lives and what it reports to are not its settings.
+                row["config_changed"] = sorted(k for k in changed_keys(before, configs[row["round"]]) - {"rounds", "run_dir"}
+                                               if not k.startswith("tracking."))
             first = configs.get(min(configs))
             row["eval_comparable"] = not any(k.startswith("eval.") for k in changed_keys(first, configs[row["round"]]))
     return rows
