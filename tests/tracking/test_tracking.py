@@ -113,6 +113,24 @@ def test_a_step_a_backend_failed_to_take_is_logged_on_the_next_run(tmp_path, mon
     assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
 
 
+@pytest.mark.parametrize("stop, status", [(None, "FINISHED"), (RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED")])
+def test_a_run_that_stops_on_an_error_or_a_signal_is_not_reported_finished(tmp_path, monkeypatch, stop, status):
+    """The tracked run's status says how the command ended (MLflow marked every run FINISHED, a crash too)."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    tracker = open_tracker(TrackingConfig(report_to=["mlflow"]), tmp_path / "run", config={})
+    run_id = tracker.state["backends"]["mlflow"]["run_id"]
+    try:
+        with tracker:
+            tracker.log("round", {"pass@1": 0.5}, 1)
+            if stop is not None:
+                raise stop("stopped")
+    except (RuntimeError, KeyboardInterrupt):
+        pass
+    assert MlflowClient().get_run(run_id).info.status == status
+
+
 def test_train_tensorboard_of_older_configs_is_report_to():
     assert from_dict(TrainConfig, {"tensorboard": True}).tracking.report_to == ["tensorboard"]
     assert from_dict(TrainConfig, {"tensorboard": False}).tracking.report_to == []

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from toprcli import __version__
 from toprcli.config import TrackingConfig
 from toprcli.errors import UserError
+from toprcli.interrupt import Interrupted
 from toprcli.shards import complete_shards, read_table, write_json_atomic
 
 STATE_FILE = "tracking.json"
@@ -105,14 +106,10 @@ class Backend(Protocol):
 
     def log(self, metrics: dict[str, float], step: int, axis: str) -> None: ...
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None: ...
-    def where(self) -> dict[str, str]:
-        """Each backend's run, in words: where to look for it."""
-        shown = {"tensorboard": "{log_dir}", "wandb": "run {id}", "mlflow": "run {run_id} in {tracking_uri}", "trackio": "run {name} of project {project}"}
-        return {name: shown[name].format_map(_Missing(self.state["backends"][name])) for name in self.backends}
-
     def log_artifacts(self, directory: Path, name: str) -> None: ...
     def flush(self) -> None: ...
-    def close(self) -> None: ...
+    def close(self, status: str = "finished") -> None:
+        """End the run: ``finished``, ``killed`` (a signal: the run resumes later) or ``failed`` (an error)."""
 
 
 def check_installed(report_to: list[str]) -> None:
@@ -177,9 +174,9 @@ class Tracker:
         for backend_name, backend in list(self.backends.items()):
             self._call(backend_name, lambda b=backend: b.log_artifacts(Path(directory), name))
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:
         for name, backend in list(self.backends.items()):
-            self._call(name, backend.close)
+            self._call(name, lambda b=backend: b.close(status))
         self.backends = {}
 
     def _save(self) -> None:
@@ -188,8 +185,10 @@ class Tracker:
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: Any) -> None:
+        """A run that stops on an error or a signal is not reported as finished."""
+        killed = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, Interrupted))
+        self.close("finished" if exc_type is None else "killed" if killed else "failed")
 
 
 class _Missing(dict):

@@ -64,8 +64,8 @@ class MlflowRun:
     def flush(self) -> None:
         pass
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, status: str = "finished") -> None:
+        self.client.set_terminated(self.run_id, status=status.upper())  # MLflow's FINISHED, KILLED, FAILED
 
 
 def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> MlflowRun:

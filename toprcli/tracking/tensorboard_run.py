@@ -30,7 +30,7 @@ class TensorBoardRun:
     def flush(self) -> None:
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:  # TensorBoard has no run status
         self.writer.close()
 
 

@@ -43,7 +43,7 @@ class TrackioRun:
             with self.run._client_lock:
                 flush()
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:  # trackio has no run status
         self.run.finish()
         if self.trackio.context_vars.current_run.get() is self.run:  # else trackio's exit hook finishes it again, on screen
             self.trackio.context_vars.current_run.set(None)

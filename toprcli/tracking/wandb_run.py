@@ -61,8 +61,8 @@ class WandbRun:
     def flush(self) -> None:
         pass  # no flush in W&B's API: see the module's note
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, status: str = "finished") -> None:
+        self.run.finish(exit_code=0 if status == "finished" else 1)  # W&B marks a nonzero exit as crashed
 
 
 def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> WandbRun:
