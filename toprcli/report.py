@@ -281,6 +281,14 @@ def paired_difference(a: Path, b: Path) -> dict[str, Any] | None:
         return None
     boot = ea["metrics"].get("bootstrap", {})
     out: dict[str, Any] = {"rounds": [ea["iteration"], eb["iteration"]], "bootstrap": boot}
+    # Pairs are prompts of one eval task: another test set, k, sampling distribution or verifier measures something else.
+    def task(e: dict[str, Any]) -> dict[str, Any]:
+        c = e.get("config") or {}
+        return {"dataset": c.get("dataset"), "k": c.get("k"), "verifier": c.get("verifier"),
+                "sampling": {k: v for k, v in (c.get("sampling") or {}).items() if k != "seed"}}
+
+    if different := sorted(k for k, v in task(ea).items() if task(eb)[k] != v):
+        return {**out, "not_comparable": different}
     for key in set(ea["per_prompt"]) & set(eb["per_prompt"]):
         pa, pb = ea["per_prompt"][key], eb["per_prompt"][key]
         shared = set(pa) & set(pb)
@@ -304,6 +312,9 @@ def comparison_markdown(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         if run["lineage"]:
             lines += ["", f"{run['label']}: branched from {run['lineage']['parent']} at round {run['lineage']['round']}."]
+        if (run.get("paired_vs_first") or {}).get("not_comparable"):
+            lines += ["", f"{run['label']} and {runs[0]['label']} were evaluated differently "
+                          f"({', '.join(run['paired_vs_first']['not_comparable'])}): no paired difference."]
         for key, d in (run.get("paired_vs_first") or {}).items():
             if isinstance(d, dict) and "interval" in d:
                 verdict = "outside the noise" if d["outside_noise"] else "within the noise"

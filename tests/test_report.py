@@ -1,0 +1,35 @@
+"""report.py: what a comparison of runs may pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from toprcli.config import EvalConfig, SamplingConfig, config_to_dict
+from toprcli.report import comparison_markdown, paired_difference
+
+
+def _run(root: Path, name: str, per_prompt: dict[str, float], **eval_settings) -> Path:
+    """A run dir whose last round's eval.json holds these per-prompt pass@1 scores and eval settings."""
+    config = config_to_dict(EvalConfig(**eval_settings))
+    path = root / name / "round-001" / "eval" / "eval.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"iteration": 1, "config": config, "per_prompt": {"pass@1": per_prompt},
+                                "metrics": {"bootstrap": {"resamples": 200, "seed": 0}}}))
+    return root / name
+
+
+def test_runs_evaluated_on_another_task_are_not_paired(tmp_path):
+    """Same prompt ids, another k: the evals measure different things, so no paired difference 'within the noise'
+    (they were paired by prompt id and labelled). Another sampling seed is the same task."""
+    scores = {f"p{i}": i % 2 * 1.0 for i in range(10)}
+    a = _run(tmp_path, "a", scores, k=4)
+    b = _run(tmp_path, "b", {p: 1.0 for p in scores}, k=4, sampling=SamplingConfig(seed=7))
+    c = _run(tmp_path, "c", scores, k=8)
+    same_task = paired_difference(a, b)
+    assert same_task["pass@1"]["prompts"] == 10 and same_task["pass@1"]["difference"] == 0.5
+    other = paired_difference(a, c)
+    assert other["not_comparable"] == ["k"] and "pass@1" not in other
+    text = comparison_markdown([{"label": "a", "lineage": None, "rounds": [{"round": 1}]},
+                                {"label": "c", "lineage": None, "rounds": [{"round": 1}], "paired_vs_first": other}])
+    assert "c and a were evaluated differently (k): no paired difference." in text
