@@ -332,13 +332,12 @@ class Pipeline:
     def _run_step(self, step: Step) -> None:
         t0 = time.perf_counter()
         self.engine.handover_s = {}
+        r = round_of(step.key)
         if step.key.startswith(("round-", "warmstart/")):  # a round's config is recorded when it starts (the warm start's is round 0's)
-            r = int(step.key.split("/")[0].split("-")[1]) if step.key.startswith("round-") else 0
             runs.record_round(self.run_dir, r, self.round_cfg(r))
         step.run()
         self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)
         if step.key.endswith("/eval") and self.on_round is not None:
-            r = int(step.key.split("/")[0].split("-")[1])
             self.on_round(r, round_summary(self.run_dir, r))
 
     # tracking ---------------------------------------------------------------
@@ -357,7 +356,7 @@ class Pipeline:
         if self.tracker is None:
             return
         where, stage = key.split("/")
-        r = int(where.split("-")[1]) if where.startswith("round-") else 0
+        r = round_of(key)
         if stage == "train":
             policy = self.run_dir / where / ("policy.partial" if partial else "policy")
             run_tracking.log_training(self.tracker, policy, self._train_sink(r))
@@ -367,6 +366,12 @@ class Pipeline:
         if where.startswith("round-") and stage == last:
             times = run_tracking.wall_times(self.state.data["steps"], r)
             run_tracking.log_round(self.tracker, self.run_dir, r, round_summary(self.run_dir, r), times)
+
+
+def round_of(key: str) -> int:
+    """The round a step belongs to: k of ``round-00k/...``; 0 for the steps before round 0 (base, warm start)."""
+    where = key.split("/")[0]
+    return int(where.split("-")[1]) if where.startswith("round-") else 0
 
 
 def _wants_handover(cfg: IterateConfig) -> bool:
