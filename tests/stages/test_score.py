@@ -113,6 +113,17 @@ def test_rerun_skips_and_settings_change_needs_overwrite(gsm_samples, tmp_path):
     assert set(shards.read_table(out).column("reward").to_pylist()) == {1.0, 0.0}
 
 
+def test_a_scored_shard_whose_input_is_gone_is_refused_then_removed_by_overwrite(gsm_samples, tmp_path):
+    out = tmp_path / "scored"
+    score_dir(gsm_samples, out, ScoreConfig(workers=1))
+    (gsm_samples / shards.shard_name(1)).unlink()  # the samples shrank: scored shard 1 has no input any more
+    with pytest.raises(UserError, match="no input shard"):
+        score_dir(gsm_samples, out, ScoreConfig(workers=1))
+    assert (out / shards.shard_name(1)).exists()  # refused: nothing touched
+    res = score_dir(gsm_samples, out, ScoreConfig(workers=1, overwrite=True))
+    assert list(shards.complete_shards(out)) == [0] and res["rows"] == shards.read_table(out).num_rows == 80
+
+
 def test_plugin_rows_and_float_rewards(tmp_path, monkeypatch):
     (tmp_path / "lenplug.py").write_text(
         "def reward(completion, answer, row):\n"

@@ -265,6 +265,10 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     existing = shards.complete_shards(out)
     todo = [i for i in files if i not in existing or (cfg.overwrite and i in existing)]
     if not cfg.overwrite:
+        orphans = sorted(set(existing) - set(files))  # scored from an input shard that is gone: curate would mix it in
+        if orphans:
+            raise UserError(f"{existing[orphans[0]]} has no input shard in {samples} any more — "
+                            "use a new --out, or --overwrite to rescore (it removes such shards)")
         stale = [i for i in files if i in existing and not _reusable(existing[i], settings, fingerprints[i])]
         if stale:
             raise UserError(
