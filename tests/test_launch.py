@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from conftest import tiny_generate_config as _cfg
 from toprcli.cli.main import app
-from toprcli.shards import read_manifest, read_table
+from toprcli.shards import read_manifest, read_table, shard_name
 
 
 @pytest.mark.slow
@@ -19,7 +19,11 @@ def test_data_parallel_generation_writes_the_rows_of_one_process(tiny_model_dir,
 
     seen = []
     run_generate(_cfg(tiny_model_dir, tmp_path / "one"))
-    run_generate(_cfg(tiny_model_dir, tmp_path / "two", data_parallel_size=2), progress=lambda task, done, total, **_: seen.append((done, total)))
+    two = run_generate(_cfg(tiny_model_dir, tmp_path / "two", data_parallel_size=2), progress=lambda task, done, total, **_: seen.append((done, total)))
+    assert (two.summary["shards_written"], two.summary["shards_skipped"]) == (3, 0)
+    (tmp_path / "two" / shard_name(1)).unlink()  # a killed run: one shard missing
+    again = run_generate(_cfg(tiny_model_dir, tmp_path / "two", data_parallel_size=2))
+    assert (again.summary["shards_written"], again.summary["shards_skipped"]) == (1, 2)  # only the missing one is made
     cols = ["prompt_id", "sample_index", "completion_token_ids", "behavior_logprobs"]
     assert read_table(tmp_path / "one", cols).to_pylist() == read_table(tmp_path / "two", cols).to_pylist()
     manifest = read_manifest(tmp_path / "two")

@@ -13,6 +13,7 @@ running behind it; the rerun resumes from the stage's own checkpoints or shards.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import subprocess
@@ -143,8 +144,6 @@ def train_in_child(cfg: TrainConfig) -> dict[str, Any]:
 
     The config and the log go next to the output: ``<out>.train.yaml``, ``<out>.train.log``.
     """
-    import json
-
     out = Path(cfg.out)
     done = out / "train_summary.json"
     if cfg.resume and not cfg.overwrite and done.is_file() and (out / "config.json").is_file():
@@ -228,6 +227,8 @@ def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = No
         i, code, log = failed[0]
         raise UserError(f"generation process {i} of {n} failed (exit code {code}): {_last_error_line(log)} — see {log}")
     manifest = read_manifest(out)
+    # Each child's part manifest holds what it did in this invocation: a resumed run wrote only the missing shards.
+    parts = [json.loads((out / f"_manifest.part-{i:03d}-of-{n:03d}.json").read_text())["summary"] for i in range(n)]
     summary = {**manifest["counts"], "backend": manifest["config"]["engine"]["backend_resolved"],
-               "shards_written": manifest["counts"]["shards"], "shards_skipped": 0}
+               "shards_written": sum(p["shards_written"] for p in parts), "shards_skipped": sum(p["shards_skipped"] for p in parts)}
     return StageResult(generate_stage.STAGE, cfg.out, summary, wall_time_s=manifest["wall_time_s"])
