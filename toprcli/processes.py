@@ -17,20 +17,30 @@ parent cannot act when SIGKILL ends it, so a small **watchdog** process does it:
   waits up to :data:`GRACE_S` seconds and SIGKILLs what is left, then exits.
 
 Linux only (``/proc``); elsewhere :func:`start_watchdog` returns None.
+
+Nor files: vLLM makes its ZMQ sockets (7 per engine) in the temporary directory and
+leaves them there after the engine closes. :func:`scratch_dir` gives them a directory
+of this process's own, removed when the process exits, by the watchdog when it is
+killed, and otherwise by the next topr process that finds it without its owner.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 POLL_S = 0.5  # how often the watchdog records descendants and checks its parent
 GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
 PROC = Path("/proc")
+SCRATCH_PREFIX = "topr-ipc-"  # + pid-starttime: a scratch dir's owner, even after its pid is recycled
+SOCKET_PATH_MAX = 107  # a Unix socket's path (sun_path) holds at most this many bytes
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -104,6 +114,7 @@ def watch(parent: int) -> None:
 
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
+    owner = _stat(parent)  # its start time names its scratch dir
     known: dict[int, int] = {}
     stdin: int | None = sys.stdin.fileno()
     while os.getppid() == parent:
@@ -115,6 +126,43 @@ def watch(parent: int) -> None:
         elif select.select([stdin], [], [], POLL_S)[0] and not os.read(stdin, 64):
             stdin = None  # end of file: check the parent now, then poll
     reap(known)
+    if owner is not None:
+        shutil.rmtree(_scratch_path(parent, owner[1]), ignore_errors=True)
+
+
+# -- other libraries' files --------------------------------------------------------------
+
+
+def _scratch_path(pid: int, start: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"{SCRATCH_PREFIX}{pid}-{start}"
+
+
+def scratch_dir() -> Path | None:
+    """This process's own temporary directory (made on the first call), for files other libraries
+    would leave behind; None where it cannot be made or its paths would be too long for sockets."""
+    me = _stat(os.getpid())
+    if me is None:  # no /proc: no way to tell a dead owner from a live one
+        return None
+    path = _scratch_path(os.getpid(), me[1])
+    if len(str(path)) + 40 > SOCKET_PATH_MAX:  # + "/" and vLLM's 36-character socket names
+        return None
+    if not path.is_dir():
+        _remove_orphaned_scratch()
+        try:
+            path.mkdir(mode=0o700)
+        except OSError:
+            return None
+        owner = os.getpid()  # a forked child inherits the exit hook: only the owner removes the dir
+        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(path, ignore_errors=True))
+    return path
+
+
+def _remove_orphaned_scratch() -> None:
+    """Remove the scratch dirs whose process is gone (killed before it could remove its own)."""
+    for entry in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        pid, _, start = entry.name[len(SCRATCH_PREFIX):].partition("-")
+        if pid.isdigit() and start.isdigit() and not _alive(int(pid), int(start)):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def start_watchdog() -> subprocess.Popen | None:

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
-from toprcli.processes import descendants
+from toprcli.processes import SCRATCH_PREFIX, descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -90,6 +92,11 @@ def assert_all_gone(recorded: dict[int, int], what: str) -> None:
     assert not left, f"{what}: {len(left)} processes alive {GONE_WITHIN_S} s after the kill: {left}"
 
 
+def scratch_of(pid: int) -> list[Path]:
+    """The command's own temporary directory, where its vLLM engine keeps its sockets."""
+    return list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{pid}-*"))
+
+
 @pytest.fixture
 def commands(tiny_model_dir, tmp_path) -> dict[str, list[str]]:
     """`topr generate` (vLLM) and `topr iterate` (vLLM, no warm start), long enough to be killed mid-run."""
@@ -110,7 +117,7 @@ OUTS = {"generate": "samples", "iterate": "run"}
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_killed_command_leaves_no_process(commands, tmp_path, sig):
     """generate and iterate run side by side; each is killed once its engine is up; 15 s later nothing
-    of either is left. SIGTERM also exits 143 with one line saying how to resume.
+    of either is left, not even the sockets of its engine. SIGTERM also exits 143 with one line saying how to resume.
 
     The same runs check where other libraries' output goes: generate runs quietly in the SIGTERM case
     (the engine's banners and loading bars go to `<out>.log`, not the terminal) and with --verbose in
@@ -121,6 +128,8 @@ def test_a_killed_command_leaves_no_process(commands, tmp_path, sig):
     try:
         recorded = {name: wait_for_engine(p, tmp_path / OUTS[name], name) for name, p in procs.items()}
         for name, p in procs.items():
+            scratch = scratch_of(p.pid)  # vLLM's sockets are there, not loose in the temporary directory
+            assert len(scratch) == 1 and any(f.is_socket() for f in scratch[0].iterdir()), f"{name}: {scratch}"
             mib = rss_mib(recorded[name])
             print(f"{name}: {len(recorded[name])} descendants, {mib:.0f} MiB RSS before {sig.name}")
             p.send_signal(sig)
@@ -132,8 +141,9 @@ def test_a_killed_command_leaves_no_process(commands, tmp_path, sig):
                 assert code == 143, err[-2000:]
                 assert last.startswith("interrupted by SIGTERM") and "rerun the same command" in last, err[-2000:]
                 assert "Traceback" not in err, err[-2000:]
-        for name in procs:
+        for name, p in procs.items():
             assert_all_gone(recorded[name], f"{name} after {sig.name}")
+            assert not scratch_of(p.pid), f"{name}: its sockets' directory outlived it"  # the watchdog removed it
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -176,3 +186,25 @@ def test_sigterm_stops_training_at_a_step_and_it_resumes_there(tiny_model_dir, t
     assert summary["resumed_from_step"] == stopped and summary["steps"] == 200
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 201)), "nothing lost, nothing logged twice"
+
+
+def test_a_scratch_dir_outlives_no_owner():
+    """A process killed outright (no watchdog: a Python program, not `topr`) leaves its scratch dir; the
+    next process that makes one removes it, and keeps a live process's. A normal exit removes its own."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="tk", dir="/tmp"))  # short: pytest's tmp_path is too long for socket paths
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    code = "import sys, time; from toprcli.processes import scratch_dir; print(scratch_dir(), flush=True); time.sleep({})"
+    killed = subprocess.Popen([sys.executable, "-c", code.format(60)], env=env, stdout=subprocess.PIPE, text=True)
+    live = subprocess.Popen([sys.executable, "-c", code.format(60)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        dirs = [Path(p.stdout.readline().strip()) for p in (killed, live)]
+        assert all(d.is_dir() and d.parent == tmp_path for d in dirs)
+        killed.kill()
+        killed.wait()
+        exited = subprocess.run([sys.executable, "-c", code.format(0)], env=env, capture_output=True, text=True, check=True)
+        assert not dirs[0].exists() and dirs[1].is_dir()  # the orphan went, the live one stays
+        assert not Path(exited.stdout.strip()).exists()  # removed at exit
+    finally:
+        live.kill()
+        live.wait()
+        shutil.rmtree(tmp_path)

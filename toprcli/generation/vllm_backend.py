@@ -54,6 +54,7 @@ from toprcli.generation.base import (
     resolve_dtype,
 )
 from toprcli.generation.model_info import config_context_length, model_config_json, same_architecture
+from toprcli.processes import scratch_dir
 
 EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
 def vllm_available() -> bool:
@@ -143,6 +144,9 @@ class VLLMBackend:
         # The engine runs in child processes that inherit this: keep their deprecation noise
         # (vLLM's own FutureWarnings) off the user's terminal.
         os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::DeprecationWarning")
+        # vLLM leaves its sockets in the temporary directory: give them one that goes away with this process.
+        if "VLLM_RPC_BASE_PATH" not in os.environ and (scratch := scratch_dir()) is not None:
+            os.environ["VLLM_RPC_BASE_PATH"] = str(scratch)
         import warnings
 
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
