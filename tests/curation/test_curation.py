@@ -275,6 +275,17 @@ def test_reward_std_and_scaling_hand_values():
     assert cu.scale_advantages(a).dtype == np.float32
 
 
+def test_equal_rewards_not_exact_in_binary_have_std_zero_and_leave_advantages_as_they_are():
+    """Eight samples of one prompt all failing at reward -0.1: numpy's std is ~1.5e-17 from rounding, and A / (std + 1e-6)
+    once turned -0.1 into -100000."""
+    r = np.full(8, -0.1)
+    assert np.std(np.full(3, -0.1), ddof=1) > 0  # the rounding this guards against
+    assert cu.reward_std(np.full(3, -0.1)) == 0.0
+    std = cu.group_reward_std(np.concatenate([r, [1.0, -0.1]]), np.array([0] * 8 + [1, 1]))
+    assert (std[:8] == 0).all() and std[8] > 0
+    np.testing.assert_allclose(cu.scale_advantages(r, std[:8]), r, rtol=1e-6)
+
+
 def test_accuracy_range_mask_is_strict():
     o = np.array([True, False, False, False, True, True, False, False])
     g = np.array([0, 0, 0, 0, 1, 1, 2, 2])  # accuracies 0.25, 1, 0

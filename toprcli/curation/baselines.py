@@ -206,14 +206,16 @@ def leave_one_out_baseline(reward: np.ndarray, groups: np.ndarray, n_groups: int
 def reward_std(reward: np.ndarray) -> float:
     """Sample standard deviation of the rewards (Bessel-corrected, as ``torch.std``); 0 for < 2 rows."""
     r = np.asarray(reward, dtype=np.float64)
-    return float(r.std(ddof=1)) if len(r) > 1 else 0.0
+    if len(r) < 2 or r.min() == r.max():  # equal rewards: exactly 0 (np.std of [0.1] * 8 is 1.5e-17, not 0)
+        return 0.0
+    return float(r.std(ddof=1))
 
 
 def group_reward_std(reward: np.ndarray, groups: np.ndarray, n_groups: int | None = None) -> np.ndarray:
     """Per-row sample standard deviation of the row's group (Bessel-corrected): float64 (N,).
 
     ``s_g = sqrt(Σ_{j∈g} (R_j − mean_g)² / (n_g − 1))``, two passes (no
-    cancellation); a group of one row gets 0.
+    cancellation); a group of one row, or of equal rewards, gets exactly 0.
     """
     r = np.asarray(reward, dtype=np.float64)
     g = np.asarray(groups)
@@ -221,7 +223,12 @@ def group_reward_std(reward: np.ndarray, groups: np.ndarray, n_groups: int | Non
     dev = r - group_mean_baseline(r, g, G)
     ss = np.bincount(g, weights=dev * dev, minlength=G)
     counts = np.bincount(g, minlength=G)
-    return np.sqrt(ss / np.maximum(counts - 1, 1))[g]
+    high, low = np.full(G, -np.inf), np.full(G, np.inf)
+    np.maximum.at(high, g, r)
+    np.minimum.at(low, g, r)
+    # Equal rewards whose mean is not exact in binary (0.1) leave ~1e-17 of rounding in dev:
+    # that std is 0, or scale_advantages would divide A by it.
+    return np.where(high == low, 0.0, np.sqrt(ss / np.maximum(counts - 1, 1)))[g]
 
 
 def scale_advantages(
