@@ -312,6 +312,10 @@ def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path
     monkeypatch.undo()
     with pytest.raises(UserError, match="different config"):
         train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", resume=True, lr=5e-3, **kw))
+    # How a step is cut into forward passes is no such change: the advice after running out of memory.
+    resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", resume=True, micro_batch_tokens=64, gradient_checkpointing=True,
+                                logprob_chunk_size=4, **kw))
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
 
 
 def test_sft_warm_start_path_is_fast_and_learns(tiny_model_dir, tmp_path):

@@ -43,7 +43,11 @@ from toprcli.training.batching import TOKEN_COLUMNS, StepPlan, TokenData, Units,
 # ``loss_options`` (which then overrides the TrainConfig field of the same name).
 GENERIC_LOSS_OPTIONS = ("adv_clip", "whiten_advantages", "kl_coef", "kl_estimator", "entropy_coef", "norm_length")
 # Config keys that do not change the trained weights (a checkpoint may be resumed under other values).
-NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "log_every", "tracking", "threads", "save_dtype", "nproc_per_node", "launcher")
+# Keys a resume may change: where and how often it saves and logs, and how a step is cut into
+# forward passes (the micro-batches' losses add up by exact shares): after an out-of-memory error
+# the advice is to lower micro_batch_tokens or turn on checkpointing, then --resume.
+NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "log_every", "tracking", "threads", "save_dtype", "nproc_per_node", "launcher",
+                     "micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
 PARTIAL_SUFFIX = ".partial"
 SUMMARY_NAME = "train_summary.json"
