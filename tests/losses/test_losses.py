@@ -327,6 +327,29 @@ def test_kl_estimators_by_hand():
         kl_penalty(lp, ref, "k4")
 
 
+def test_kl_k3_is_bounded_and_plus_estimators_keep_the_value_with_k2s_gradient():
+    """k3 of a token π has pushed far below ref (d = −17.5): e^17.5 ≈ 4e7 as value and gradient before the bound."""
+    lp, ref = t([[-18.0, -1.0]], grad=True), t([[-0.5, -1.5]])  # d = (−17.5, 0.5)
+    k3 = kl_penalty(lp, ref, "k3")
+    assert k3[0, 0].item() == 10.0 and k3[0, 1].item() == pytest.approx(math.exp(-0.5) - 0.5)
+    k3.sum().backward()
+    assert lp.grad[0, 0].item() == 0.0 and abs(lp.grad[0, 1].item()) < 1
+    for est in ("k1", "k3"):
+        lp.grad = None
+        plus = kl_penalty(lp, ref, est + "+")
+        torch.testing.assert_close(plus, kl_penalty(lp, ref, est).detach())  # the value logged is k1's or k3's
+        plus.sum().backward()
+        torch.testing.assert_close(lp.grad, t([[-17.5, 0.5]]))  # ∇ d²/2 = d: toward ref, whatever the value
+
+
+def test_whitening_equal_advantages_gives_zeros_not_a_sign():
+    """float32 mean of seven 0.1s is 1 ulp off: divided by std + 1e-8 it once turned every A into −0.43, seven negatives."""
+    lp, mask = t([[-1.0]] * 7).float(), torch.ones(7, 1, dtype=torch.float32)
+    adv = torch.full((7,), 0.1, dtype=torch.float32)
+    loss, m = policy_loss("topr", lp, lp, adv, mask, whiten_advantages=True)
+    assert m["n_neg"].item() == 0 and abs(loss.item()) < 1e-6
+
+
 def test_entropy_bonus_and_advantage_options():
     lp, mask = t([[-1.0, -2.0], [-1.0, -1.0]]), torch.ones(2, 2, dtype=D)
     ent = t([[0.5, 1.5], [1.0, 1.0]], grad=True)

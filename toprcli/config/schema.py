@@ -221,7 +221,7 @@ class TrainConfig:
     lora_target_modules: list[str] | None = opt(None, "Module names to adapt (repeatable); unset: all linear layers.", flag="--lora-target")
     ref_model: str | None = opt(None, "Reference policy of the KL penalty; unset: the starting policy.")
     kl_coef: float = opt(0.0, "KL penalty coefficient (0 = off).", check=NON_NEGATIVE)
-    kl_estimator: str = opt("k3", "KL estimator.", check=choice(KL_ESTIMATORS))
+    kl_estimator: str = opt("k3", "KL estimator (k1+, k3+: that value, k2's gradient; docs/architecture.md §4).", check=choice(KL_ESTIMATORS))
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient (0 = off).")
     whiten_advantages: bool = opt(False, "Whiten advantages over each step's batch.")
     adv_clip: float | None = opt(None, "Clip advantages to [-c, c].", check=POSITIVE)

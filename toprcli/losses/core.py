@@ -28,7 +28,8 @@ AGGREGATIONS = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
+KL_VALUE_CLAMP = 10.0  # k3's value (and so its gradient) is bounded here, as verl bounds it
 RATIO_LEVELS = ("sequence", "token")
 
 
@@ -103,9 +104,7 @@ def get_loss(name: str) -> LossSpec:
     try:
         return LOSSES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown loss {name!r} — choose one of: {', '.join(LOSSES)}"
-        ) from None
+        raise ValueError(f"unknown loss {name!r} — choose one of: {', '.join(LOSSES)}") from None
 
 
 def resolve_options(name: str, options: Mapping[str, Any]) -> Dict[str, Any]:
@@ -119,10 +118,7 @@ def resolve_options(name: str, options: Mapping[str, Any]) -> Dict[str, Any]:
     for key in options:
         if key not in spec.options:
             accepted = ", ".join(f"{k}={v!r}" for k, v in spec.options.items()) or "none"
-            raise ValueError(
-                f"option {key!r} does not apply to loss {name!r} — "
-                f"it accepts: {accepted}"
-            )
+            raise ValueError(f"option {key!r} does not apply to loss {name!r} — it accepts: {accepted}")
     return {**spec.options, **options}
 
 
@@ -172,9 +168,7 @@ def aggregate(
         scalar tensor
     """
     if mode not in AGGREGATIONS:
-        raise ValueError(
-            f"unknown aggregation {mode!r} — choose one of: {', '.join(AGGREGATIONS)}"
-        )
+        raise ValueError(f"unknown aggregation {mode!r} — choose one of: {', '.join(AGGREGATIONS)}")
     m = mask.to(per_token_loss.dtype)  # (B, T)
     if weights is None:
         weights = torch.ones(m.shape[0], dtype=m.dtype, device=m.device)
@@ -211,9 +205,7 @@ def sequence_log_ratio(logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor
 def _log_ratio(logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor, level: str) -> Tensor:
     """Detached log π/μ: (B, 1) sequence-level or (B, T) token-level (0 on pads)."""
     if level not in RATIO_LEVELS:
-        raise ValueError(
-            f"ratio_level must be one of {', '.join(RATIO_LEVELS)}, got {level!r}"
-        )
+        raise ValueError(f"ratio_level must be one of {', '.join(RATIO_LEVELS)}, got {level!r}")
     if level == "sequence":
         return sequence_log_ratio(logprobs, behavior_logprobs, mask).unsqueeze(-1)
     return (logprobs.detach() - behavior_logprobs) * mask
@@ -263,21 +255,26 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     - ``k1`` = d                      (unbiased, high variance, can be < 0)
     - ``k2`` = d² / 2                 (biased, low variance, ≥ 0)
     - ``k3`` = exp(−d) − 1 + d        (unbiased, low variance, ≥ 0)
+    - ``k1+``, ``k3+``: the value of k1, k3 with the gradient of k2 (straight-through)
 
-    d is clamped to ±20 inside exp for k3. Here tokens come from μ, not π, so
-    all three are off-policy estimates. Shapes: (B, T), (B, T) → (B, T).
+    As a loss term the gradient matters, not the value: ∇k1 = ∇log π, whose mean
+    on-policy is 0 (no pull toward ref at all); ∇k3 = (1 − ref/π) ∇log π follows
+    KL(ref ‖ π); ∇k2 = d ∇log π follows KL(π ‖ ref), which the ``+`` forms keep while
+    logging the unbiased value. d is clamped to ±20 inside exp and k3 to ≤ 10. Here
+    tokens come from μ, not π, so all are off-policy estimates. Shapes: (B, T), (B, T) → (B, T).
     """
     if estimator not in KL_ESTIMATORS:
-        raise ValueError(
-            f"unknown kl_estimator {estimator!r} — choose one of: {', '.join(KL_ESTIMATORS)}"
-        )
+        raise ValueError(f"unknown kl_estimator {estimator!r} — choose one of: {', '.join(KL_ESTIMATORS)}")
     d = logprobs - ref_logprobs
     if estimator == "k1":
         return d
     if estimator == "k2":
         return 0.5 * d * d
+    if estimator.endswith("+"):
+        value, k2 = kl_penalty(logprobs, ref_logprobs, estimator[:-1]), 0.5 * d * d
+        return value.detach() + k2 - k2.detach()
     d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.exp(-d) - 1.0 + d
+    return (torch.exp(-d) - 1.0 + d).clamp(max=KL_VALUE_CLAMP)
 
 
 # --------------------------------------------------------------------------- #
@@ -291,11 +288,12 @@ def whiten(advantages: Tensor, valid: Tensor) -> Tensor:
     Rows that are not valid (no completion tokens) take part in neither statistic.
     Whitening moves the sign boundary TOPR splits positives from negatives at.
     """
-    v = valid.to(advantages.dtype)
+    a = advantages.double()  # float32's 1-ulp error in the mean of equal values, / 1e-8, would be O(1)
+    v = valid.double()
     n = v.sum().clamp(min=1.0)
-    mean = (advantages * v).sum() / n
-    std = (((advantages - mean) ** 2 * v).sum() / n).sqrt()
-    return (advantages - mean) / (std + 1e-8)
+    mean = (a * v).sum() / n
+    std = (((a - mean) ** 2 * v).sum() / n).sqrt()
+    return ((a - mean) / (std + 1e-8)).to(advantages.dtype)
 
 
 def _check_shape(t: Optional[Tensor], shape: torch.Size, what: str) -> None:
