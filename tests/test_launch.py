@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -55,3 +56,51 @@ def test_data_parallel_generation_refuses_what_it_cannot_split_in_one_line(tmp_p
     """No --out was a ValueError traceback; with --num-shards the children's split overlapped the command's."""
     r = CliRunner().invoke(app, ["generate", *(a.format(tmp=tmp_path) for a in args)])
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_terminal_stops_multi_rank_training_at_a_checkpoint(tiny_model_dir, tmp_path):
+    """A Ctrl-C reaches the terminal's whole foreground process group. torchrun once got it twice (from the
+    terminal and forwarded by topr) and then sent its ranks SIGTERM after the SIGINT: they stopped at once,
+    with no checkpoint. Now the ranks stop at a step boundary with a checkpoint, and --resume continues there."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from builders import write_curated
+
+    data = write_curated(tmp_path / "train.parquet", n=48)
+    out = tmp_path / "policy"
+    args = [sys.executable, "-m", "toprcli", "train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--optimizer", "adamw",
+            "--lr", "1e-3", "--batch-size", "4", "--max-steps", "400", "--nproc-per-node", "2", "--no-progress", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out.with_name("policy.partial") / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while (not metrics.exists() or len(metrics.read_text().splitlines()) < 3) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.2)
+    from toprcli.processes import descendants
+
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # a short-lived process already gone
+            return b""
+
+    (torchrun,) = [p for p in descendants(proc.pid) if b"torch.distributed.run" in cmdline(p)]
+    stat = Path(f"/proc/{torchrun}/stat").read_text()
+    assert int(stat[stat.rindex(")") + 2:].split()[3]) != os.getsid(proc.pid)  # out of the terminal's reach: topr forwards once
+    assert b"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=110" in Path(f"/proc/{torchrun}/environ").read_bytes()  # not 30 s: time to checkpoint
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: every process of the group
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130 and "interrupted by SIGINT" in err, err[-2000:]
+    checkpoints = sorted((out.with_name("policy.partial") / "checkpoints").glob("step-*"))
+    assert checkpoints, "no checkpoint at the stop"
+    stopped_at = int(checkpoints[-1].name.split("-")[1])
+    resumed = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["resumed_from_step"] == stopped_at and summary["steps"] == 400

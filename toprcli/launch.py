@@ -77,15 +77,24 @@ def _last_error_line(log: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
+STOP_GRACE_S = 120.0  # a stopped child's time to finish its step and checkpoint before it is killed
+
+
 def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str, str] | None = None) -> None:
-    """Run ``cmd`` (a shell line, or an argv list) with its output appended to ``log``; UserError if it fails."""
+    """Run ``cmd`` (a shell line, or an argv list) with its output appended to ``log``; UserError if it fails.
+
+    The child gets a session of its own: a Ctrl-C at the terminal reaches this process only, which
+    passes it on once. In the terminal's process group torchrun got it twice (the terminal's and
+    ours), and on a second signal it sends its ranks SIGTERM after the SIGINT: "stop at once", no
+    checkpoint. torchrun waits as long as we do before it kills its ranks (its default is 30 s).
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
-    child_env = {**os.environ, **(env or {}), DIE_WITH_PARENT: "1"}
+    child_env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(STOP_GRACE_S) - 10), **os.environ, **(env or {}), DIE_WITH_PARENT: "1"}
     with open(log, "ab") as out:
         out.write(f"$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n".encode())
         out.flush()
         proc = subprocess.Popen(
-            cmd, shell=isinstance(cmd, str), stdout=out, stderr=subprocess.STDOUT, env=child_env,
+            cmd, shell=isinstance(cmd, str), stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
             preexec_fn=die_with_parent, executable="/bin/bash" if isinstance(cmd, str) else None,
         )
         try:
@@ -101,7 +110,7 @@ def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str,
         raise UserError(f"{what} failed (exit code {code}): {last} — see {log}")
 
 
-def _stop_child(proc: subprocess.Popen, signum: int, grace_s: float = 120.0) -> None:
+def _stop_child(proc: subprocess.Popen, signum: int, grace_s: float = STOP_GRACE_S) -> None:
     """Pass a stop request on (training ranks checkpoint at their next step), then wait for the child;
     a second signal, or ``grace_s`` without an exit, kills it."""
     proc.send_signal(signum)
