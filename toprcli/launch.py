@@ -156,6 +156,7 @@ def train_in_child(cfg: TrainConfig) -> dict[str, Any]:
     out = Path(cfg.out)
     done = out / "train_summary.json"
     if cfg.resume and not cfg.overwrite and done.is_file() and (out / "config.json").is_file():
+        train_stage.drop_training_state(out)  # what a kill right after the rename left
         return json.loads(done.read_text())
     config_file = write_stage_config(_single_process_view(cfg), out.with_name(out.name + ".train.yaml"))
     run_logged(training_command(cfg, config_file), out.with_name(out.name + ".train.log"), what=f"training of {out}")

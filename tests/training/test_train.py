@@ -304,6 +304,33 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tiny_model_dir, da
     assert again["final_loss"] == resumed["final_loss"]
 
 
+@pytest.mark.parametrize("dies_in", ["swap_dir_into_place", "drop_training_state"])
+def test_a_kill_while_finishing_keeps_the_trained_policy(tiny_model_dir, data_path, tmp_path, monkeypatch, dies_in):
+    """Killed just before <out>.partial becomes <out>: the resume continues from the last checkpoint (once
+    deleted first, so it trained from step 0). Killed just after: <out> is complete, the resume clears it."""
+    import toprcli.stages.train as stage
+
+    kw = dict(max_steps=3, save_every=1, optimizer="adafactor", lr=1e-2)
+    train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "a", **kw))
+
+    def die(*args, **kwargs):
+        raise Killed(dies_in)
+
+    target = stage.shards if dies_in == "swap_dir_into_place" else stage
+    monkeypatch.setattr(target, dies_in, die)
+    with pytest.raises(Killed):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", **kw))
+    monkeypatch.undo()
+    resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw))
+    assert resumed["steps"] == 3
+    if dies_in == "swap_dir_into_place":  # the last checkpoint is step 2's (step 3 saves the policy instead)
+        assert resumed["resumed_from_step"] == 2 and not resumed.skipped
+    else:
+        assert resumed.skipped  # nothing to train again
+    assert _max_diff(_weights(tmp_path / "a"), _weights(tmp_path / "b")) == 0.0
+    assert not (tmp_path / "b" / "checkpoints").exists() and not (tmp_path / "b.partial").exists()
+
+
 def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
     kw = dict(max_steps=4, save_every=2)
     kill_after_checkpoint(2)

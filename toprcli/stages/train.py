@@ -62,7 +62,8 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
     reports to ``cfg.tracking``'s own.
     """
     done = finished_summary(cfg)
-    if done is not None:  # resume of a finished run: nothing to do
+    if done is not None:  # resume of a finished run: nothing to do but what a kill in _finish left
+        drop_training_state(Path(cfg.out))
         return StageResult(STAGE, str(cfg.out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
     check_installed(cfg.tracking.report_to)
     prep = prepare(cfg)
@@ -110,7 +111,11 @@ def _tracked(prep: Prepared, on_record: Callable[[dict[str, Any]], None] | None)
 
 
 def _finish(prep: Prepared, summary: dict) -> None:
-    """Record the run in <out>.partial, drop the training state, rename it to <out>."""
+    """Record the run in <out>.partial, rename it to <out>, then drop the training state.
+
+    In that order: killed before the rename, the run resumes from its last checkpoint; after
+    it, <out> is complete and a resume removes what is left of the training state. (Deleting
+    first could leave a half-deleted checkpoint for --resume to load, or none: training anew.)"""
     partial = prep.partial
     shards.write_json_atomic(partial / SUMMARY_NAME, summary)
     shards.write_manifest(
@@ -123,6 +128,11 @@ def _finish(prep: Prepared, summary: dict) -> None:
         sampling=summary["sampling"],
         reference_logprobs=summary.get("reference_logprobs"),
     )
-    shutil.rmtree(partial / "checkpoints", ignore_errors=True)
-    (partial / PRECOMPUTED_NAME).unlink(missing_ok=True)
     shards.swap_dir_into_place(partial, prep.out)
+    drop_training_state(prep.out)
+
+
+def drop_training_state(out: Path) -> None:
+    """Remove a finished run's checkpoints and precomputed log-probs (safe to repeat)."""
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    (out / PRECOMPUTED_NAME).unlink(missing_ok=True)
