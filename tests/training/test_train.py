@@ -291,6 +291,8 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tiny_model_dir, da
         train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", **kw))
     monkeypatch.undo()
     assert not (tmp_path / "b").exists() and (tmp_path / "b.partial" / "checkpoints" / "step-00000004").is_dir()
+    with open(tmp_path / "b.partial" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "lo')  # a SIGKILL in the middle of a line: the resume once died on it (JSONDecodeError)
     resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw))
     assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 7
     # fp32 on CPU: the same operations in the same order, so the weights are identical (tolerance 0)

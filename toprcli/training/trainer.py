@@ -39,7 +39,7 @@ from toprcli.config import TrainConfig
 from toprcli.errors import UserError
 from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
-from toprcli.shards import write_atomic
+from toprcli.shards import write_atomic, write_text_atomic
 from toprcli.tracking import TRACKER_FILES
 from toprcli.training import checkpoint as ckpt
 from toprcli.training.batching import TokenData, Units, collate, collate_shared, loss_denominator, plan_micro_batches
@@ -305,11 +305,17 @@ def _open_logs(prep: Prepared, ctx: DistContext, start_step: int):
     if not ctx.is_main:
         return None
     path = prep.partial / METRICS_NAME
-    kept = []
-    if path.exists():
-        kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= start_step]
-    path.write_text("".join(ln + "\n" for ln in kept))
+    kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= start_step] if path.exists() else []
+    write_text_atomic(path, "".join(ln + "\n" for ln in kept))  # a kill here must not lose the kept lines
     return open(path, "a")
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics line; a line a kill cut short (or a blank one) counts as past every step."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return math.inf
 
 
 # -- inside the loop ----------------------------------------------------------------
