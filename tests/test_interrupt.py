@@ -1,4 +1,4 @@
-"""SIGINT/SIGTERM inside and outside a deferred section (toprcli.interrupt), in this process."""
+"""SIGINT/SIGTERM/SIGHUP inside and outside a deferred section (toprcli.interrupt), in this process."""
 
 from __future__ import annotations
 
@@ -52,3 +52,32 @@ def test_without_install_nothing_changes():
     assert interrupt.requested() is None
     with interrupt.deferred():
         pass  # no signal, no raise
+
+
+def test_sighup_stops_like_sigterm_unless_it_was_ignored_as_nohup_does():
+    import subprocess
+    import sys
+
+    saved = {s: signal.getsignal(s) for s in interrupt.SIGNALS}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        interrupt.install()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal: the hang-up stops at a safe point, exit 129
+        interrupt.reset()
+        interrupt.install()
+        with pytest.raises(interrupt.Interrupted) as e:
+            with interrupt.deferred():
+                os.kill(os.getpid(), signal.SIGHUP)
+                assert interrupt.requested() == signal.SIGHUP
+        assert e.value.exit_code == 129
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        interrupt.reset()
+    # A signal outside every command's handler (typer parsing, teardown) is one line and 130, not a traceback.
+    code = ("import toprcli.cli.main as m\nfrom toprcli.interrupt import Interrupted\n"
+            "def app():\n    raise Interrupted(2)\nm.app = app\nm.main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 130 and done.stderr.strip() == "interrupted by SIGINT", done.stderr

@@ -1,4 +1,4 @@
-"""Stopping on a signal: SIGTERM and SIGINT end a command at a safe point (docs/architecture.md §6).
+"""Stopping on a signal: SIGTERM, SIGINT and SIGHUP end a command at a safe point (docs/architecture.md §6).
 
 The CLI calls :func:`install` once; after that a signal raises :class:`Interrupted`
 wherever the main thread is, which abandons the shard in flight (shards are written
@@ -18,7 +18,8 @@ import signal
 import threading
 from collections.abc import Iterator
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP: the terminal closed or the ssh session dropped (torchrun passes it to the ranks too).
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _requested: int | None = None  # the first signal received
 _deferring = 0  # depth of deferred() sections
@@ -56,11 +57,13 @@ def _on_signal(signum: int, frame: object) -> None:
 
 
 def install() -> None:
-    """Stop gracefully on SIGINT and SIGTERM (main thread only; a no-op elsewhere)."""
+    """Stop gracefully on SIGINT, SIGTERM and SIGHUP (main thread only; a no-op elsewhere). A signal
+    already ignored stays ignored: `nohup topr ...` must survive the hang-up it was started for."""
     if threading.current_thread() is not threading.main_thread():
         return
     for s in SIGNALS:
-        signal.signal(s, _on_signal)
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, _on_signal)
 
 
 def requested() -> int | None:

@@ -7,7 +7,7 @@ their memory. A kernel signal cannot reach them once the parent is gone, and the
 parent cannot act when SIGKILL ends it, so a small **watchdog** process does it:
 
 * :func:`start_watchdog` starts ``python -m toprcli.processes PID`` (stdlib only,
-  ~10 MB); it ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group:
+  ~10 MB); it ignores SIGINT, SIGTERM and SIGHUP (a Ctrl-C reaches the whole process group:
   the watchdog must outlive the command to clean up after it).
 * Every half second it records the command's descendants (pid and start time, from
   ``/proc/*/stat``), so it still knows them after they are reparented.
@@ -112,7 +112,7 @@ def watch(parent: int) -> None:
     """
     import select
 
-    for s in (signal.SIGINT, signal.SIGTERM):
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the command's group gets them: it must outlive the command
         signal.signal(s, signal.SIG_IGN)
     owner = _stat(parent)  # its start time names its scratch dir
     known: dict[int, int] = {}

@@ -35,10 +35,14 @@ app.add_typer(config_cmd.app, name="config")
 
 def main() -> None:
     """The ``topr`` script and ``python -m toprcli``: the command owns this process."""
-    from toprcli.cli.common import begin_process, restore_output
+    from toprcli.cli.common import begin_process, err_console, restore_output
+    from toprcli.interrupt import Interrupted
 
     begin_process()
     try:
         app()
+    except Interrupted as e:  # before a command's own handler runs, or after it returned (typer does not catch it)
+        err_console.print(f"[bold yellow]interrupted by {e.name}[/]", highlight=False)
+        raise SystemExit(e.exit_code) from None
     finally:
         restore_output()  # a traceback (a bug) must reach the terminal, not the log
