@@ -144,7 +144,7 @@ def test_offpolicy_example_with_negative_weight_imports_as_topr(tmp_path):
     assert r["actor_train.strategy_args.strategy_config.tensor_model_parallel_size"].status == LEFT_OUT
     assert "not a ROLL config field" in r["actor_train.data_args.dataset_dir"].detail
     assert all(row.detail for row in result.rows)  # every key says what it maps to, or why not
-    assert result.callouts == []
+    assert [c.split(" (")[0] for c in result.callouts] == ["the learning-rate schedule restarts every round here"]  # its warm-up
 
 
 def test_example_topr_calls_out_the_documented_but_unread_keys():
@@ -226,7 +226,8 @@ def test_lengths_normalisation_and_legacy_reward_norm():
     assert "older ROLL key" in rows(res)["reward_norm"].detail
     res = import_roll(minimal(norm_mean_type="running", norm_std_type="group", loss_agg_mode="seq-mean-token-sum-norm"))
     assert res.config["curate"] == {"baseline": "batch-mean", "std_normalize": "group"}
-    assert (res.config["train"]["aggregation"], res.config["train"]["norm_length"]) == ("seq-mean-token-sum-norm", 64)
+    # ROLL divides by its loss mask's width: prompt_length (default 1024) + response_length (64) − 1
+    assert (res.config["train"]["aggregation"], res.config["train"]["norm_length"]) == ("seq-mean-token-sum-norm", 1024 + 64 - 1)
 
 
 def test_difficulty_mask_needs_groups_and_thresholds_are_validated():
@@ -242,13 +243,48 @@ def test_difficulty_mask_needs_groups_and_thresholds_are_validated():
 
 
 def test_greedy_rollouts_are_refused_and_greedy_validation_maps_to_eval_greedy():
+    hf_infer = {"strategy_args": {"strategy_name": "hf_infer"}}
     with pytest.raises(UserError, match="greedy rollouts"):
-        import_roll(minimal(actor_infer={"generating_args": {"do_sample": False}}))
+        import_roll(minimal(actor_infer={"generating_args": {"do_sample": False}, **hf_infer}))
+    # vLLM (and SGLang) never read do_sample: ROLL samples at the temperature given, and so does the import.
+    res = import_roll(minimal(actor_infer={"generating_args": {"do_sample": False, "temperature": 0.99},
+                                           "strategy_args": {"strategy_name": "vllm"}},
+                              validation={"generating_args": {"do_sample": False, "temperature": 0.6, "num_return_sequences": 4}}))
+    assert res.config["generate"]["sampling"]["temperature"] == 0.99 and res.config["eval"]["sampling"]["temperature"] == 0.6
+    assert res.config["eval"]["k"] == 4 and "greedy" not in res.config["eval"]
+    assert rows(res)["actor_infer.generating_args.do_sample"].status == LEFT_OUT
     res = import_roll(minimal(validation={"generating_args": {"temperature": 0, "num_return_sequences": 1}}))
     assert res.config["eval"]["greedy"] is True and "temperature" not in res.config["eval"]["sampling"]
     res = import_roll(minimal(actor_infer={"generating_args": {"temperature": 0.7}}))
     assert res.config["generate"]["sampling"]["top_p"] == 0.7  # ROLL's default where the file is silent
     assert any("top_p is not set" in c for c in res.callouts)
+
+
+def test_a_silent_file_gets_rolls_defaults_not_toprs():
+    """ROLL's group of 1, lr 5e-5 and 8 sequences per device where the file says nothing (topr's own: 16, 5e-7, 64)."""
+    res = import_roll(minimal(actor_train={"device_mapping": "list(range(0,4))"}))
+    assert (res.config["generate"]["n"], res.config["train"]["lr"], res.config["train"]["batch_size"]) == (1, 5e-5, 8 * 4)
+    assert sum("is not set: " in c for c in res.callouts) >= 3
+
+
+def test_each_workers_own_model_is_used_when_all_three_set_one():
+    paths = {w: {"model_args": {"model_name_or_path": "/ckpt/sft" if w != "reference" else "/ckpt/ref"}}
+             for w in ("actor_train", "actor_infer", "reference")}
+    res = import_roll(minimal(**paths, use_kl_loss=True, kl_loss_coef=0.01))
+    assert res.config["model"] == "/ckpt/sft" and res.config["train"]["ref_model"] == "/ckpt/ref"
+    assert rows(res)["pretrain"].status == LEFT_OUT
+    one = import_roll(minimal(actor_train={"model_args": {"model_name_or_path": "/ckpt/sft"}}))
+    assert one.config["model"] == "m"  # not all three: ROLL gives every worker pretrain
+
+
+def test_lora_is_on_exactly_when_lora_target_is_set_with_rolls_rank_and_alpha():
+    args = lambda **kw: minimal(actor_train={"model_args": kw})  # noqa: E731
+    res = import_roll(args(lora_target="all-linear"))
+    assert (res.config["train"]["lora_rank"], res.config["train"]["lora_alpha"], res.config["train"]["lora_target_modules"]) == (8, 16, None)
+    res = import_roll(args(lora_rank=64, lora_target="q_proj,v_proj"))
+    assert (res.config["train"]["lora_rank"], res.config["train"]["lora_alpha"]) == (64, 128)
+    res = import_roll(args(lora_rank=64))  # no target: ROLL trains the full model
+    assert "lora_rank" not in res.config["train"] and rows(res)["actor_train.model_args.lora_rank"].status == LEFT_OUT
 
 
 def test_catalogue_tells_roll_keys_from_typos():

@@ -152,13 +152,13 @@ def _loss_options(m: Any, loss: str, variant: str | None) -> None:
             m.left_out("importance_sampling", f"{level!r}: ROLL's seq ratio is exp(mean token log-ratio); topr's ppo ratio is per token")
 
 
-def loss_generic(m: Any, model: str | None, mnt: int) -> None:
+def loss_generic(m: Any, reference: str | None, sequence_length: int) -> None:
     mode = m.get("loss_agg_mode")
     if mode is not None:
         targets = [("train.aggregation", mode)]
-        if mode == "seq-mean-token-sum-norm":
-            targets.append(("train.norm_length", mnt))
-        m.mapped("loss_agg_mode", *targets, note="ROLL divides by the padded response length" if len(targets) > 1 else "")
+        if mode == "seq-mean-token-sum-norm":  # ROLL's loss mask spans prompt + response, shifted by one
+            targets.append(("train.norm_length", sequence_length - 1))
+        m.mapped("loss_agg_mode", *targets, note="ROLL divides by its loss mask's width, sequence_length − 1" if len(targets) > 1 else "")
     if m.has("whiten_advantages"):
         m.mapped("whiten_advantages", ("train.whiten_advantages", m.flag("whiten_advantages")),
                  note="ROLL whitens over the rollout batch's tokens, topr over each step's sequences")
@@ -170,9 +170,9 @@ def loss_generic(m: Any, model: str | None, mnt: int) -> None:
     if m.flag("use_kl_loss"):
         coef = m.number("kl_loss_coef", 0.0)
         targets = [("train.kl_coef", coef), ("train.kl_estimator", "k3")]
-        if coef and model is not None:
-            targets.append(("train.ref_model", model))
-        m.mapped("use_kl_loss", *targets[1:], note="ROLL's KL loss is k3 to the reference, which is pretrain")
+        if coef and reference is not None:
+            targets.append(("train.ref_model", reference))
+        m.mapped("use_kl_loss", *targets[1:], note="ROLL's KL loss is k3 to the reference worker's model")
         m.mapped("kl_loss_coef", ("train.kl_coef", coef))
     elif m.has("use_kl_loss"):
         m.mapped("use_kl_loss", note="off, as topr's default")

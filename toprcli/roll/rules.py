@@ -22,13 +22,15 @@ DTYPES_TRAIN = {"bf16": "bfloat16", "fp32": "float32"}
 DTYPES_ENGINE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # ROLL's GeneratingArguments defaults: what ROLL samples with where a file is silent.
 ROLL_SAMPLING = {"temperature": 0.95, "top_p": 0.7, "top_k": 50}
+# ROLL's (and Hugging Face TrainingArguments') defaults where a file is silent; topr's own differ.
+ROLL_LR, ROLL_PER_DEVICE_BATCH, ROLL_GROUP, ROLL_LORA_RANK = 5e-5, 8, 1, 8
 
 
 def apply_rules(m: Any) -> None:
-    model = _model_and_run(m)
-    mnt = _lengths(m)
+    reference = _model_and_run(m)
+    sequence_length = _lengths(m)
     loss = select_loss(m)
-    loss_generic(m, model, mnt)
+    loss_generic(m, reference, sequence_length)
     _optimizer(m)
     _sampling(m, GEN_ARGS, "generate", loss)
     _sampling(m, VAL_ARGS, "eval", loss)
@@ -42,16 +44,13 @@ def apply_rules(m: Any) -> None:
 # -- model, run, lengths ----------------------------------------------------------------------
 
 
+WORKERS = ("actor_train", "actor_infer", "reference")
+
+
 def _model_and_run(m: Any) -> str | None:
-    model = m.get("pretrain")
-    own = "actor_train.model_args.model_name_or_path"
-    if model is not None:
-        m.mapped("pretrain", ("model", str(model)))
-        if m.get(own) is not None:
-            m.left_out(own, "ROLL uses pretrain unless actor_train, actor_infer and reference all set model_name_or_path")
-    elif m.get(own) is not None:
-        model = m.get(own)
-        m.mapped(own, ("model", str(model)))
+    """The policy (``model``); returns the reference model (the KL penalty's). ROLL gives each worker
+    ``pretrain`` unless all three set their own ``model_name_or_path``."""
+    model, ref = _models(m)
     if m.get("exp_name") is not None:
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", str(m.get("exp_name"))).strip("-") or "topr"
         m.mapped("exp_name", ("run_dir", f"runs/{name}"))
@@ -59,7 +58,36 @@ def _model_and_run(m: Any) -> str | None:
         seed = m.number("seed", integer=True)
         m.mapped("seed", ("train.seed", seed), ("generate.sampling.seed", seed))
     _tracking(m)
-    return None if model is None else str(model)
+    return ref
+
+
+def _models(m: Any) -> tuple[str | None, str | None]:
+    """(policy, reference) as ROLL resolves them."""
+    own = {w: m.get(f"{w}.model_args.model_name_or_path") for w in WORKERS}
+    if all(v is not None for v in own.values()):
+        train, infer, ref = (f"{w}.model_args.model_name_or_path" for w in WORKERS)
+        m.mapped(train, ("model", str(own["actor_train"])))
+        if own["actor_infer"] == own["actor_train"]:
+            m.mapped(infer, note="the same model generates")
+        else:
+            m.left_out(infer, "topr generates with the policy it trains (actor_train's model)")
+        m.mapped(ref, note="the KL penalty's reference (train.ref_model, with use_kl_loss)")
+        if m.get("pretrain") is not None:
+            m.left_out("pretrain", "actor_train, actor_infer and reference all set model_name_or_path: ROLL uses theirs")
+        return str(own["actor_train"]), str(own["reference"])
+    model = m.get("pretrain")
+    if model is not None:
+        m.mapped("pretrain", ("model", str(model)))
+        for w in WORKERS:
+            if own[w] is not None:
+                m.left_out(f"{w}.model_args.model_name_or_path",
+                           "ROLL uses pretrain unless actor_train, actor_infer and reference all set model_name_or_path")
+    elif own["actor_train"] is not None:
+        model = own["actor_train"]
+        m.mapped("actor_train.model_args.model_name_or_path", ("model", str(model)))
+    return (None, None) if model is None else (str(model), str(model))
+
+
 
 
 def _tracking(m: Any) -> None:
@@ -75,8 +103,11 @@ def _tracking(m: Any) -> None:
 
 def _lengths(m: Any) -> int:
     """max_new_tokens as ROLL computes it: sequence_length − prompt_length (sequence_length
-    defaults to response_length + prompt_length); validation likewise with the val_ lengths."""
+    defaults to response_length + prompt_length); validation likewise with the val_ lengths.
+    Returns sequence_length, the width ROLL pads every sequence to."""
     prompt = m.number("prompt_length", 1024, integer=True)
+    if prompt is None:
+        raise UserError("prompt_length is null — ROLL adds it to response_length; give a number (ROLL's default is 1024)")
     seq = m.number("sequence_length", integer=True)
     resp = m.number("response_length", integer=True)
     if seq is None and resp is None:
@@ -96,7 +127,7 @@ def _lengths(m: Any) -> int:
     if vp is not None and vs is not None:
         m.mapped("val_sequence_length", ("eval.sampling.max_new_tokens", val), note="minus val_prompt_length")
         m.mapped("val_prompt_length", note="eval max_new_tokens = val_sequence_length − val_prompt_length")
-    return mnt
+    return mnt + prompt
 
 
 # -- optimizer and training model ---------------------------------------------------------------
@@ -107,6 +138,9 @@ def _optimizer(m: Any) -> None:
     if m.has(f"{TRAIN_ARGS}.learning_rate"):
         m.mapped(f"{TRAIN_ARGS}.learning_rate", ("train.lr", m.number(f"{TRAIN_ARGS}.learning_rate")),
                  ("train.optimizer", "adamw"), note="ROLL trains with AdamW")
+    else:
+        m.set("train.lr", ROLL_LR)
+        m.callout(f"{TRAIN_ARGS}.learning_rate is not set: imported ROLL's default {ROLL_LR} (train.lr; topr's own is 5e-7)")
     if m.has(f"{TRAIN_ARGS}.weight_decay"):
         m.mapped(f"{TRAIN_ARGS}.weight_decay", ("train.weight_decay", m.number(f"{TRAIN_ARGS}.weight_decay")))
     if m.has(f"{TRAIN_ARGS}.warmup_steps"):
@@ -120,14 +154,29 @@ def _optimizer(m: Any) -> None:
             m.mapped(f"{TRAIN_ARGS}.lr_scheduler_type", ("train.schedule", kind))
         else:
             m.left_out(f"{TRAIN_ARGS}.lr_scheduler_type", f"no {sched} schedule here (constant or cosine, with linear warm-up)")
-    per_device = m.number(f"{TRAIN_ARGS}.per_device_train_batch_size", 8, integer=True)
+    if m.config.get("train", {}).get("schedule") == "cosine" or m.number(f"{TRAIN_ARGS}.warmup_steps"):
+        m.callout("the learning-rate schedule restarts every round here (each round's training has its own warm-up "
+                  "and cosine decay); ROLL's spans the whole run — consider train.schedule: constant")
+    _batch_size(m)
+    _training_model(m)
+
+
+def _batch_size(m: Any) -> None:
+    """Sequences per optimizer step: per device × accumulation × data-parallel ranks, ROLL's defaults where unset."""
+    per_device = m.number(f"{TRAIN_ARGS}.per_device_train_batch_size", ROLL_PER_DEVICE_BATCH, integer=True)
     accum = m.number(f"{TRAIN_ARGS}.gradient_accumulation_steps", 1, integer=True)
     dp, how = _data_parallel(m)
-    if m.has(f"{TRAIN_ARGS}.per_device_train_batch_size") or m.has(f"{TRAIN_ARGS}.gradient_accumulation_steps"):
-        size = per_device * accum * dp
-        note = f"{per_device} per device × {accum} accumulation × {dp} data-parallel ranks ({how}): sequences per step"
-        for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-            m.mapped(f"{TRAIN_ARGS}.{key}", ("train.batch_size", size), note=note)
+    size = per_device * accum * dp
+    note = f"{per_device} per device × {accum} accumulation × {dp} data-parallel ranks ({how}): sequences per step"
+    given = [k for k in ("per_device_train_batch_size", "gradient_accumulation_steps") if m.has(f"{TRAIN_ARGS}.{k}")]
+    for key in given:
+        m.mapped(f"{TRAIN_ARGS}.{key}", ("train.batch_size", size), note=note)
+    if not given:
+        m.set("train.batch_size", size)
+        m.callout(f"{TRAIN_ARGS}.per_device_train_batch_size is not set: train.batch_size {size} from ROLL's defaults ({note})")
+
+
+def _training_model(m: Any) -> None:
     args = "actor_train.model_args"
     dtype = m.get(f"{args}.dtype")
     if dtype is not None:
@@ -138,16 +187,29 @@ def _optimizer(m: Any) -> None:
     if m.has(f"{args}.disable_gradient_checkpointing"):
         m.mapped(f"{args}.disable_gradient_checkpointing",
                  ("train.gradient_checkpointing", not m.flag(f"{args}.disable_gradient_checkpointing")))
-    if m.number(f"{args}.lora_rank"):
-        m.mapped(f"{args}.lora_rank", ("train.lora_rank", m.number(f"{args}.lora_rank", integer=True)))
-        for key, target in (("lora_alpha", "train.lora_alpha"), ("lora_dropout", "train.lora_dropout")):
-            if m.get(f"{args}.{key}") is not None:
-                m.mapped(f"{args}.{key}", (target, m.number(f"{args}.{key}")))
-        target = m.get(f"{args}.lora_target")
-        if target is not None:
-            names = [t.strip() for t in str(target).split(",") if t.strip()]
-            modules = None if names in (["all"], ["all-linear"]) else names
-            m.mapped(f"{args}.lora_target", ("train.lora_target_modules", modules))
+    _lora(m, args)
+
+
+def _lora(m: Any, args: str) -> None:
+    """ROLL trains LoRA when ``lora_target`` is set (rank 8 and alpha 2 × rank unless given), else the full model."""
+    target = m.get(f"{args}.lora_target")
+    if target is None:
+        for key in ("lora_rank", "lora_alpha", "lora_dropout"):
+            if m.has(f"{args}.{key}"):
+                m.left_out(f"{args}.{key}", "lora_target is not set: ROLL trains the full model")
+        return
+    names = [t.strip() for t in str(target).split(",") if t.strip()]
+    m.mapped(f"{args}.lora_target", ("train.lora_target_modules", None if names in (["all"], ["all-linear"]) else names))
+    rank = m.number(f"{args}.lora_rank", ROLL_LORA_RANK, integer=True)
+    alpha = m.number(f"{args}.lora_alpha", 2 * rank)
+    for key, target_key, value in (("lora_rank", "train.lora_rank", rank), ("lora_alpha", "train.lora_alpha", alpha)):
+        if m.has(f"{args}.{key}"):
+            m.mapped(f"{args}.{key}", (target_key, value))
+        else:
+            m.set(target_key, value)
+            m.callout(f"{args}.{key} is not set: imported ROLL's default {value} ({target_key})")
+    if m.get(f"{args}.lora_dropout") is not None:
+        m.mapped(f"{args}.lora_dropout", ("train.lora_dropout", m.number(f"{args}.lora_dropout")))
 
 
 def _data_parallel(m: Any) -> tuple[int, str]:
@@ -191,9 +253,16 @@ def device_count(value: Any) -> int | None:
 def _sampling(m: Any, section: str, stage: str, loss: str) -> None:
     if stage == "generate" and m.has("num_return_sequences_in_group"):
         m.mapped("num_return_sequences_in_group", ("generate.n", m.number("num_return_sequences_in_group", integer=True)))
+    elif stage == "generate":
+        m.set("generate.n", ROLL_GROUP)
+        m.callout(f"num_return_sequences_in_group is not set: imported ROLL's default {ROLL_GROUP} (generate.n; topr's own is 16)")
     if not m.has(section):
         return
-    greedy = m.get(f"{section}.do_sample") is False or m.number(f"{section}.temperature", 1.0) == 0
+    # Only ROLL's hf_infer reads do_sample; vLLM and SGLang sample at the temperature given.
+    reads_do_sample = m.get("actor_infer.strategy_args.strategy_name") == "hf_infer"
+    if m.get(f"{section}.do_sample") is False and not reads_do_sample:
+        m.left_out(f"{section}.do_sample", "only ROLL's hf_infer reads do_sample: vLLM and SGLang sample at the temperature given")
+    greedy = (m.get(f"{section}.do_sample") is False and reads_do_sample) or m.number(f"{section}.temperature", 1.0) == 0
     if greedy and stage == "generate":
         raise UserError(
             f"{section}: greedy rollouts (do_sample false or temperature 0) have no behaviour policy μ for {loss} — sample"
