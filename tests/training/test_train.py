@@ -115,7 +115,7 @@ def test_data_order_is_seeded_and_covers_epochs():
 
 def test_grouped_steps_take_whole_units():
     labels = np.array([0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 3, 4])  # unit 3 (5 rows) is larger than the batch
-    units = Units.from_labels(labels, whole=False)
+    units = Units.from_labels(labels)
     plan = step_plan(units, 4, 1.0, None, seed=1)
     seen = []
     for k in range(plan.steps):
@@ -144,18 +144,23 @@ def test_micro_batches_respect_the_token_budget_and_align_ranks():
     assert sorted(np.concatenate([mb for p in plan for mb in p])) == list(range(8))
 
 
-def test_whole_units_stay_in_one_micro_batch_in_order():
+def test_pairs_stay_in_one_micro_batch_in_order():
     lengths = np.array([50, 10, 30, 30, 5, 45, 20, 12])
-    pairs = Units(np.array([1, 0, 3, 2, 5, 4, 7, 6]), np.array([0, 2, 4, 6, 8]))
+    pairs = Units(np.array([1, 0, 3, 2, 5, 4, 7, 6]), np.array([0, 2, 4, 6, 8]), piece=2)
     for rank in plan_micro_batches(np.arange(4), pairs, lengths, 2, 64):
         for mb in rank:
             assert len(mb) % 2 == 0
             for k in range(0, len(mb), 2):  # a pair, its first row first
                 assert (mb[k], mb[k + 1]) in {(1, 0), (3, 2), (5, 4), (7, 6)}
-    # Not whole: a group over the budget is cut into pieces that fit.
-    group = Units(np.arange(8), np.array([0, 8]), whole=False)
+    # A prompt group over the budget is cut into pieces that fit.
+    group = Units(np.arange(8), np.array([0, 8]))
     mbs = pack_units(np.array([0]), group, lengths, 100)
     assert all(len(mb) * lengths[mb].max() <= 100 for mb in mbs) and sorted(np.concatenate(mbs).tolist()) == list(range(8))
+    # A prompt's pairs (--group-by-prompt with DPO) are cut between pairs: 4 pairs of 100-token rows in a
+    # budget of 400 once made one micro-batch of 800 tokens.
+    prompt_pairs = Units(np.array([1, 0, 3, 2, 5, 4, 7, 6]), np.array([0, 8]), piece=2)
+    mbs = pack_units(np.array([0]), prompt_pairs, np.full(8, 100), 400)
+    assert [mb.tolist() for mb in mbs] == [[1, 0, 3, 2], [5, 4, 7, 6]]
 
 
 def test_collate_layout(token_data):

@@ -99,27 +99,28 @@ class Units:
 
     ``rows`` lists dataset rows unit after unit; unit u is
     ``rows[off[u]:off[u+1]]``, in that order (a pair: chosen first). A unit is
-    never split over steps or ranks; a ``whole`` unit is never split over
-    micro-batches either (a pairwise loss needs both rows in one forward pass).
+    never split over steps or ranks; one over the token budget is cut over
+    micro-batches into pieces of ``piece`` rows (2: a pairwise loss needs a pair's
+    two rows in one forward pass; a prompt's pairs are cut between pairs).
     """
 
     rows: np.ndarray  # (n,) int64
     off: np.ndarray  # (n_units + 1,) int64
-    whole: bool = True
+    piece: int = 1
 
     @classmethod
     def singletons(cls, n_rows: int) -> "Units":
         return cls(np.arange(n_rows, dtype=np.int64), np.arange(n_rows + 1, dtype=np.int64))
 
     @classmethod
-    def from_labels(cls, labels: np.ndarray, *, whole: bool) -> "Units":
+    def from_labels(cls, labels: np.ndarray, *, piece: int = 1) -> "Units":
         """Rows with equal ``labels`` (int (n,)) form a unit; units in order of first row, rows in file order."""
         labels = np.asarray(labels)
         _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
         rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[inverse]  # unit number by first row
         rows = np.argsort(rank, kind="stable").astype(np.int64)
         off = np.concatenate([[0], np.cumsum(np.bincount(rank, minlength=len(first)))]).astype(np.int64)
-        return cls(rows, off, whole)
+        return cls(rows, off, piece)
 
     @property
     def n_units(self) -> int:
@@ -230,8 +231,8 @@ def pack_units(units_in_rank: np.ndarray, units: Units, lengths: np.ndarray, tok
     Cost: rows × longest row; with ``prompt_lens`` (n_rows,) — the shared-prefix layout, where
     ``lengths`` are completion lengths and a unit is one prompt's rows — prompts × longest prompt
     + rows × longest completion, each prompt counted once. Returns the rows of each micro-batch,
-    unit after unit. A unit over the budget gets a micro-batch of its own; if it is not ``whole``,
-    it is cut into pieces that fit instead.
+    unit after unit. A unit over the budget is cut into pieces that fit, longest first, in multiples
+    of ``units.piece`` rows (a single piece over the budget gets a micro-batch of its own).
     """
     if len(units_in_rank) == 0:
         return []
@@ -253,9 +254,10 @@ def pack_units(units_in_rank: np.ndarray, units: Units, lengths: np.ndarray, tok
         if current and cost(current + [rows]) > token_budget:
             batches.append(np.concatenate(current))
             current = []
-        if not current and not units.whole and cost([rows]) > token_budget:
-            rows = rows[np.argsort(-size(rows), kind="stable")]  # longest first: every later piece costs less
-            pieces = _cut(rows, lambda k: cost([rows[:k]]), token_budget)
+        if not current and len(rows) > units.piece and cost([rows]) > token_budget:
+            by_piece = rows.reshape(-1, units.piece)  # a pair stays (chosen, rejected)
+            rows = by_piece[np.argsort(-size(by_piece).max(1), kind="stable")].reshape(-1)  # longest first: later pieces cost less
+            pieces = _cut(rows, lambda k: cost([rows[:k]]), token_budget, units.piece)
             batches += pieces[:-1]
             rows = pieces[-1]
         current.append(rows)
@@ -263,11 +265,11 @@ def pack_units(units_in_rank: np.ndarray, units: Units, lengths: np.ndarray, tok
     return batches
 
 
-def _cut(rows: np.ndarray, cost_of_first, budget: int) -> list[np.ndarray]:
-    """``rows`` in pieces of k rows, the largest k (≥ 1) whose cost fits the budget."""
-    k = 1
-    while k < len(rows) and cost_of_first(k + 1) <= budget:
-        k += 1
+def _cut(rows: np.ndarray, cost_of_first, budget: int, piece: int = 1) -> list[np.ndarray]:
+    """``rows`` in pieces of k rows, the largest multiple k (≥ ``piece``) of ``piece`` whose cost fits the budget."""
+    k = piece
+    while k < len(rows) and cost_of_first(k + piece) <= budget:
+        k += piece
     return [rows[i : i + k] for i in range(0, len(rows), k)]
 
 

@@ -188,10 +188,10 @@ def batch_units(table, path: str, *, pairwise: bool, group_by_prompt: bool) -> U
     if not (pairwise or group_by_prompt):
         return Units.singletons(table.num_rows)
     if not pairwise:
-        return Units.from_labels(group_ids(table.column("iteration"), table.column("policy"), table.column("prompt_id"))[0], whole=False)
+        return Units.from_labels(group_ids(table.column("iteration"), table.column("policy"), table.column("prompt_id"))[0])
     pair = table.column("pair_id").to_numpy()
     chosen = table.column("chosen").to_numpy(zero_copy_only=False).astype(bool)
-    units = Units.from_labels(pair, whole=True)
+    units = Units.from_labels(pair, piece=2)
     sizes = units.sizes
     if (sizes != 2).any():
         unit = int(np.flatnonzero(sizes != 2)[0])
@@ -204,8 +204,8 @@ def batch_units(table, path: str, *, pairwise: bool, group_by_prompt: bool) -> U
     units.rows[units.off[:-1] + 1] = np.where(chosen[first], second, first)
     if group_by_prompt:  # whole pairs, grouped by prompt
         labels = group_ids(table.column("iteration"), table.column("policy"), table.column("prompt_id"))[0]
-        by_pair = Units.from_labels(labels[units.rows[units.off[:-1]]], whole=True)
-        units = Units(units.rows.reshape(-1, 2)[by_pair.rows].reshape(-1), by_pair.off * 2, whole=True)
+        by_pair = Units.from_labels(labels[units.rows[units.off[:-1]]])
+        units = Units(units.rows.reshape(-1, 2)[by_pair.rows].reshape(-1), by_pair.off * 2, piece=2)
     return units
 
 
@@ -309,11 +309,12 @@ def micro_batch_tokens(cfg: TrainConfig, data: TokenData, units: Units, plan: St
             continue
         if cfg.shared_prefix:
             tokens = len(step_units) * int(data.prompt_lens[rows].max()) + len(rows) * int(data.completion_lens[rows].max())
+            uncut = int(data.prompt_lens[rows].max()) + units.piece * int(data.completion_lens[rows].max())
         else:
             tokens = len(rows) * int(data.seq_lens[rows].max())
-        largest = max(largest, min(tokens, cfg.micro_batch_tokens))
-        if largest == cfg.micro_batch_tokens:
-            break
+            uncut = units.piece * int(data.seq_lens[rows].max())
+        # A piece packing cannot cut (a row, a pair) may pass the budget: it gets a micro-batch of its own.
+        largest = max(largest, min(tokens, max(cfg.micro_batch_tokens, uncut)))
     return largest
 
 
