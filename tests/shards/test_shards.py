@@ -126,3 +126,19 @@ def test_fingerprint_changes_with_content(tmp_path):
     (tmp_path / "_logs").mkdir()
     (tmp_path / "_logs" / "part-0.log").write_text("log")
     assert shards.fingerprint(tmp_path) == b
+
+
+def test_files_that_each_pass_the_check_read_together_and_mismatched_ones_are_one_error(tmp_path):
+    """list<int32> beside large_list<int32> (both pass the column contract) once raised ArrowTypeError."""
+    import pyarrow.parquet as pq
+
+    from toprcli.errors import UserError
+    from toprcli.shards import read_table
+
+    pq.write_table(pa.table({"ids": pa.array([[1, 2]], pa.list_(pa.int32())), "s": pa.array(["a"])}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[3]], pa.large_list(pa.int32())), "s": pa.array(["b"], pa.large_string())}), tmp_path / "b.parquet")
+    both = read_table([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    assert both.column("ids").to_pylist() == [[1, 2], [3]] and both.column("s").to_pylist() == ["a", "b"]
+    pq.write_table(pa.table({"ids": pa.array(["x"]), "s": pa.array(["c"])}), tmp_path / "c.parquet")
+    with pytest.raises(UserError, match="columns do not match"):
+        read_table([tmp_path / "a.parquet", tmp_path / "c.parquet"])

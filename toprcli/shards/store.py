@@ -238,7 +238,11 @@ def read_table(
             raise UserError(f"{f}: missing column {e} — check the file") from None
     if not tables:
         raise UserError("no input files")
-    return pa.concat_tables(tables, promote_options="default")
+    try:  # permissive: files that each pass the column check (list or large_list, string or large_string) combine
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise UserError(f"{', '.join(str(f) for f in files[:3])}{' ...' if len(files) > 3 else ''}: the files' columns do not match "
+                        f"({str(e).splitlines()[0]}) — read files written by the same stage together") from None
 
 
 def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
