@@ -43,14 +43,17 @@ def _byte_level_alphabet() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, *, arch: str = "llama", hidden: int = 64, layers: int = 2, heads: int = 4,
-                    kv_heads: int = 2, ffn: int = 128, seed: int = 0) -> Path:
-    """A small float32 Llama GGUF laid out the way llama.cpp writes SmolLM2 (tied embeddings, gpt2 tokenizer)."""
+                    kv_heads: int = 2, ffn: int = 128, seed: int = 0, skip: tuple[str, ...] = ()) -> Path:
+    """A small float32 Llama GGUF laid out the way llama.cpp writes SmolLM2 (tied embeddings, gpt2 tokenizer);
+    the tensors named in ``skip`` left out."""
     import gguf
 
     rng = np.random.default_rng(seed)
     merges = ["Ġ t", "Ġ a", "h e", "i n"]
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *_byte_level_alphabet(), *(m.replace(" ", "") for m in merges)]
     w = gguf.GGUFWriter(str(path), arch)
+    add_tensor = w.add_tensor
+    w.add_tensor = lambda name, data: None if name in skip else add_tensor(name, data)
     w.add_name("tiny test llama")
     w.add_block_count(layers)
     w.add_context_length(256)
@@ -111,7 +114,8 @@ def tiny_imported(tiny_gguf, tmp_path_factory) -> tuple[Path, object]:
 
 
 def error_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    """The one error line, after any status line of a slow step that had begun ("… …")."""
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.endswith("…")]
     assert len(lines) == 1 and lines[0].startswith("error:"), f"expected one error line, got {result.stderr!r}"
     return lines[0]
 
@@ -208,10 +212,12 @@ def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:
         "not gguf": (tmp / "notgguf.gguf", "not a GGUF file"),
         "truncated": (tmp / "truncated.gguf", "not a readable GGUF"),
         "architecture": (tmp / "foo.gguf", "foobar"),
+        # once imported with that weight made up by transformers (exit 0, a note in the log)
+        "incomplete": (write_tiny_gguf(tmp / "incomplete.gguf", skip=("blk.1.ffn_norm.weight",)), "has no weights for"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "not gguf", "truncated", "architecture"])
+@pytest.mark.parametrize("case", ["missing", "directory", "not gguf", "truncated", "architecture", "incomplete"])
 def test_import_bad_input_is_one_line_and_writes_nothing(case, tmp_path):
     (tmp_path / "in").mkdir()
     src, words = _bad_files(tmp_path / "in")[case]
@@ -221,6 +227,24 @@ def test_import_bad_input_is_one_line_and_writes_nothing(case, tmp_path):
     assert result.exit_code == 2, result.output
     assert words in error_line(result)
     assert list(out_parent.iterdir()) == []
+
+
+def test_bad_input_leaves_no_log_and_no_directory_made_for_it(tmp_path):
+    """As a user runs it (its own process: other libraries' output goes to <out>.log): refused input once left
+    new/sub/model.log behind, and `topr init-model .` put its log into the directory it was to fill."""
+    import subprocess
+    import sys
+
+    run = lambda *args: subprocess.run([sys.executable, "-m", "toprcli", *args], cwd=tmp_path, capture_output=True, text=True)  # noqa: E731
+    done = run("import-gguf", "absent.gguf", "new/sub/model")
+    assert done.returncode == 2 and "not found" in done.stderr and list(tmp_path.iterdir()) == []
+    done = run("init-model", "x/y", "--preset", "gpt5")
+    assert done.returncode == 2 and "unknown model preset" in done.stderr and list(tmp_path.iterdir()) == []
+    here = tmp_path / "empty"
+    here.mkdir()
+    done = subprocess.run([sys.executable, "-m", "toprcli", "init-model", "."], cwd=here, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (here / "config.json").is_file() and not (here / "..log").exists()
 
 
 # -- the preset cache, without the real model ---------------------------------------------------

@@ -42,6 +42,7 @@ RESUME = "rerun the same command to resume (complete work is kept)"
 _own_process = False  # the command is this process's entry point (main()), not a call inside another program
 _saved_fds: tuple[int, int] | None = None  # the terminal's stdout, stderr while others' output goes to _log
 _log: Path | None = None
+_made_for_log: list[Path] = []  # directories made to hold _log (removed again with an empty log)
 
 
 def begin_process() -> None:
@@ -62,6 +63,7 @@ def send_noise_to(log: str | os.PathLike[str] | None, verbose: bool = False) -> 
 
     if log is None or verbose or not _own_process or _saved_fds is not None:
         return
+    _made_for_log[:] = [d for d in Path(log).absolute().parents if not d.exists()]
     _saved_fds = redirect_output(log)
     if _saved_fds is not None:
         console.file, err_console.file = (os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace") for fd in _saved_fds)
@@ -103,6 +105,11 @@ def fail(message: str) -> typer.Exit:
     output goes to a log, the line names it (a failure's root cause may be there)."""
     if _log is not None and _log.is_file() and _log.stat().st_size:
         message += f" (other libraries' messages: {_log})"
+    elif _log is not None:  # bad input, refused before anything wrote to the log: nothing of it is left
+        _log.unlink(missing_ok=True)
+        for d in _made_for_log:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 

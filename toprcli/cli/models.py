@@ -34,6 +34,7 @@ def init_model(
       [bold]TOPRCLI_CACHE=/data/cache topr init-model models/smollm2 --preset smollm2-135m-instruct[/]
       [bold]topr init-model models/tiny --overwrite --json | jq .parameters[/]
     """
+    out_dir = out_dir.absolute()  # `topr init-model .`: the log goes beside the directory, not into it
     send_noise_to(f"{out_dir}.log", verbose)
     from toprcli.errors import UserError
     from toprcli.models.pretrained import PRESETS, copy_preset, model_path
@@ -72,6 +73,7 @@ def import_gguf(
     """
     from toprcli.models.gguf import import_gguf as run_import
 
+    out_dir = out_dir.absolute()
     send_noise_to(f"{out_dir}.log", verbose)
     path = run_import(gguf_file, out_dir, overwrite=overwrite, progress=status)
     print_summary(f"imported {gguf_file.name}", model_rows(path), as_json)

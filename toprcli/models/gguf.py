@@ -127,8 +127,9 @@ def _dequantize(src: Path, general: dict[str, Any], progress: Callable[[str], No
         tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         if progress is not None:
             progress(f"dequantizing {src.name} ({general['architecture']}) to float32 …")
-        with _no_dequantize_bar():
-            gguf_model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+        with _no_dequantize_bar(), _quiet_load_report():
+            gguf_model, loading = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32,
+                                                                       output_loading_info=True)
     except ImportError as e:
         raise UserError(f"reading GGUF needs the `gguf` package ({first_line(e)}) — `pip install gguf`") from None
     except (ValueError, KeyError, RuntimeError, OSError) as e:
@@ -136,6 +137,12 @@ def _dequantize(src: Path, general: dict[str, Any], progress: Callable[[str], No
             f"cannot import {src} (architecture {general['architecture']!r}): {first_line(e)} — "
             "transformers must support this GGUF architecture as a causal LM"
         ) from None
+    tied = getattr(gguf_model.config, "tie_word_embeddings", False)
+    # transformers fills a weight the file lacks with fresh random values: that is no import.
+    absent = sorted(k for k in loading["missing_keys"] if "rotary" not in k and not (tied and k == "lm_head.weight"))
+    if absent:
+        raise UserError(f"cannot import {src}: the file has no weights for {', '.join(absent[:3])}{' ...' if len(absent) > 3 else ''} "
+                        "— the GGUF is incomplete or not the architecture it declares")
     config = gguf_model.config
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         if hasattr(config, key):
@@ -143,6 +150,7 @@ def _dequantize(src: Path, general: dict[str, Any], progress: Callable[[str], No
     config.dtype = "float32"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    del gguf_model  # two float32 copies of the model at once only while copying
     if unexpected or [k for k in missing if "rotary" not in k]:
         raise UserError(f"cannot import {src}: the dequantized weights do not fit the model ({(missing or unexpected)[:3]}) — report this checkpoint")
     if getattr(config, "tie_word_embeddings", False):
@@ -152,6 +160,19 @@ def _dequantize(src: Path, general: dict[str, Any], progress: Callable[[str], No
     if context:
         tokenizer.model_max_length = context
     return tokenizer, model
+
+
+@contextmanager
+def _quiet_load_report() -> Iterator[None]:
+    """transformers' table of missing weights: a missing weight is our own error line instead."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 @contextmanager

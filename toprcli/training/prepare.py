@@ -398,6 +398,8 @@ def prepare(cfg: TrainConfig) -> Prepared:
         loss.norm_length = int(max(1, data.completion_lens.max()))
 
     plan = step_plan(units, cfg.batch_size, cfg.epochs, cfg.max_steps, cfg.seed)
+    if plan.steps == 0:  # else the starting policy would be saved as the trained one
+        raise UserError(f"--epochs {cfg.epochs} of {units.n_units} training units is no step — raise --epochs or pass --max-steps")
     semantic = {k: v for k, v in config_to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS}
     semantic["processing"] = processing.as_dict()
     return Prepared(
