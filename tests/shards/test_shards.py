@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -142,3 +143,20 @@ def test_files_that_each_pass_the_check_read_together_and_mismatched_ones_are_on
     pq.write_table(pa.table({"ids": pa.array(["x"]), "s": pa.array(["c"])}), tmp_path / "c.parquet")
     with pytest.raises(UserError, match="columns do not match"):
         read_table([tmp_path / "a.parquet", tmp_path / "c.parquet"])
+
+
+def test_a_directory_swapped_into_place_has_the_umasks_permissions(tmp_path):
+    """mkdtemp makes 0700 and safetensors writes 0600: a model built for a shared cache was readable by its builder only."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(dir=tmp_path))
+    (tmp / "sub").mkdir(mode=0o700)
+    (tmp / "sub" / "weights").write_bytes(b"x")
+    os.chmod(tmp / "sub" / "weights", 0o600)
+    old = os.umask(0o022)
+    try:
+        out = shards.swap_dir_into_place(tmp, tmp_path / "model")
+    finally:
+        os.umask(old)
+    modes = [oct(p.stat().st_mode & 0o777) for p in (out, out / "sub", out / "sub" / "weights")]
+    assert modes == ["0o755", "0o755", "0o644"]

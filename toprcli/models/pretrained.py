@@ -169,7 +169,7 @@ def _locked(preset: PretrainedPreset) -> Iterator[None]:
     try:
         models.mkdir(parents=True, exist_ok=True)
         (cache_dir() / "downloads").mkdir(parents=True, exist_ok=True)
-        lock = open(models / f".{preset.name}.lock", "w")
+        lock = os.fdopen(os.open(models / f".{preset.name}.lock", os.O_WRONLY | os.O_CREAT, 0o666), "w")  # others may share the cache
     except OSError as e:
         raise UserError(f"cannot use the model cache {cache_dir()}: {e} — set TOPRCLI_CACHE to a writable dir") from None
     with lock:

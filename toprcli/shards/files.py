@@ -61,6 +61,7 @@ def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]
     """Rename a completely written directory ``tmp`` to ``out``; an existing ``out`` is moved
     aside first and deleted after, so ``out`` is never missing a whole version or half-written."""
     tmp, out = Path(tmp), Path(out)
+    _settle(tmp)
     old = None
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}"
@@ -70,6 +71,34 @@ def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask can only be read by setting it)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _settle(tmp: Path) -> None:
+    """Before ``tmp`` is renamed into place: its files on disk (a host crash must not leave a
+    complete-looking directory with an empty weights file), and the permissions the umask gives new
+    files (``mkdtemp`` makes 0700 and safetensors writes 0600: a shared cache, or an engine running
+    as another user, could not read the model)."""
+    mask = _umask()
+    for root, dirs, files in os.walk(tmp):
+        for name in files:
+            path = os.path.join(root, name)
+            os.chmod(path, 0o666 & ~mask)
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        os.chmod(root, 0o777 & ~mask)
+        _fsync_dir(Path(root))
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
