@@ -359,6 +359,22 @@ def _no_output(tmp_path):
     return not (tmp_path / "train.parquet").exists() and not list(tmp_path.glob("*.manifest.json"))
 
 
+def test_a_scored_dir_topr_score_did_not_finish_is_refused(tmp_path):
+    """Killed after 1 of 2 shards: curate once built a training set from half the data. A hand-made directory
+    (no score record in its files) is read as it is; a finished one has its _manifest.json."""
+    t = scored_table(["a", "a", "b", "b"], [True, False, True, False])
+    shards.write_shard(tmp_path / "scored", 0, t.slice(0, 2), metadata={"score": {"verifier": "gsm8k"}})
+    with pytest.raises(UserError, match="has not finished"):
+        run(tmp_path, str(tmp_path / "scored"))
+    assert _no_output(tmp_path)
+    shards.write_shard(tmp_path / "scored", 1, t.slice(2, 2), metadata={"score": {"verifier": "gsm8k"}})
+    shards.write_manifest(tmp_path / "scored", stage="score", config={})
+    result, table = run(tmp_path, str(tmp_path / "scored"))
+    assert table.num_rows == 4
+    result, table = run(tmp_path, write_scored(tmp_path / "by-hand", t), overwrite=True)
+    assert table.num_rows == 4
+
+
 def test_not_scored(tmp_path):
     t = scored_table(["a", "a"], [True, False]).drop_columns(["reward", "correct", "extracted_answer", "verdict"])
     shards.write_shard(tmp_path / "samples", 0, t)
