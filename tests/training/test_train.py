@@ -315,6 +315,23 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tiny_model_dir, da
     assert again["final_loss"] == resumed["final_loss"]
 
 
+@pytest.mark.parametrize("column, value", [("completion_token_ids", [5, None, 6]), ("behavior_logprobs", None), ("advantage", None)])
+def test_a_null_where_the_contract_has_none_is_one_line_naming_column_and_row(tiny_model_dir, data_path, tmp_path, column, value):
+    """A null inside a token list was read as -2**63 and blamed on the tokenizer; a null list trained on nothing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data_path)
+    values = table.column(column).to_pylist()
+    values[3] = value
+    bad = table.set_column(table.schema.get_field_index(column), table.schema.field(column).with_nullable(True),
+                           pa.array(values, table.schema.field(column).type))
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    with pytest.raises(UserError, match=f"column '{column}' has a null in row 3"):
+        train_policy(_cfg(tiny_model_dir, tmp_path / "bad.parquet", tmp_path / "p"))
+    assert not (tmp_path / "p.partial").exists()
+
+
 def test_epochs_that_give_no_step_are_refused_before_anything_is_written(tiny_model_dir, data_path, tmp_path):
     with pytest.raises(UserError, match="no step"):
         train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", epochs=1e-4, max_steps=None))

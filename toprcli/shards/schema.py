@@ -86,6 +86,30 @@ def validate_columns(
             )
 
 
+def check_nulls(table: pa.Table, kind: str, path: object) -> None:
+    """Every contract column ``table`` has that the contract says is never null holds no null, nor
+    does any list in it hold one (a null token id read as -2**63 would be blamed on the tokenizer)."""
+    import pyarrow.compute as pc
+
+    for field in SCHEMAS[kind]:
+        if field.nullable or field.name not in table.column_names:
+            continue
+        column = table.column(field.name)
+        nested = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+        if column.null_count or (nested and pc.list_flatten(column).null_count):
+            row = _first_null_row(column)
+            raise UserError(f"{path}: column {field.name!r} has a null in row {row} — every row needs a value there; "
+                            f"regenerate the file with `{_PRODUCER[kind]}` or fix that row")
+
+
+def _first_null_row(column: pa.ChunkedArray) -> int:
+    """The first row that is null or holds a null."""
+    for i, value in enumerate(column.to_pylist()):
+        if value is None or (isinstance(value, list) and any(v is None for v in value)):
+            return i
+    return -1
+
+
 def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
     """Exact type, or a harmless widening pandas/DuckDB writers produce (large_string, large_list)."""
     if actual.equals(expected):

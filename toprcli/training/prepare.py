@@ -27,6 +27,7 @@ from toprcli.generation.model_info import config_context_length, first_line
 from toprcli.losses import LOSSES, policy_loss, resolve_options
 from toprcli.sampling import Processing
 from toprcli.shards import (
+    check_nulls,
     check_writable,
     fingerprint,
     parquet_files,
@@ -178,6 +179,7 @@ def load_training_data(path: str, *, need_policy: bool, extra: tuple[str, ...] =
     table = read_table(files, columns=columns)
     if table.num_rows == 0:
         raise UserError(f"{path}: the training set has no rows — check the curation step (its filters may drop everything)")
+    check_nulls(table, "curated", path)
     policies = [str(p) for p in pc.unique(table.column("policy")).to_pylist()] if need_policy else []
     return TokenData.from_table(table), policies, sampling, table.select(list(extra))
 
