@@ -10,7 +10,8 @@ Tokenizer: one token per character of printable ASCII plus ``\\n`` and ``\\t``;
 any other character becomes ``<unk>``. Specials: ``<pad>`` = 0, ``<s>`` = 1
 (bos, prepended by ``tokenizer(text)``), ``</s>`` = 2 (eos), ``<unk>`` = 3.
 Decoding concatenates characters, so ``decode(encode(s), skip_special_tokens=True)
-== s`` for any ASCII ``s``.
+== s`` for printable ASCII ``s`` with ``\n`` and ``\t`` that does not spell a special
+token (``\r`` becomes ``<unk>``; the text ``</s>`` is the eos token).
 
 vLLM's CPU attention kernels support head_dim in {32, 64, 80, 96, 112, 128,
 160, 192, 224, 256, 512}; every preset uses 32 or 64.
