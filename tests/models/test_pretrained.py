@@ -43,7 +43,7 @@ def _byte_level_alphabet() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, *, arch: str = "llama", hidden: int = 64, layers: int = 2, heads: int = 4,
-                    kv_heads: int = 2, ffn: int = 128, seed: int = 0, skip: tuple[str, ...] = ()) -> Path:
+                    kv_heads: int = 2, ffn: int = 128, seed: int = 0, skip: tuple[str, ...] = (), eot: int | None = None) -> Path:
     """A small float32 Llama GGUF laid out the way llama.cpp writes SmolLM2 (tied embeddings, gpt2 tokenizer);
     the tensors named in ``skip`` left out."""
     import gguf
@@ -72,6 +72,8 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", hidden: int = 64, layers
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if eot is not None:
+        w.add_eot_token_id(eot)
     w.add_pad_token_id(2)
     w.add_unk_token_id(0)
     w.add_chat_template(CHATML)
@@ -215,6 +217,17 @@ def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:
         # once imported with that weight made up by transformers (exit 0, a note in the log)
         "incomplete": (write_tiny_gguf(tmp / "incomplete.gguf", skip=("blk.1.ffn_norm.weight",)), "has no weights for"),
     }
+
+
+def test_an_end_of_turn_token_other_than_eos_stops_generation_too(tmp_path):
+    """A GGUF whose turn terminator is not its eos (Gemma's <end_of_turn>): the import once kept eos only."""
+    from toprcli.models.gguf import import_gguf
+
+    out = import_gguf(write_tiny_gguf(tmp_path / "eot.gguf", eot=0), tmp_path / "model")
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == [2, 0]
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [2, 0]
+    plain = import_gguf(write_tiny_gguf(tmp_path / "plain.gguf"), tmp_path / "plain")
+    assert json.loads((plain / "config.json").read_text())["eos_token_id"] == 2
 
 
 @pytest.mark.parametrize("case", ["missing", "directory", "not gguf", "truncated", "architecture", "incomplete"])

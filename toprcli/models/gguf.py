@@ -62,6 +62,9 @@ def check_gguf(path: Path) -> dict[str, Any]:
             if field is not None and field.data:
                 # A string field's value is the part its first data index points at (any gguf version).
                 general[key.split(".", 1)[1]] = bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+        # Turn terminators other than eos (Gemma's <end_of_turn>): generation must stop there too.
+        ends = [reader.get_field(f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
+        general["end_of_turn_ids"] = [int(f.parts[f.data[0]][0]) for f in ends if f is not None and f.data]
     except Exception as e:  # the gguf reader raises whatever numpy/struct raise on a bad file
         raise UserError(f"{path} is not a readable GGUF file ({type(e).__name__}: {first_line(e)}) — is it truncated?") from None
     if "architecture" not in general:
@@ -92,9 +95,13 @@ def import_gguf(
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"output dir {out} already exists and is not empty — pass --overwrite or choose another OUT")
     tokenizer, model = _dequantize(src, general, progress)
+    eos = getattr(model.config, "eos_token_id", None)
+    stops = list(dict.fromkeys([*(eos if isinstance(eos, list) else [eos] if eos is not None else []), *general.pop("end_of_turn_ids", [])]))
+    if len(stops) > 1:
+        model.config.eos_token_id = stops  # config.json: what vLLM and the hf backend stop on
     special = {k: getattr(model.config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     if special["pad_token_id"] is None:
-        special["pad_token_id"] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else special["eos_token_id"]
+        special["pad_token_id"] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else None)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
