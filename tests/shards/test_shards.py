@@ -53,9 +53,13 @@ def test_half_written_temporary_is_ignored_and_replaced(tmp_path):
     with subprocess.Popen(["sleep", "30"]) as alive:
         live = tmp_path / f".shard-00002.parquet.{alive.pid}.tmp"
         live.write_bytes(b"PAR1 being written")
-        assert shards.remove_stale_temporaries(tmp_path) == 1 and live.exists()
+        # And another machine's (--num-shards over hosts): its pid means nothing here, so it stays too.
+        remote = tmp_path / f".shard-00003.parquet.{dead.pid}-0123abcd.tmp"
+        remote.write_bytes(b"PAR1 being written elsewhere")
+        assert shards.remove_stale_temporaries(tmp_path) == 1 and live.exists() and remote.exists()
         alive.kill()
     live.unlink()
+    remote.unlink()
     shards.write_shard(tmp_path, 1, samples_table())
     assert list(shards.complete_shards(tmp_path)) == [0, 1]
 

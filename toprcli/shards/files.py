@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -40,11 +41,16 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+# This machine in a temporary's name: hosts sharing an output directory (--num-shards over machines)
+# must not judge each other's writers by their own process table.
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
 def write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
     """``write(tmp)`` fills a temporary file next to ``path``; fsync, rename: ``path`` is whole or absent."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{_HOST}.tmp")
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
@@ -197,8 +203,9 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
 
 
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
-    """Delete ``.tmp`` files a killed writer left behind; returns how many. A temporary of a live process
-    (``write_atomic`` names it ``.<name>.<pid>.tmp``) is kept: data-parallel writers share a directory."""
+    """Delete ``.tmp`` files a killed writer of this machine left behind; returns how many. A temporary
+    of a live process (``write_atomic`` names it ``.<name>.<pid>-<host>.tmp``) or of another machine
+    is kept: data-parallel writers share a directory."""
     directory = Path(directory)
     if not directory.is_dir():
         return 0
@@ -213,7 +220,9 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
 def _writer_alive(name: str) -> bool:
     """Whether the process named in a ``write_atomic`` temporary (``.<name>.<pid>.tmp``) is running (not this one:
     whatever this process left is stale by the time it cleans up)."""
-    pid = name.removesuffix(".tmp").rsplit(".", 1)[-1]
+    pid, _, host = name.removesuffix(".tmp").rsplit(".", 1)[-1].partition("-")
+    if host and host != _HOST:
+        return True  # another machine's writer: only its own machine can tell
     if not pid.isdigit() or int(pid) == os.getpid():
         return False
     try:
