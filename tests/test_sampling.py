@@ -118,3 +118,12 @@ def test_top_p_candidates_give_the_full_sorts_kept_set(scale):
         differ = ours != full
         # Only where float32 rounding of the two cumulative sums decides (the token sits on the cut).
         assert differ.sum() <= 2 and float(torch.cat([(cum[differ] - (1 - top_p)).abs(), torch.zeros(1)]).max()) < 1e-5, top_p
+
+
+def test_a_temperature_vllm_decodes_greedily_is_greedy_here_too():
+    """vLLM samples below 1e-5 greedily and reports log-probs at T = 1: dividing by 1e-6 here described another μ."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    tiny = Processing(temperature=1e-6, top_k=2)
+    assert tiny.greedy and not tiny.truncates
+    torch.testing.assert_close(processed_logits(logits, tiny), processed_logits(logits, Processing(temperature=0.0)))
+    assert not Processing(temperature=1e-5).greedy

@@ -15,7 +15,7 @@ module so both engines agree):
                   the most likely token is always kept
     log μ(v) = z_v − logsumexp(z over the kept set)    renormalised
 
-``temperature == 0`` (greedy) has no distribution; by convention log-probs
+``temperature < 1e-5`` (greedy, as vLLM decides) has no distribution; by convention log-probs
 are then taken at T = 1 without truncation (what vLLM reports for greedy
 requests), and losses that need μ must refuse such data.
 
@@ -35,6 +35,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import torch
+
+
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: any lower temperature samples greedily
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ class Processing:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """vLLM decodes a temperature below 1e-5 greedily (its log-probs then at T = 1, untruncated)."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def truncates(self) -> bool:
