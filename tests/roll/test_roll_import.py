@@ -240,6 +240,12 @@ def test_difficulty_mask_needs_groups_and_thresholds_are_validated():
 
         validate(import_roll(minimal(difficulty_mask=True, num_return_sequences_in_group=4, difficulty_low_threshold=0.9,
                                      difficulty_high_threshold=0.1)))
+    # Legal in ROLL, and they mean what they say: -0.1 keeps the prompts no sample solved (once refused as invalid).
+    res = import_roll(minimal(difficulty_mask=True, num_return_sequences_in_group=4, difficulty_low_threshold=-0.1,
+                              difficulty_high_threshold=1.1))
+    from toprcli.roll.importer import validate
+
+    assert validate(res).curate.keep_accuracy == [-0.1, 1.1]
 
 
 def test_greedy_rollouts_are_refused_and_greedy_validation_maps_to_eval_greedy():

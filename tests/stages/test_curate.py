@@ -209,6 +209,9 @@ def test_keep_accuracy_uses_all_samples_and_is_strict(tmp_path):
     # [0, 1] is drop_uniform_prompts
     _, t = run(tmp_path, scored, keep_accuracy=[0.0, 1.0], overwrite=True)
     assert set(t.column("prompt_id").to_pylist()) == {"a", "b"}
+    # a bound beyond [0, 1] is no bound on that side (ROLL's -0.1)
+    _, t = run(tmp_path, scored, keep_accuracy=[-0.1, 1.0], overwrite=True)
+    assert set(t.column("prompt_id").to_pylist()) == {"a", "b", "c"}
 
 
 @pytest.mark.parametrize(

@@ -133,8 +133,9 @@ class CurateConfig:
     overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
     unreachable_baseline: float | None = opt(None, "With --positive-fraction: the constant c when the data has one outcome only; unset: fail (iterate uses 0).")
     keep_accuracy: list[float] | None = opt(
-        None, "Keep prompts whose accuracy lies strictly between low and high, e.g. 0.1,0.95 (ROLL's difficulty_mask).",
-        check=_check(lambda v: len(v) == 2 and 0 <= v[0] < v[1] <= 1, "[low, high] with 0 <= low < high <= 1"))
+        None, "Keep prompts whose accuracy lies strictly between low and high, e.g. 0.1,0.95 (ROLL's difficulty_mask; "
+              "-0.1,1 also keeps accuracy 0).",
+        check=_check(lambda v: len(v) == 2 and v[0] < v[1], "[low, high] with low < high (beyond [0, 1]: no bound on that side)"))
     std_normalize: Literal["batch", "group"] | None = opt(
         None, "Divide A by the reward std over all samples (batch) or the prompt's (group), as ROLL's norm_std_type.")
     reward_clip: float | None = opt(None, "Clip A (after --std-normalize) to [−x, x] (ROLL's reward_clip).", check=POSITIVE)
