@@ -23,6 +23,8 @@ def test_closed_form_limits():
         assert cu.closed_form_share(p, 0.0) == pytest.approx(p)  # no baseline: p̃ = p
         assert cu.closed_form_share(p, -1.0) == pytest.approx(1.0)  # c = -1: negatives carry nothing
         assert cu.closed_form_share(p, 1.0) == pytest.approx(0.0)
+    # every A = 0 (all positive at c = 1, all negative at c = -1): once ZeroDivisionError
+    assert cu.closed_form_share(1.0, 1.0) == 1.0 and cu.closed_form_share(0.0, -1.0) == 0.0
     # p = 0.1, P = 0.5: c = (0.1 - 0.5) / (0.1 + 0.5 * 0.8) = -0.8
     assert cu.closed_form_baseline(0.1, 0.5) == pytest.approx(-0.8)
 

@@ -17,9 +17,11 @@ def closed_form_share(p: float, c: float) -> float:
 
     ``p`` is the raw share of R = +1 rows, ``c ∈ [−1, 1]`` the constant
     baseline. c = 0 gives p̃ = p; c = −1 gives p̃ = 1 (negatives drop out);
-    c = 1 gives p̃ = 0.
+    c = 1 gives p̃ = 0. Where every A is 0 (p = 1 with c = 1, p = 0 with c = −1) nothing
+    weighs anything: p̃ is taken as p.
     """
-    return p * (1.0 - c) / (1.0 + c * (1.0 - 2.0 * p))
+    den = 1.0 + c * (1.0 - 2.0 * p)
+    return p if den == 0 else p * (1.0 - c) / den
 
 
 def closed_form_baseline(p: float, target: float) -> float:
