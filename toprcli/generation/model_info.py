@@ -94,8 +94,15 @@ def model_config_json(model: str) -> dict[str, Any]:
 
 
 def same_architecture(a: str, b: str) -> bool:
-    """Whether two model dirs have the same architecture and shapes (in-place reload is valid)."""
-    ca, cb = model_config_json(a), model_config_json(b)
-    if not ca or not cb:
+    """Whether two model dirs have the same architecture and shapes (in-place reload is valid).
+
+    Compared as transformers reads the configs, not as written: a checkpoint saved by another
+    transformers version spells the same RoPE differently (``rope_theta`` beside ``rope_scaling``,
+    or ``rope_parameters``), which once restarted the engine at every such reload."""
+    if not model_config_json(a) or not model_config_json(b):
+        return False
+    try:
+        ca, cb = load_config(a).to_dict(), load_config(b).to_dict()
+    except UserError:
         return False
     return all(ca.get(k) == cb.get(k) for k in ARCH_KEYS)
