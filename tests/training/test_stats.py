@@ -53,3 +53,17 @@ def test_a_rank_with_only_padding_reduces_with_the_others(tmp_path):
     alone = _step_stats(empty=False).reduce(DistContext())
     assert ranks[0] == ranks[1] == pytest.approx(alone)
     assert {"dpo_margin", "behavior_gap_mean", "loss"} <= set(alone)
+
+
+def test_token_level_fractions_average_over_tokens_not_sequences():
+    """A micro-batch of 1 sequence × 90 tokens with clip_frac 0 and one of 10 sequences × 1 token with clip_frac 1:
+    10 of the step's 100 tokens are clipped. By sequences it read 10/11."""
+    stats = StepStats()
+    base = {"loss": 0.0, "n_pos": 1.0, "n_neg": 1.0}
+    stats.add({**base, "clip_frac": 0.0}, share=0.5, n_active=1, tokens=100, completion_tokens=90)
+    stats.add({**base, "clip_frac": 1.0}, share=0.5, n_active=10, tokens=30, completion_tokens=10)
+    stats.add({**base, "neg_token_alpha_mean": 0.5, "neg_tokens": 3.0}, share=0.0, n_active=2, tokens=9, completion_tokens=6)
+    stats.add({**base, "neg_token_alpha_mean": 1.0, "neg_tokens": 1.0}, share=0.0, n_active=9, tokens=9, completion_tokens=6)
+    out = stats.reduce(DistContext())
+    assert out["clip_frac"] == pytest.approx(0.1) and out["neg_token_alpha_mean"] == pytest.approx(0.625) and out["neg_tokens"] == 4
+    assert not [k for k in out if k.endswith("/over")]

@@ -52,6 +52,7 @@ def topr_loss(logprobs, behavior_logprobs, advantages, mask, *, ratio_level="seq
     if ratio_level == "token":
         neg_tok = neg.to(mask.dtype) * mask
         metrics["neg_token_alpha_mean"] = _safe_div((alpha * neg_tok).sum(), neg_tok.sum())
+        metrics["neg_tokens"] = neg_tok.sum()  # what the mean is over (the trainer weights micro-batches by it)
     if positive_weight != 1.0 or negative_weight != 1.0:
         side = torch.where(neg, torch.full_like(alpha[:, :1], negative_weight),
                            torch.full_like(alpha[:, :1], positive_weight))  # (B, 1)

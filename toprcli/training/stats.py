@@ -33,10 +33,13 @@ class StepStats:
     ``loss``-like metrics (already normalised per micro-batch by ``aggregate``)
     are weighted by the micro-batch's share of the step's normaliser, which
     makes them exact; TOPR α statistics are weighted by the negatives they
-    average over; other loss metrics by the active sequences.
+    average over, token-level fractions by the tokens they count over; other
+    loss metrics by the active sequences.
     """
 
     EXACT = ("loss", "pg_loss", "kl", "kl_loss", "entropy")
+    # A per-token mean and what it averages over (``completion_tokens``: the micro-batch's).
+    PER_TOKEN = {"clip_frac": "completion_tokens", "neg_token_alpha_mean": "neg_tokens"}
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -54,6 +57,12 @@ class StepStats:
                 self._add(k, v)
             elif k in ("neg_alpha_mean", "neg_alpha_lt1_frac"):
                 self._add(k, v * n_neg)
+            elif k in self.PER_TOKEN:
+                over = completion_tokens if self.PER_TOKEN[k] == "completion_tokens" else metrics.get(self.PER_TOKEN[k], 0)
+                self._add(k, v * over)
+                self._add(f"{k}/over", over)
+            elif k == "neg_tokens":
+                self._add(k, v)
             elif k == "log_ratio_max":
                 if n_active:
                     self.maxes["log_ratio_max"] = max(self.maxes["log_ratio_max"], v)
@@ -86,7 +95,11 @@ class StepStats:
                 out[k] = v
             elif k in ("neg_alpha_mean", "neg_alpha_lt1_frac"):
                 out[k] = v / n_neg if n_neg else 0.0
-            elif k.startswith("gap_"):
+            elif k in self.PER_TOKEN:
+                out[k] = v / s[f"{k}/over"] if s.get(f"{k}/over") else 0.0
+            elif k == "neg_tokens":
+                out[k] = int(round(v))
+            elif k.startswith("gap_") or k.endswith("/over"):
                 continue
             else:
                 out[k] = v / n_active if n_active else 0.0
