@@ -106,15 +106,13 @@ def test_data_order_is_seeded_and_covers_epochs():
     plan = step_plan(one, 4, 2.0, None, seed=3)
     a = plan.order
     assert len(a) == 20 and sorted(a[:10]) == list(range(10)) and sorted(a[10:]) == list(range(10))
-    # Each epoch ends with a smaller step (4, 4, 2): a step never holds a row twice, epochs never merge.
-    assert plan.steps == 6 and plan.step_units(1).tolist() == a[4:8].tolist() and plan.step_units(2).tolist() == a[8:10].tolist()
-    assert all(len(set(plan.step_units(k).tolist())) == len(plan.step_units(k)) for k in range(plan.steps))
+    # One stream over the epochs, cut into full steps: an epoch's last rows share a step with the next
+    # epoch's first (the step count depends on the rows only; no small steps at epoch ends).
+    assert plan.steps == 5 and plan.step_units(1).tolist() == a[4:8].tolist() and plan.step_units(2).tolist() == a[8:12].tolist()
     assert not np.array_equal(a, step_plan(one, 4, 2.0, None, seed=4).order)
     assert step_plan(one, 4, 1.0, None, 0).steps == 3 and step_plan(one, 4, 0.5, None, 0).steps == 2
-    seven = step_plan(one, 4, 1.0, 7, seed=0)  # max_steps overrides epochs: 3 + 3 + 1 steps
-    assert seven.steps == 7 and len(seven.order) == 24 and seven.rows_done[-1] == 24
-    three = step_plan(Units.singletons(3), 8, 3.0, None, seed=0)  # once 2 steps, rows 1 and 2 three times in one
-    assert three.steps == 3 and all(sorted(three.step_units(k).tolist()) == [0, 1, 2] for k in range(3))
+    seven = step_plan(one, 4, 1.0, 7, seed=0)  # max_steps overrides epochs
+    assert seven.steps == 7 and len(seven.order) == 28 and seven.rows_done[-1] == 28
 
 
 def test_grouped_steps_take_whole_units():

@@ -150,8 +150,8 @@ class StepPlan:
 
     The order is a stream of seeded per-epoch permutations of the units (seed,
     epoch), so step k always gets the same units and a resumed run needs only
-    the step number. A step takes whole units of one epoch while they fit
-    ``batch_size`` rows; a unit larger than ``batch_size`` gets a step of its own.
+    the step number. A step takes whole units while they fit ``batch_size``
+    rows; a unit larger than ``batch_size`` gets a step of its own.
     """
 
     order: np.ndarray  # (units consumed,) unit ids
@@ -168,26 +168,33 @@ class StepPlan:
 
 def step_plan(units: Units, batch_size: int, epochs: float, max_steps: Optional[int], seed: int) -> StepPlan:
     """The run's steps: ``max_steps`` of them if given (it overrides ``epochs``, as in HF), else as many
-    as the first ``round(epochs · n_units)`` units of the stream take. Steps never straddle epochs: each
-    epoch ends with a smaller step where its units run out, so no step holds a unit twice."""
+    as the first ``round(epochs · n_units)`` units of the stream take."""
     n, sizes = units.n_units, units.sizes
-    count = round(epochs * n) if max_steps is None else None
-    orders, starts, done, epoch = [], [np.zeros(1, dtype=np.int64)], 0, 0
-    while n and (done < count if max_steps is None else len(np.concatenate(starts)) - 1 < max_steps):
-        order = np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)  # seeded by (seed, epoch)
-        if count is not None:
-            order = order[: count - done]
-        cuts = _cut_steps(sizes[order], batch_size)
-        orders.append(order)
-        starts.append(cuts[1:] + done)
-        done += len(order)
-        epoch += 1
-    order, starts = (np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)), np.concatenate(starts)
-    if max_steps is not None:
+    if max_steps is None:
+        order = _unit_stream(n, round(epochs * n), seed)
+        starts = _cut_steps(sizes[order], batch_size)
+    else:  # grow the stream until it fills max_steps steps
+        wanted = max_steps * batch_size
+        while True:
+            order = _unit_stream(n, wanted, seed)
+            starts = _cut_steps(sizes[order], batch_size)
+            if len(starts) - 1 >= max_steps or n == 0:
+                break
+            wanted *= 2
         starts = starts[: max_steps + 1]
         order = order[: starts[-1]]
     rows_done = np.concatenate([[0], np.cumsum(sizes[order])])[starts]
     return StepPlan(order, starts, rows_done.astype(np.int64))
+
+
+def _unit_stream(n_units: int, count: int, seed: int) -> np.ndarray:
+    """permutation(epoch 0) ++ permutation(epoch 1) ++ ..., each seeded by (seed, epoch), cut to ``count``."""
+    chunks, have, epoch = [], 0, 0
+    while have < count and n_units:
+        chunks.append(np.random.default_rng([seed, epoch]).permutation(n_units))
+        have += n_units
+        epoch += 1
+    return np.concatenate(chunks)[:count].astype(np.int64) if chunks else np.zeros(0, dtype=np.int64)
 
 
 def _cut_steps(sizes: np.ndarray, batch_size: int) -> np.ndarray:
