@@ -288,7 +288,7 @@ print(p.ensure_preset("smollm2-135m-instruct"))
 @pytest.mark.integration  # child processes racing for the cache
 def test_concurrent_first_calls_build_once(tmp_path):
     cache = tmp_path / "cache"
-    dead = cache / "models" / f".{SMOL}.tmp-killed"  # a killed build's leftover
+    dead = cache / "models" / f".{SMOL}.x1y2.4242-killed.tmp"  # a killed build's leftover
     dead.mkdir(parents=True)
     (dead / "model.safetensors").write_bytes(b"half")
     log = tmp_path / "builds.log"

@@ -164,3 +164,19 @@ def test_a_directory_swapped_into_place_has_the_umasks_permissions(tmp_path):
         os.umask(old)
     modes = [oct(p.stat().st_mode & 0o777) for p in (out, out / "sub", out / "sub" / "weights")]
     assert modes == ["0o755", "0o755", "0o644"]
+
+
+def test_a_killed_builds_directory_is_removed_by_the_next_build_and_a_live_ones_kept(tmp_path):
+    """A SIGKILLed `topr init-model` or `import-gguf` left a hidden directory the size of a model beside its output, forever."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with subprocess.Popen(["sleep", "30"]) as alive:
+        host = shards.build_dir_beside(tmp_path / "model").name.rsplit("-", 1)[-1]  # this machine's tag, ".tmp" included
+        leftovers = {pid: tmp_path / f".model.abcd.{pid}-{host}" for pid in (dead.pid, alive.pid)}
+        for d in leftovers.values():
+            d.mkdir()
+            (d / "model.safetensors").write_bytes(b"half")
+        new = shards.build_dir_beside(tmp_path / "model")
+        assert new.is_dir() and not leftovers[dead.pid].exists() and leftovers[alive.pid].exists()
+        assert not (tmp_path / "model").exists()  # only the build directory is made
+        alive.kill()

@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.generation.model_info import first_line
-from toprcli.shards import swap_dir_into_place
+from toprcli.shards import build_dir_beside, swap_dir_into_place
 
 GGUF_MAGIC = b"GGUF"
 CARD = "toprcli_model.json"
@@ -103,8 +102,7 @@ def import_gguf(
     if special["pad_token_id"] is None:
         special["pad_token_id"] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else None)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = build_dir_beside(out)  # removes what killed builds of out left
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         GenerationConfig(**{k: v for k, v in special.items() if v is not None}).save_pretrained(tmp)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from toprcli.errors import UserError
 from toprcli.models.gguf import CARD, import_gguf, sha256_file
-from toprcli.shards import swap_dir_into_place
+from toprcli.shards import build_dir_beside, swap_dir_into_place
 
 # Bump when the directory import_gguf writes changes, so caches built by an older toprcli are rebuilt.
 CACHE_FORMAT = 1
@@ -148,8 +148,7 @@ def copy_preset(name: str, out: str | os.PathLike[str], *, overwrite: bool = Fal
         raise UserError(f"model output dir {out} already exists and is not empty — pass --overwrite or choose another dir")
     source = ensure_preset(name, progress=progress)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = build_dir_beside(out)  # removes what killed builds of out left
     try:
         shutil.copytree(source, tmp, dirs_exist_ok=True)
         swap_dir_into_place(tmp, out)
@@ -175,7 +174,7 @@ def _locked(preset: PretrainedPreset) -> Iterator[None]:
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the process dies
         # Holding the lock, nobody else is building this preset: any temporary of it is a dead build's.
-        for pattern, where in ((f".{preset.name}.tmp-*", models), (f".{preset.name}.old-*", models),
+        for pattern, where in ((f".{preset.name}.*.tmp", models), (f".{preset.name}.old-*", models),
                                (f".{preset.gguf_name}.*", cache_dir() / "downloads")):
             for stale in where.glob(pattern):
                 if stale.is_dir():

@@ -22,12 +22,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from toprcli.errors import UserError
-from toprcli.shards import swap_dir_into_place
+from toprcli.shards import build_dir_beside, swap_dir_into_place
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3
@@ -178,8 +177,7 @@ def build_tiny_model(
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(torch.float32).eval()
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = build_dir_beside(out)  # removes what killed builds of out left
     try:
         from transformers.utils import logging as hf_logging
 

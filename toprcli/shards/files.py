@@ -202,6 +202,18 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
         fh.close()
 
 
+def build_dir_beside(out: str | os.PathLike[str]) -> Path:
+    """A new empty directory next to ``out`` to build it in, then :func:`swap_dir_into_place`. Named after
+    this process and machine (``.<name>.<random>.<pid>-<host>.tmp``), so the directories killed builders
+    of ``out`` left behind (a whole model each) can be told from live ones, and are removed first."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for entry in out.parent.glob(f".{out.name}.*.tmp"):
+        if entry.is_dir() and not _writer_alive(entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=f".{os.getpid()}-{_HOST}.tmp", dir=out.parent))
+
+
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
     """Delete ``.tmp`` files a killed writer of this machine left behind; returns how many. A temporary
     of a live process (``write_atomic`` names it ``.<name>.<pid>-<host>.tmp``) or of another machine
