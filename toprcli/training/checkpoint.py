@@ -83,6 +83,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _save_synced(obj: Any, path: Path) -> None:
+    """torch.save, on disk before the call returns: a host crash must not leave an empty file in a checkpoint."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -105,13 +121,14 @@ def save_checkpoint(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with quiet_hf():
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    torch.save(_rng_state(), tmp / f"rng-rank{ctx.rank:05d}.pt")
+    _save_synced(_rng_state(), tmp / f"rng-rank{ctx.rank:05d}.pt")
     barrier(ctx)
     if ctx.is_main:
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        _save_synced(scheduler.state_dict(), tmp / "scheduler.pt")
         write_json_atomic(tmp / STATE_NAME, trainer_state)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
+        _fsync_dir(root)  # the rename on disk before the older checkpoints go (dcp.save fsyncs its own files)
         for p in root.iterdir():
             if p != final and (CKPT_PATTERN.match(p.name) or p.name.endswith(".tmp")):
                 shutil.rmtree(p, ignore_errors=True)
