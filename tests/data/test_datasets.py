@@ -178,3 +178,20 @@ def test_a_solution_column_beside_the_answer_is_the_worked_solution(tmp_path):
     f.write_text(json.dumps({"problem": "What is 1 - 0?", "solution": "1 - 0 = $\\boxed{1}$.", "answer": "1"}) + "\n")
     ex = load_examples(DatasetSpec(source=str(f), preset="math"))[0]
     assert (ex.answer, ex.solution) == ("1", "1 - 0 = $\\boxed{1}$.")
+
+
+def test_auto_reads_an_unnamed_file_by_its_content_and_renders_it_so(tmp_path):
+    """data/train.jsonl with MATH's problem and a boxed solution once got the `none` preset: exact matching of the whole
+    solution text, a bare prompt. Now the math preset reads the gold, renders the prompt and picks the verifier."""
+    from toprcli.data.datasets import MATH_INSTRUCTION, default_verifier
+
+    rows = [{"problem": "What is 1/2 + 1/2?", "solution": "Add them: $\\frac{2}{2} = \\boxed{1}$."}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = DatasetSpec(source=str(tmp_path / "train.jsonl"))
+    (example,) = load_examples(spec)
+    assert example.answer == "1" and default_verifier(spec) == "math"
+    assert render_prompt(example, spec).startswith(MATH_INSTRUCTION)
+    rows = [{"question": "2 + 3?", "answer": "2 + 3 = 5\n#### 5"}]
+    (tmp_path / "gsm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (example,) = load_examples(DatasetSpec(source=str(tmp_path / "gsm.jsonl")))
+    assert example.answer == "5" and example.preset == "gsm8k"

@@ -30,7 +30,8 @@ class DatasetSpec:
     config_name: str | None = opt(None, "The hub dataset's config (openai/gsm8k: main, chosen for you).", flag="--dataset-config")
     split: str = opt("train", "Dataset split.")
     preset: Literal["auto", "gsm8k", "math", "arith", "verification", "verl", "trl", "messages", "none"] = opt(
-        "auto", "Column mapping, gold-answer rule and instruction; auto: verl/trl/messages from the columns, else from the source's name.")
+        "auto", "Column mapping, gold-answer rule and instruction; auto: verl/trl/messages from the columns, else from the source's name, "
+                "else from the content (`#### n` answers: gsm8k; a problem with a boxed solution: math).")
     question_column: str | None = opt(None, "Column of the question; a.b reads field b of struct column a (not in CSV) (default: the preset's).")
     answer_column: str | None = opt(None, "Column of the gold answer, e.g. reward_model.ground_truth (default: the preset's).")
     id_column: str | None = opt(None, "Column of a unique prompt id (default: a hash of the question).")

@@ -46,6 +46,7 @@ class Example:
     messages: tuple | None = None  # a chat dataset's conversation, rendered as given (formats.py)
     data_source: str | None = None  # verl's data_source: which verifier scores the row
     shots: tuple = ()  # few-shot examples shown before the problem
+    preset: str | None = None  # the preset the dataset resolved to: the prompt is rendered as the gold was read
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,6 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-
 @functools.lru_cache(maxsize=64)  # keyed by mtime: render_prompt resolves the preset once per example
 def _stage_of_file(path: str, mtime_ns: int) -> str | None:
     try:
@@ -185,7 +185,16 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
         return PRESETS["gsm8k"]
     if "math" in name:
         return PRESETS["math"]
-    return PRESETS["none"]
+    return _by_content(row) or PRESETS["none"]
+
+
+def _by_content(row: dict[str, Any] | None) -> Preset | None:
+    """A file named after neither: GSM8K's ``#### n`` answers, or MATH's ``problem`` with a boxed solution."""
+    if row is not None and isinstance(row.get("question"), str) and "####" in str(row.get("answer", "")):
+        return PRESETS["gsm8k"]
+    if row is not None and isinstance(row.get("problem"), str) and any("\\boxed" in str(row.get(k, "")) for k in ("solution", "answer")):
+        return PRESETS["math"]
+    return None
 
 
 # -- loading ------------------------------------------------------------------
@@ -362,7 +371,7 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         raw = reference if reference is not None else _answer_text(formats.get_path(r, a_col) if a_col else None)
         # The worked solution (few-shot, warm start): verl's extra_info.answer, else a solution column beside the answer's.
         solution = _text(formats.get_path(r, "extra_info.answer") if preset.name == "verl" else r.get("solution") if a_col != "solution" else None)
-        examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source"))))
+        examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name))
     if spec.few_shot:
         pool = [e for e in load_examples(dataclasses.replace(spec, split=spec.few_shot_split, few_shot=0, limit=None)) if e.solution]
         examples = [dataclasses.replace(e, shots=tuple(formats.choose_shots(pool, e.prompt_id, e.question, spec.few_shot, spec.few_shot_seed)))
@@ -412,14 +421,18 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
         if example.messages is not None:
             messages, shots = list(example.messages), [(s.question, s.solution) for s in example.shots]
         else:
-            instruction = spec.template or resolve_preset(spec).chat_instruction
+            instruction = spec.template or _preset_of(example, spec).chat_instruction
             messages = [{"role": "user", "content": instruction.replace("{question}", example.question)}]
             shots = [(instruction.replace("{question}", s.question), s.solution) for s in example.shots]
         messages = formats.with_shots(formats.with_system(messages, spec.system_prompt), shots)
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    template = spec.template or resolve_preset(spec).template
+    template = spec.template or _preset_of(example, spec).template
     shots = "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in example.shots)
     return shots + template.replace("{question}", example.question)
+
+
+def _preset_of(example: Example, spec: DatasetSpec) -> Preset:
+    return PRESETS[example.preset] if example.preset else resolve_preset(spec)
 
 
 def encode_prompt(text: str, tokenizer: Any, spec: DatasetSpec) -> list[int]:
