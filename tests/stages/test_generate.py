@@ -168,6 +168,24 @@ def test_cli_prompts_longer_than_context(tiny_model_dir, tmp_path, bad_input):
     assert read_manifest(out)["skipped_long"] == 1
 
 
+def test_an_engine_with_a_shorter_context_than_the_config_is_refused_before_a_shard(tiny_model_dir, tmp_path, monkeypatch):
+    """vLLM may derive a context below the config's (RoPE scaling, the tokenizer's limit): prompts planned against the
+    config's 512 tokens once reached an engine of 16 and failed there, mid-run."""
+    import toprcli.stages.generate as stage
+
+    real = stage.open_backend
+
+    def short_context(*args, **kwargs):
+        backend = real(*args, **kwargs)
+        backend.max_model_len = 16  # what the engine says it takes
+        return backend
+
+    monkeypatch.setattr(stage, "open_backend", short_context)
+    with pytest.raises(UserError, match="the engine's context is 16 tokens, not the config's 512.*--max-model-len 16"):
+        stage.run(_cfg(tiny_model_dir, tmp_path / "out"))
+    assert not complete_shards(tmp_path / "out")
+
+
 def test_cli_summary_table(tiny_model_dir, tmp_path):
     result = _cli(["--model", str(tiny_model_dir), "--dataset", "builtin:arith", "--out", str(tmp_path / "o"),
                    "--backend", "hf", "--limit", "3", "--n", "2", "--max-new-tokens", "8"])

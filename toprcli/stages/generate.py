@@ -163,6 +163,23 @@ def run(
         return _write(cfg, plan, backend, progress, t_start)
 
 
+def _check_engine_context(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend) -> None:
+    """The prompts were checked against the config's context; vLLM may derive a smaller one (RoPE scaling, the
+    tokenizer's limit, the KV cache). Anything that does not fit it is refused before a shard is written."""
+    engine_context = getattr(backend, "max_model_len", None)
+    planned = context_length(str(cfg.model), cfg.engine.max_model_len)
+    if engine_context is None or planned is None or engine_context >= planned:
+        return
+    todo = [p for j in plan.todo for p in plan.blocks[j]]
+    try:
+        drop_long(todo, engine_context, skip_long=False)
+        check_room(todo, engine_context, cfg.sampling.max_new_tokens, cfg.clip_to_context)
+    except UserError as e:
+        backend.close()
+        raise UserError(f"the engine's context is {engine_context} tokens, not the config's {planned}: {e} "
+                        f"(pass --max-model-len {engine_context} to plan for it)") from None
+
+
 def _plan(cfg: GenerateConfig, backend: GenerationBackend | None, examples: list | None) -> _Plan:
     if not cfg.out:
         raise UserError("no output directory — pass --out DIR")
@@ -213,6 +230,7 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
         if backend is None:
             backend = open_backend(cfg.engine, str(cfg.model), seed=cfg.sampling.seed)
             own_backend = True
+            _check_engine_context(cfg, plan, backend)
         elif str(backend.model) != str(cfg.model):
             backend.load_weights(str(cfg.model))
         try:
