@@ -266,6 +266,13 @@ def test_greedy_rollouts_are_refused_and_greedy_validation_maps_to_eval_greedy()
     assert any("top_p is not set" in c for c in res.callouts)
 
 
+def test_one_validation_length_without_the_other_is_refused_as_roll_refuses_it():
+    with pytest.raises(UserError, match="val_prompt_length is set without val_sequence_length"):
+        import_roll(minimal(val_prompt_length=512))
+    with pytest.raises(UserError, match="null"):
+        import_roll(minimal(prompt_length=None))  # once a TypeError traceback
+
+
 def test_a_silent_file_gets_rolls_defaults_not_toprs():
     """ROLL's group of 1, lr 5e-5 and 8 sequences per device where the file says nothing (topr's own: 16, 5e-7, 64)."""
     res = import_roll(minimal(actor_train={"device_mapping": "list(range(0,4))"}))

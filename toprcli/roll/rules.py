@@ -122,6 +122,10 @@ def _lengths(m: Any) -> int:
         if resp is not None:
             m.left_out("response_length", "sequence_length is set: ROLL ignores response_length")
     vp, vs = m.number("val_prompt_length", integer=True), m.number("val_sequence_length", integer=True)
+    if (vp is None) != (vs is None):  # ROLL asserts both or neither
+        given = "val_prompt_length" if vp is not None else "val_sequence_length"
+        raise UserError(f"{given} is set without {'val_sequence_length' if vp is not None else 'val_prompt_length'} — ROLL "
+                        "refuses one without the other; set both (or neither: validation then uses the training lengths)")
     val = vs - vp if vp is not None and vs is not None else mnt
     m.set("eval.sampling.max_new_tokens", val)
     if vp is not None and vs is not None:
