@@ -77,10 +77,20 @@ def test_interpolation_absolute_relative_typed_and_in_text():
     assert d["a"]["c"] == "x" and d["a"]["d"]["e"] == "x"
     assert d["a"]["d"]["f"] == 8 and isinstance(d["a"]["d"]["f"], int)  # a whole-value reference keeps its type
     assert d["lst"] == [1, 1, 1]
-    assert d["text"] == "on=true none=null"
+    assert d["text"] == "on=True none=None"  # what OmegaConf 2.3 gives (str of the value)
     assert d["lit"] == "${not.a.ref}"
     assert d["nested"] == "x"
     assert out.unresolved == {}
+
+
+def test_interpolation_as_omegaconf_through_references_and_with_escaped_literals():
+    """Both checked against OmegaConf 2.3: a reference through a node that is itself a reference, and an escaped
+    literal substituted into text (it was read again and refused as a reference to an undefined key)."""
+    d = resolve({"base": {"tp": 2}, "x": "${base}", "y": "${x.tp}", "tag": "\\${x}", "exp_name": "run-${tag}"}).data
+    assert d["y"] == 2 and d["x"] == {"tp": 2}
+    assert d["tag"] == "${x}" and d["exp_name"] == "run-${x}"
+    with pytest.raises(UserError, match="'x.pp', which the file does not define"):
+        resolve({"base": {"tp": 2}, "x": "${base}", "y": "${x.pp}"})
 
 
 def test_interpolation_resolvers_are_reported_not_evaluated():

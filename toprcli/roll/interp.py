@@ -107,8 +107,9 @@ class _Resolver:
                 raise UserError(
                     f"{dotted(path)}: '{m.group(0)}' inside text refers to a mapping or list — refer to a single value"
                 )
-            shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-            text = text[: m.start()] + shown + text[m.end():]
+            shown = str(value)  # as OmegaConf renders it: True, None, 1e-05
+            # A substituted value is text, never read again: an escaped "${" it carries stays literal.
+            text = text[: m.start()] + shown.replace("${", _ESCAPED) + text[m.end():]
 
     def lookup(self, expr: str, path: Path) -> Any:
         if ":" in expr or not expr:
@@ -116,17 +117,32 @@ class _Resolver:
         depth = len(expr) - len(expr.lstrip("."))
         base = path[: len(path) - depth] if depth else ()
         target = base + tuple(self.parse(expr[depth:], path))
-        try:
-            self.raw(target)
-        except KeyError:
-            raise UserError(
-                f"{dotted(path)}: '${{{expr}}}' refers to '{dotted(target)}', which the file does not define — "
-                "fix the reference or write the value"
-            ) from None
-        value = self.node(target)
+        value = self.walk(target, path, expr)
         if target in self.unresolved:
             raise _Unresolvable(expr)
         return value
+
+    def walk(self, target: Path, path: Path, expr: str) -> Any:
+        """The value at ``target``, also through a node that is itself a reference (``${x.tp}`` with ``x: ${base}``)."""
+        for i in range(len(target) + 1):
+            try:
+                self.raw(target[:i])
+            except KeyError:
+                if not isinstance(self.raw(target[: i - 1]), str):  # a key that is not there, not a reference to walk through
+                    break
+                node = self.node(target[: i - 1])
+                for p in target[i - 1:]:
+                    if isinstance(node, dict) and p in node or isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+                        node = node[p]
+                    else:
+                        break
+                else:
+                    return node
+                break
+        else:
+            return self.node(target)
+        raise UserError(f"{dotted(path)}: '${{{expr}}}' refers to '{dotted(target)}', which the file does not define — "
+                        "fix the reference or write the value")
 
     def parse(self, ref: str, path: Path) -> list[Any]:
         parts: list[Any] = []
