@@ -174,3 +174,12 @@ def test_paired_bootstrap_interval_of_a_difference():
     assert (lo, hi) == bootstrap_interval([better[p] - a[p] for p in sorted(a)], resamples=2000, seed=1)
     with pytest.raises(ValueError, match="share no prompt"):
         paired_bootstrap_interval({"x": 1.0}, {"y": 1.0})
+
+
+def test_weighted_votes_that_tie_in_exact_arithmetic_tie_in_floats():
+    """Three votes of 1/3 (sampled verdicts: 1 Yes of 3) against one of 1.0 is a tie: credit 1/2, not a loss."""
+    import numpy as np
+
+    third = np.float32(1 / 3)
+    assert majority_vote_correct(["A", "A", "A", "B"], [False, False, False, True], [third, third, third, np.float32(1.0)]) == 0.5
+    assert majority_vote_correct(["A"] * 5 + ["B"], [False] * 5 + [True], [np.float32(0.2)] * 5 + [np.float32(1.0)]) == 0.5

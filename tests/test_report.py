@@ -33,3 +33,36 @@ def test_runs_evaluated_on_another_task_are_not_paired(tmp_path):
     text = comparison_markdown([{"label": "a", "lineage": None, "rounds": [{"round": 1}]},
                                 {"label": "c", "lineage": None, "rounds": [{"round": 1}], "paired_vs_first": other}])
     assert "c and a were evaluated differently (k): no paired difference." in text
+
+
+def test_a_paired_difference_names_the_rounds_it_pairs(tmp_path):
+    """The table shows each run's last round; the difference uses the last *evaluated* one, which may be earlier."""
+    scores = {f"p{i}": i % 2 * 1.0 for i in range(10)}
+    a, b = _run(tmp_path, "a", scores), _run(tmp_path, "b", {p: 1.0 for p in scores})
+    (b / "round-002").mkdir()  # started, not evaluated
+    text = comparison_markdown([{"label": "a", "lineage": None, "rounds": [{"round": 1}]},
+                                {"label": "b", "lineage": None, "rounds": [{"round": 1}, {"round": 2}], "paired_vs_first": paired_difference(a, b)}])
+    assert "b (round 1) − a (round 1), pass@1: +0.500" in text
+
+
+def test_error_bars_of_an_interval_that_misses_its_point_are_drawn(tmp_path):
+    """A percentile interval from few resamples need not contain the mean; matplotlib refused the negative bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from toprcli.report import _series
+
+    fig, ax = plt.subplots()
+    _series(ax, [{"round": 0, "pass@1": 0.375, "intervals": {"pass@1": [0.125, 0.125]}}, {"round": 1, "pass@1": 0.5}], "pass@1", "pass@1")
+    (line,) = ax.get_lines()[:1]
+    assert list(line.get_ydata()) == [0.375, 0.5]
+    plt.close(fig)
+
+
+def test_a_point_and_its_interval_print_at_one_precision():
+    """0.0625 printed as 0.0625 [0.062, 0.062] sat outside its own interval."""
+    from toprcli.cli.common import with_interval
+
+    assert with_interval({"pass@1": 0.0625, "intervals": {"pass@1": [0.0625, 0.0625]}}, "pass@1", digits=3) == "0.062 [0.062, 0.062]"

@@ -77,7 +77,8 @@ def majority_vote_correct(
     if not votes:
         return 0.0
     top = max(votes.values())
-    tied = [a for a, v in votes.items() if v == top]
+    # Weights summed in floats: three votes of 1/3 make 0.9999999 against a 1.0 — that is a tie, not a loss.
+    tied = [a for a, v in votes.items() if math.isclose(v, top, rel_tol=1e-6)]
     return sum(group_correct[a] for a in tied) / len(tied)
 
 

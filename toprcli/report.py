@@ -142,7 +142,8 @@ def _series(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
     pts = [(r["round"], r[key], (r.get("intervals") or {}).get(key)) for r in rows if r.get(key) is not None]
     if pts:
         xs, ys, cis = zip(*pts)
-        err = [[y - (c or (y, y))[0] for y, c in zip(ys, cis)], [(c or (y, y))[1] - y for y, c in zip(ys, cis)]]
+        # A percentile interval need not contain the mean (few resamples): matplotlib refuses negative error bars.
+        err = [[max(0.0, y - (c or (y, y))[0]) for y, c in zip(ys, cis)], [max(0.0, (c or (y, y))[1] - y) for y, c in zip(ys, cis)]]
         ax.errorbar(xs, ys, yerr=err if any(cis) else None, marker="o", capsize=3, label=label)
 
 
@@ -289,7 +290,7 @@ def paired_difference(a: Path, b: Path) -> dict[str, Any] | None:
 
     if different := sorted(k for k, v in task(ea).items() if task(eb)[k] != v):
         return {**out, "not_comparable": different}
-    for key in set(ea["per_prompt"]) & set(eb["per_prompt"]):
+    for key in sorted(set(ea["per_prompt"]) & set(eb["per_prompt"])):  # a stable order in compare.md
         pa, pb = ea["per_prompt"][key], eb["per_prompt"][key]
         shared = set(pa) & set(pb)
         if shared:
@@ -318,6 +319,7 @@ def comparison_markdown(runs: list[dict[str, Any]]) -> str:
         for key, d in (run.get("paired_vs_first") or {}).items():
             if isinstance(d, dict) and "interval" in d:
                 verdict = "outside the noise" if d["outside_noise"] else "within the noise"
-                lines += ["", f"{run['label']} − {runs[0]['label']}, {key}: {d['difference']:+.3f} [{d['interval'][0]:+.3f}, "
-                              f"{d['interval'][1]:+.3f}] over {d['prompts']} shared prompts (paired bootstrap): {verdict}."]
+                ra, rb = run["paired_vs_first"]["rounds"]  # the last evaluated rounds, which the table's last round may not be
+                lines += ["", f"{run['label']} (round {rb}) − {runs[0]['label']} (round {ra}), {key}: {d['difference']:+.3f} "
+                              f"[{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}] over {d['prompts']} shared prompts (paired bootstrap): {verdict}."]
     return "\n".join(lines + ["", "Plot: `compare.png`.", ""])

@@ -200,7 +200,7 @@ def with_interval(metrics: dict[str, Any], key: str, digits: int = 4) -> str | N
     if metrics.get(key) is None:
         return None
     low_high = (metrics.get("intervals") or {}).get(key)
-    return f"{metrics[key]:.4f}" + (f" [{low_high[0]:.{digits}f}, {low_high[1]:.{digits}f}]" if low_high else "")
+    return f"{metrics[key]:.{digits}f}" + (f" [{low_high[0]:.{digits}f}, {low_high[1]:.{digits}f}]" if low_high else "")  # one precision
 
 
 def _fmt(value: Any) -> str:
