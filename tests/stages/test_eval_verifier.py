@@ -85,10 +85,12 @@ def test_a_verifier_of_another_architecture_gets_its_own_engine(tiny_model_dir, 
 def test_candidates_are_judged_by_the_evaluated_model(tiny_model_dir, hf_backend, tmp_path):
     first = tmp_path / "generator-eval"
     run(eval_config(tiny_model_dir, first), backend=hf_backend)
-    cfg = eval_config(tiny_model_dir, tmp_path / "verifier-eval", candidates=str(first / "scored"), k=3)
+    # 2 verdicts per prompt here; the candidates have 3 samples per problem: best-of-3 and maj@3 over all of them
+    # (the eval's own k once cut them to the first 2).
+    cfg = eval_config(tiny_model_dir, tmp_path / "verifier-eval", candidates=str(first / "scored"), k=2)
     m = run(cfg, backend=hf_backend)["metrics"]
-    assert m["verifier_model"] == str(tiny_model_dir) and m["candidates"] == 18
-    assert m["candidates_maj@k"] == json.loads((first / "eval.json").read_text())["metrics"]["maj@k"]
+    assert m["verifier_model"] == str(tiny_model_dir) and m["candidates"] == 18 and m["candidates_k"] == 3
+    assert m["candidates_maj@k"] == m["candidates_maj@3"] == json.loads((first / "eval.json").read_text())["metrics"]["maj@k"]
 
 
 def test_verifier_model_and_candidates_are_exclusive_and_the_cli_prints_the_measures(tiny_model_dir, tmp_path):

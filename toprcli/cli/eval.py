@@ -35,6 +35,7 @@ def show(result: StageResult, cfg: EvalConfig) -> None:
     if "bootstrap" in m:
         rows.append(("[95% interval]", f"bootstrap over prompts, {m['bootstrap']['resamples']} resamples, seed {m['bootstrap']['seed']}"))
     if "best_of_k_verifier" in m:
+        k = m.get("candidates_k", k)  # --candidates: every sample each problem has there
         rows += [
             ("verifier", f"{m['verifier_model']} ({m['verifier_mode']})"),
             (f"candidates judged ({'--candidates' if cfg.candidates else 'the k samples'})", m["candidates"]),

@@ -70,14 +70,18 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     else:  # judged by an earlier, interrupted run of this eval
         table = shards.read_table(verified)
     prompt_ids, correct = table.column("prompt_id").to_pylist(), table.column("correct").to_pylist()
-    keys = vote_keys(answer_checker, prompt_ids, table.column("extracted_answer").to_pylist(), correct, cfg.k,
+    # This eval's own samples: its k. Another run's (candidates): all of each problem's, however many it drew;
+    # cfg.k is then this eval's verdicts per prompt, not the candidates' (it once cut best-of-8 to best-of-4).
+    k = max(Counter(prompt_ids).values()) if cfg.candidates else cfg.k
+    keys = vote_keys(answer_checker, prompt_ids, table.column("extracted_answer").to_pylist(), correct, k,
                      workers=cfg.workers, timeout=cfg.timeout)
     scores = table.column("verifier_score").to_numpy().astype(np.float64)
-    m = verifier_metrics(prompt_ids, correct, keys, scores, cfg.k)
+    m = verifier_metrics(prompt_ids, correct, keys, scores, k)
     if m["verifier_auc"] != m["verifier_auc"]:  # NaN: every candidate right, or every one wrong
         m["verifier_auc"] = None  # JSON has no NaN
     for name in ("best_of_{}_verifier", "weighted_maj@{}", "candidates_maj@{}"):  # also under k's name, as maj@k is
-        m[name.format("k")] = m[name.format(cfg.k)]
+        m[name.format("k")] = m[name.format(k)]
+    m["candidates_k"] = k
     m["verifier_invalid_rate"] = float(1.0 - table.column("verifier_valid").to_numpy().astype(np.float64).mean())
     m["verifier_model"], m["verifier_mode"] = verifier, cfg.verifier_mode
     return m
