@@ -83,6 +83,9 @@ def test_rerun_is_skipped_and_other_settings_are_refused(tmp_path):
     with pytest.raises(UserError, match="already exists"):
         run(VerifierDataConfig(scored=[str(d)], out=str(out), dedupe=False))
     assert run(VerifierDataConfig(scored=[str(d)], out=str(out), dedupe=False, overwrite=True))["rows_out"] == 5
+    # The repeated candidate is kept with an id of its own: the file loads as a dataset (twin ids were refused).
+    examples = load_examples(DatasetSpec(source=str(out), split="test"))
+    assert len(examples) == 5 and len({e.prompt_id for e in examples}) == 5
 
 
 @pytest.mark.parametrize(

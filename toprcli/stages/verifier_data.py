@@ -125,8 +125,13 @@ def _build(cfg: VerifierDataConfig, inputs: ScoredInputs, progress: ProgressFn |
     def pick(values: list) -> list:
         return [values[i] for i in kept]
 
+    ids, copies = [], Counter()
+    for i in kept:  # --no-dedupe keeps repeated candidates: the same text, a unique id each (load_examples refuses twins)
+        base = verification_id(texts[i])
+        copies[base] += 1
+        ids.append(base if copies[base] == 1 else f"{base}-{copies[base]}")
     table = pa.table({
-        "id": pa.array([verification_id(texts[i]) for i in kept], pa.string()),
+        "id": pa.array(ids, pa.string()),
         "question": pa.array(pick(texts), pa.string()),
         "answer": pa.array([label_word(bool(label[i])) for i in kept], pa.string()),
         "label": pa.array(label[kept], pa.bool_()),
