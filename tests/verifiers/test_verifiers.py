@@ -44,6 +44,9 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("The answer is 5. Wait, 6", "#### 5", "correct", "5"),  # "the answer is" wins over the last number
         ("#### 17", "#### 18", "incorrect", "17"),
         ("x - 3", "3", "correct", "3"),  # a minus needs to touch the number
+        ("so x-5 = 3, so 8-3", "5", "incorrect", "3"),  # subtraction, not a sign (was -3)
+        ("from 2023-2024", "2024", "correct", "2024"),  # a range
+        ("(2+3)-1 is 4, answer -4", "-4", "correct", "-4"),  # a sign after a space still is one
         ("1,234,567", "1234567", "correct", "1,234,567"),
         ("no digits here", "#### 4", "no_answer", None),
         ("", "#### 4", "no_answer", None),

@@ -28,8 +28,9 @@ from decimal import Decimal, InvalidOperation
 from toprcli.verifiers.base import ERROR, NO_ANSWER, Verdict, clip_text, judged
 
 # A number as GSM8K writes it: optional sign and $, digits with optional
-# thousands commas, optional decimals. ``−`` is the Unicode minus.
-_NUMBER = r"(?:[-−]\$?|\$[-−]?)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
+# thousands commas, optional decimals. ``−`` is the Unicode minus. A hyphen right
+# after a word or a ")" is subtraction or a range (8-3, 2023-2024), not a sign.
+_NUMBER = r"(?:(?<![\w)])[-−]\$?|\$[-−]?)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
 _NUMBER_RE = re.compile(_NUMBER)
 _HASH_RE = re.compile(r"####\s*(" + _NUMBER + r")")
 _ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?\s*(" + _NUMBER + r")")
