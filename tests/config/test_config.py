@@ -153,6 +153,14 @@ def test_a_verifier_trained_by_iterate_judges_candidates_as_it_was_trained():
     cfg = from_dict(IterateConfig, {"generate": {"dataset": {"chat_template": True}},
                                            "eval": {"candidates": "scored", "verifier_chat_template": True}})
     assert cfg.eval.candidates == "scored"
+    # The system prompt it was trained with is the one it judges with (the judge once dropped it).
+    with pytest.raises(ConfigError, match="eval.dataset.system_prompt differs"):
+        from_dict(IterateConfig, {"generate": {"dataset": {"system_prompt": "You grade solutions."}}, "eval": {"candidates": "scored"}})
+    cfg = from_dict(IterateConfig, {"generate": {"dataset": {"system_prompt": "You grade solutions."}},
+                                    "eval": {"candidates": "scored", "dataset": {"system_prompt": "You grade solutions."}}})
+    from toprcli.stages.eval_judge import _spec
+
+    assert _spec(cfg.eval, "x").system_prompt == "You grade solutions."
     with pytest.raises(ConfigError, match="choose one"):
         from_dict(IterateConfig, {"eval": {"candidates": "scored", "verifier_model": "m"}})
 

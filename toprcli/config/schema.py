@@ -343,6 +343,10 @@ class IterateConfig:
         if self.eval.candidates and self.eval.verifier_chat_template != self.generate.dataset.chat_template:
             raise ConfigError(f"eval.verifier_chat_template is {self.eval.verifier_chat_template} but generate.dataset.chat_template is "
                               f"{self.generate.dataset.chat_template} — the verifier judges eval.candidates with the prompts it was trained on; make them equal")
+        for key in ("system_prompt", "template") if self.eval.candidates else ():
+            if getattr(self.eval.dataset, key) != getattr(self.generate.dataset, key):
+                raise ConfigError(f"eval.dataset.{key} differs from generate.dataset.{key} — the verifier judges eval.candidates "
+                                  "with the prompts it was trained on; make them equal")
         for stage in ("train", "eval"):
             if getattr(self, stage).tracking.report_to:
                 raise ConfigError(f"{stage}.tracking is set in a pipeline config — tracking is one run per run directory: "

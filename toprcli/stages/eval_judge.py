@@ -113,7 +113,10 @@ def _texts(table: pa.Table) -> list[str]:
 
 
 def _spec(cfg: EvalConfig, source: str) -> DatasetSpec:
-    return DatasetSpec(source=source, split="test", preset="verification", chat_template=cfg.verifier_chat_template)
+    """How verification prompts are rendered. Judging --candidates, the evaluated model is the verifier and this eval's
+    dataset is its verification data: its system prompt and template are the ones it was trained with."""
+    own = {"system_prompt": cfg.dataset.system_prompt, "template": cfg.dataset.template} if cfg.candidates else {}
+    return DatasetSpec(source=source, split="test", preset="verification", chat_template=cfg.verifier_chat_template, **own)
 
 
 def _p_yes(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, progress: ProgressFn | None) -> tuple[np.ndarray, np.ndarray]:
