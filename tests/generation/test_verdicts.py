@@ -55,3 +55,17 @@ def test_p_yes_sums_the_spellings_and_normalises(hf_backend, tiny_model_dir):
     assert scores == pytest.approx(yes / (yes + no)) and mass == pytest.approx(yes + no)
     assert all(0 < s < 1 for s in scores) and all(0 < m <= 1 for m in mass)
     assert not any(math.isnan(s) for s in scores)
+
+
+def test_a_sentencepiece_verdict_is_scored_with_and_without_its_leading_space():
+    """A SentencePiece tokenizer that always adds the leading space encodes "Yes" and " Yes" as ▁Yes alone; the
+    no-space piece a chat turn starts with after a newline once went unscored (its mass counted as no verdict)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "▁Yes": 1, "Yes": 2, "▁No": 3, "No": 4, "▁": 5}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    assert tokenizer("Yes", add_special_tokens=False)["input_ids"] == tokenizer(" Yes", add_special_tokens=False)["input_ids"] == [1]
+    assert spelling_ids(tokenizer) == {"Yes": [[1], [2]], "No": [[3], [4]]}

@@ -31,18 +31,25 @@ SPELLINGS = {YES: ("Yes", " Yes"), NO: ("No", " No")}
 
 
 def spelling_ids(tokenizer: Any) -> dict[str, list[list[int]]]:
-    """The distinct token sequences of each verdict's spellings (no special tokens)."""
+    """The distinct token sequences of each verdict's spellings (no special tokens), and the vocabulary's own
+    token for a spelling: a SentencePiece tokenizer that adds a leading space encodes "Yes" and " Yes" alike as
+    ``▁Yes``, but a chat turn after a newline starts with its ``Yes`` piece, which would go unscored."""
     out: dict[str, list[list[int]]] = {}
     for verdict, spellings in SPELLINGS.items():
         seqs: list[list[int]] = []
         for s in spellings:
-            ids = list(tokenizer(s, add_special_tokens=False)["input_ids"])
-            if ids and ids not in seqs:
-                seqs.append(ids)
+            piece = tokenizer.convert_tokens_to_ids(s)
+            for ids in (list(tokenizer(s, add_special_tokens=False)["input_ids"]), [piece] if _known(tokenizer, piece) else []):
+                if ids and ids not in seqs:
+                    seqs.append(ids)
         out[verdict] = seqs
     if set(map(tuple, out[YES])) & set(map(tuple, out[NO])):
         raise ValueError("the tokenizer spells Yes and No alike")
     return out
+
+
+def _known(tokenizer: Any, token_id: Any) -> bool:
+    return isinstance(token_id, int) and token_id != getattr(tokenizer, "unk_token_id", None)
 
 
 def verdict_scores(backend: GenerationBackend, tokenizer: Any, prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
