@@ -11,7 +11,7 @@ from toprcli.cli.main import app
 
 def test_a_rerun_returns_the_eval_only_if_it_measured_the_same_thing(tiny_model_dir, tmp_path):
     """The same eval again is skipped, also with other workers or engines; another k (or model, dataset, sampling,
-    verifier, bootstrap) is refused with what changed — it returned the old metrics as if they were the new ones."""
+    verifier) is refused with what changed — it returned the old metrics as if they were the new ones."""
     out = tmp_path / "eval"
     args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--split", "test", "--limit", "4", "--k", "2",
             "--max-new-tokens", "8", "--backend", "hf", "--no-greedy", "-o", str(out), "--json"]
@@ -21,4 +21,10 @@ def test_a_rerun_returns_the_eval_only_if_it_measured_the_same_thing(tiny_model_
     again = CliRunner().invoke(app, [*args, "--workers", "1", "--batch-size", "2"])
     assert again.exit_code == 0 and json.loads(again.output.strip().splitlines()[-1])["metrics"] == metrics
     refused = CliRunner().invoke(app, [*args, "--k", "3", "--bootstrap-seed", "1"])
-    assert refused.exit_code == 2 and "holds an eval made with other settings (changed: bootstrap_seed, k)" in refused.output
+    assert refused.exit_code == 2 and "holds an eval made with other settings (changed: k)" in refused.output
+    # Other bootstrap settings alone: the same samples, new intervals (it was refused, and the advice was to delete the eval).
+    rebooted = CliRunner().invoke(app, [*args, "--bootstrap-seed", "1", "--bootstrap-resamples", "50"])
+    assert rebooted.exit_code == 0, rebooted.output
+    m = json.loads(rebooted.output.strip().splitlines()[-1])["metrics"]
+    assert m["pass@1"] == metrics["pass@1"] and m["bootstrap"]["seed"] == 1 and m["bootstrap"]["resamples"] == 50
+    assert json.loads((out / "eval.json").read_text())["metrics"]["bootstrap"]["seed"] == 1

@@ -92,6 +92,7 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     done = read_eval(out)
     if done is not None:
         _check_same_eval(out, done, cfg)
+        done = _rebootstrap(out, done, cfg)
         _track(cfg, out, done)  # logged once: a tracker skips what it has
         return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
     if cfg.verifier_model:  # a bad verifier is refused before anything is generated
@@ -107,7 +108,22 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
 
 # What says how an eval runs, not what it measures: a rerun may change these and keep the result.
 HOW_IT_RUNS = {"out", "tracking", "workers", "data_parallel_size", "shard_size", "engine.gpu_memory_utilization",
-               "engine.enforce_eager", "engine.tensor_parallel_size", "engine.batch_size"}
+               "engine.enforce_eager", "engine.tensor_parallel_size", "engine.batch_size", "bootstrap_resamples", "bootstrap_seed"}
+
+
+def _rebootstrap(out: Path, done: dict[str, Any], cfg: EvalConfig) -> dict[str, Any]:
+    """Other bootstrap settings on a finished eval: its intervals again from the stored per-prompt scores (no new samples)."""
+    wanted = {"resamples": cfg.bootstrap_resamples, "seed": cfg.bootstrap_seed}
+    have = done["metrics"].get("bootstrap") or {}
+    if "per_prompt" not in done or {k: have.get(k) for k in wanted} == wanted:
+        return done
+    metrics = {**done["metrics"], "bootstrap": {**have, **wanted}}
+    metrics["intervals"] = {name: list(bootstrap_interval(list(v.values()), resamples=cfg.bootstrap_resamples, seed=cfg.bootstrap_seed))
+                            for name, v in done["per_prompt"].items()}
+    config = {**(done.get("config") or {}), "bootstrap_resamples": cfg.bootstrap_resamples, "bootstrap_seed": cfg.bootstrap_seed}
+    done = {**done, "metrics": metrics, "config": config}
+    shards.write_json_atomic(out / EVAL_FILE, done)
+    return done
 
 
 def _check_same_eval(out: Path, done: dict[str, Any], cfg: EvalConfig) -> None:
