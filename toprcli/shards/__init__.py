@@ -13,6 +13,7 @@ Callers use the package's names (``shards.write_shard``), so a test can patch on
 
 from toprcli.shards.files import (
     build_dir_beside,
+    fsync_dir,
     check_writable,
     output_error,
     output_lock,
@@ -61,7 +62,7 @@ from toprcli.shards.store import (
 __all__ = [
     "CURATED_FIELDS", "CURATED_SCHEMA", "MANIFEST_NAME", "METADATA_KEY", "SAMPLES_FIELDS", "SAMPLES_SCHEMA", "SCHEMAS",
     "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "build_dir_beside", "changed_keys", "check_nulls", "check_writable", "complete_shards", "conform",
-    "fingerprint", "iter_shards", "made_from", "output_error", "output_lock", "parquet_files", "read_file_metadata", "read_manifest",
+    "fingerprint", "fsync_dir", "iter_shards", "made_from", "output_error", "output_lock", "parquet_files", "read_file_metadata", "read_manifest",
     "read_schema", "read_table", "remove_stale_temporaries", "sampling_of", "shard_name", "swap_dir_into_place",
     "validate_columns", "versions", "write_atomic", "write_json_atomic", "write_manifest", "write_shard", "write_table_atomic",
     "write_table_stream", "write_text_atomic",

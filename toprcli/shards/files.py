@@ -28,7 +28,7 @@ from typing import Any
 from toprcli.errors import UserError
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -59,7 +59,7 @@ def write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -73,7 +73,7 @@ def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.replace(out, old)
     os.replace(tmp, out)
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return out
@@ -104,7 +104,7 @@ def _settle(tmp: Path) -> None:
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
         os.chmod(root, 0o777 & ~mask)
-        _fsync_dir(Path(root))
+        fsync_dir(Path(root))
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from toprcli.errors import UserError
-from toprcli.shards.files import _fsync_dir, write_atomic, write_json_atomic
+from toprcli.shards.files import fsync_dir, write_atomic, write_json_atomic
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{5,})\.parquet$")
 MANIFEST_NAME = "_manifest.json"
@@ -133,7 +133,7 @@ def write_table_stream(
             reader.join()
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from toprcli.shards import write_json_atomic
+from toprcli.shards import fsync_dir, write_atomic, write_json_atomic
 from toprcli.training.distributed import DistContext, barrier
 
 CKPT_PATTERN = re.compile(r"^step-(\d{8})$")
@@ -85,18 +85,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def _save_synced(obj: Any, path: Path) -> None:
     """torch.save, on disk before the call returns: a host crash must not leave an empty file in a checkpoint."""
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, lambda tmp: torch.save(obj, tmp))
 
 
 def save_checkpoint(
@@ -128,7 +117,7 @@ def save_checkpoint(
         write_json_atomic(tmp / STATE_NAME, trainer_state)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _fsync_dir(root)  # the rename on disk before the older checkpoints go (dcp.save fsyncs its own files)
+        fsync_dir(root)  # the rename on disk before the older checkpoints go (dcp.save fsyncs its own files)
         for p in root.iterdir():
             if p != final and (CKPT_PATTERN.match(p.name) or p.name.endswith(".tmp")):
                 shutil.rmtree(p, ignore_errors=True)
