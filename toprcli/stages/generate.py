@@ -133,6 +133,7 @@ class _Plan:
     todo: list[int]  # mine, not yet complete
     key: dict[str, Any]
     params: SamplingParams
+    context: int | None  # what the prompts were checked against
 
 
 def run(
@@ -166,8 +167,7 @@ def run(
 def _check_engine_context(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend) -> None:
     """The prompts were checked against the config's context; vLLM may derive a smaller one (RoPE scaling, the
     tokenizer's limit, the KV cache). Anything that does not fit it is refused before a shard is written."""
-    engine_context = getattr(backend, "max_model_len", None)
-    planned = context_length(str(cfg.model), cfg.engine.max_model_len)
+    engine_context, planned = getattr(backend, "max_model_len", None), plan.context
     if engine_context is None or planned is None or engine_context >= planned:
         return
     todo = [p for j in plan.todo for p in plan.blocks[j]]
@@ -205,7 +205,7 @@ def _plan(cfg: GenerateConfig, backend: GenerationBackend | None, examples: list
     done = shards.complete_shards(out)
     _check_existing(out, done, key, blocks)
     todo = [j for j in mine if j not in done]
-    return _Plan(out, tokenizer, prompts, long, clipped, backend_name, blocks, mine, todo, key, params)
+    return _Plan(out, tokenizer, prompts, long, clipped, backend_name, blocks, mine, todo, key, params, context)
 
 
 def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, progress: ProgressFn | None, t_start: float) -> StageResult:
