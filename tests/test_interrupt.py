@@ -61,9 +61,10 @@ def test_sighup_stops_like_sigterm_unless_it_was_ignored_as_nohup_does():
     saved = {s: signal.getsignal(s) for s in interrupt.SIGNALS}
     try:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a script's `cmd &` inherits: topr still stops on it, as before
         interrupt.install()
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
         signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal: the hang-up stops at a safe point, exit 129
         interrupt.reset()
         interrupt.install()

@@ -57,12 +57,12 @@ def _on_signal(signum: int, frame: object) -> None:
 
 
 def install() -> None:
-    """Stop gracefully on SIGINT, SIGTERM and SIGHUP (main thread only; a no-op elsewhere). A signal
-    already ignored stays ignored: `nohup topr ...` must survive the hang-up it was started for."""
+    """Stop gracefully on SIGINT, SIGTERM and SIGHUP (main thread only; a no-op elsewhere). An ignored
+    SIGHUP stays ignored: `nohup topr ...` must survive the hang-up it was started for."""
     if threading.current_thread() is not threading.main_thread():
         return
     for s in SIGNALS:
-        if signal.getsignal(s) is not signal.SIG_IGN:
+        if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, _on_signal)
 
 
