@@ -104,3 +104,20 @@ def test_ctrl_c_at_the_terminal_stops_multi_rank_training_at_a_checkpoint(tiny_m
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary["resumed_from_step"] == stopped_at and summary["steps"] == 400
+
+
+def test_a_stopped_launcher_is_asked_to_stop_with_sigterm(tmp_path):
+    """srun reads a single SIGINT as a request for its status and keeps running; every launcher passes SIGTERM
+    on as a stop. Whatever stopped topr, its launcher child gets SIGTERM."""
+    import subprocess
+    import time
+
+    from toprcli.launch import _stop_child
+
+    got = tmp_path / "got"
+    proc = subprocess.Popen(["bash", "-c", f"trap 'echo TERM > {got}; exit 0' TERM; trap 'echo INT > {got}; exit 0' INT; "
+                                           f"touch {tmp_path / 'ready'}; while :; do sleep 0.05; done"])
+    while not (tmp_path / "ready").exists():
+        time.sleep(0.05)
+    _stop_child(proc, grace_s=30)
+    assert proc.returncode == 0 and got.read_text().strip() == "TERM"

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -84,7 +85,7 @@ def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str,
     """Run ``cmd`` (a shell line, or an argv list) with its output appended to ``log``; UserError if it fails.
 
     The child gets a session of its own: a Ctrl-C at the terminal reaches this process only, which
-    passes it on once. In the terminal's process group torchrun got it twice (the terminal's and
+    passes a stop on once (:func:`_stop_child`). In the terminal's process group torchrun got it twice (the terminal's and
     ours), and on a second signal it sends its ranks SIGTERM after the SIGINT: "stop at once", no
     checkpoint. torchrun waits as long as we do before it kills its ranks (its default is 30 s).
     """
@@ -99,8 +100,8 @@ def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str,
         )
         try:
             code = proc.wait()
-        except interrupt.Interrupted as e:
-            _stop_child(proc, e.signum)
+        except interrupt.Interrupted:
+            _stop_child(proc)
             raise
         except BaseException:
             proc.kill()
@@ -110,10 +111,11 @@ def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str,
         raise UserError(f"{what} failed (exit code {code}): {last} — see {log}")
 
 
-def _stop_child(proc: subprocess.Popen, signum: int, grace_s: float = STOP_GRACE_S) -> None:
-    """Pass a stop request on (training ranks checkpoint at their next step), then wait for the child;
-    a second signal, or ``grace_s`` without an exit, kills it."""
-    proc.send_signal(signum)
+def _stop_child(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """Pass a stop request on as SIGTERM, whatever stopped us (training ranks checkpoint at their next step),
+    then wait for the child; a second signal, or ``grace_s`` without an exit, kills it. SIGTERM because every
+    launcher passes it on as a stop: srun reads one SIGINT as a request for its status and keeps running."""
+    proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=grace_s)
     except BaseException:
