@@ -111,15 +111,20 @@ HOW_IT_RUNS = {"out", "tracking", "workers", "data_parallel_size", "shard_size",
                "engine.enforce_eager", "engine.tensor_parallel_size", "engine.batch_size", "bootstrap_resamples", "bootstrap_seed"}
 
 
+def _intervals(per_prompt: dict[str, dict[str, float]], cfg: EvalConfig) -> dict[str, Any]:
+    """Each metric's 95% interval over prompts (the unit that was sampled), seeded (docs/architecture.md §4), and how."""
+    return {"intervals": {name: list(bootstrap_interval(list(v.values()), resamples=cfg.bootstrap_resamples, seed=cfg.bootstrap_seed))
+                          for name, v in per_prompt.items()},
+            "bootstrap": {"method": "percentile", "level": 0.95, "resamples": cfg.bootstrap_resamples, "seed": cfg.bootstrap_seed, "over": "prompts"}}
+
+
 def _rebootstrap(out: Path, done: dict[str, Any], cfg: EvalConfig) -> dict[str, Any]:
     """Other bootstrap settings on a finished eval: its intervals again from the stored per-prompt scores (no new samples)."""
     wanted = {"resamples": cfg.bootstrap_resamples, "seed": cfg.bootstrap_seed}
     have = done["metrics"].get("bootstrap") or {}
     if "per_prompt" not in done or {k: have.get(k) for k in wanted} == wanted:
         return done
-    metrics = {**done["metrics"], "bootstrap": {**have, **wanted}}
-    metrics["intervals"] = {name: list(bootstrap_interval(list(v.values()), resamples=cfg.bootstrap_resamples, seed=cfg.bootstrap_seed))
-                            for name, v in done["per_prompt"].items()}
+    metrics = {**done["metrics"], **_intervals(done["per_prompt"], cfg)}
     config = {**(done.get("config") or {}), "bootstrap_resamples": cfg.bootstrap_resamples, "bootstrap_seed": cfg.bootstrap_seed}
     done = {**done, "metrics": metrics, "config": config}
     shards.write_json_atomic(out / EVAL_FILE, done)
@@ -182,10 +187,7 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         metrics["greedy_accuracy"] = accuracy(g.column("correct").to_pylist())
         metrics["greedy_invalid_rate"] = float(np.mean([v == NO_ANSWER for v in g.column("verdict").to_pylist()]))
         per_prompt["greedy_accuracy"] = {p: float(c) for p, c in zip(g.column("prompt_id").to_pylist(), g.column("correct").to_pylist())}
-    # Intervals over prompts (the unit that was sampled), seeded: docs/architecture.md §4.
-    metrics["intervals"] = {name: list(bootstrap_interval(list(v.values()), resamples=cfg.bootstrap_resamples, seed=cfg.bootstrap_seed))
-                            for name, v in per_prompt.items()}
-    metrics["bootstrap"] = {"method": "percentile", "level": 0.95, "resamples": cfg.bootstrap_resamples, "seed": cfg.bootstrap_seed, "over": "prompts"}
+    metrics.update(_intervals(per_prompt, cfg))
     metrics.update(judged)
     result = {
         "model": cfg.model,
