@@ -206,3 +206,18 @@ def test_a_section_left_empty_is_its_defaults_everywhere(tmp_path):
     t = tmp_path / "train.yaml"
     t.write_text("tensorboard: true\ntracking:\n")
     assert load_config(TrainConfig, t).tracking.report_to == ["tensorboard"]
+
+
+def test_a_section_given_in_part_keeps_the_rest_of_its_parents_default(tmp_path):
+    """eval's dataset defaults to the test split and its sampling to seed 1234, the pipeline's curate to
+    unreachable_baseline 0: naming only an eval dataset (file or flag) evaluated on the train split."""
+    from toprcli.config import EvalConfig, IterateConfig, load_config
+
+    f = tmp_path / "run.yaml"
+    f.write_text("eval:\n  dataset: {source: openai/gsm8k}\n  sampling: {temperature: 0.7}\ncurate:\n  positive_fraction: 0.5\n")
+    cfg = load_config(IterateConfig, f)
+    assert (cfg.eval.dataset.split, cfg.eval.sampling.seed, cfg.curate.unreachable_baseline) == ("test", 1234, 0.0)
+    assert (cfg.eval.dataset.source, cfg.eval.sampling.temperature, cfg.curate.positive_fraction) == ("openai/gsm8k", 0.7, 0.5)
+    flags = load_config(EvalConfig, None, {"dataset.source": "openai/gsm8k", "sampling.temperature": 0.7})
+    assert (flags.dataset.split, flags.sampling.seed) == ("test", 1234)
+    assert load_config(EvalConfig, f).dataset.split == "test"  # eval's own section of the pipeline file

@@ -85,10 +85,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is dict:
         return dict(value) if isinstance(value, dict) else _MISSING
     if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        value = {} if value is None else value  # a section left empty in YAML (`generate:`) is its defaults
-        return _build(tp, value, f"{key}.") if isinstance(value, dict) else _MISSING
+        return value if isinstance(value, tp) else _MISSING  # a mapping is built by _build, over its default
     if tp in (bool, int, str):  # that type only: a bool is no int
         return value if isinstance(value, tp) and (tp is bool or not isinstance(value, bool)) else _MISSING
     if tp is float:
@@ -149,11 +146,17 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return _build(cls, data, prefix)
 
 
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
+def _build(cls: type, data: dict[str, Any], prefix: str, base: Any = None) -> Any:
+    """A ``cls`` from ``data`` over ``base`` (default ``cls()``): a section given in part keeps the rest of
+    its default as its parent declares it (eval's dataset split test, the pipeline's curate), not its class's."""
+    base = cls() if base is None else base
+    hints, subs = typing.get_type_hints(cls), sections(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for name, value in data.items():
+        if name in subs and (value is None or isinstance(value, dict)):  # a section left empty in YAML (`generate:`) is its default
+            kwargs[name] = _build(subs[name], value or {}, f"{prefix}{name}.", getattr(base, name))
+            continue
         out = _coerce(hints[name], value, prefix + name)
         if out is _MISSING:
             raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {describe(hints[name])}")
@@ -161,7 +164,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         if check is not None and out is not None and not check(out):
             raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {fields[name].metadata['allowed']}")
         kwargs[name] = out
-    obj = cls(**kwargs)
+    obj = dataclasses.replace(base, **kwargs)
     if hasattr(obj, "check"):  # cross-field rules, one line each
         obj.check()
     return obj
