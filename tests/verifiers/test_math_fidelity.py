@@ -94,6 +94,10 @@ def test_window_reaches_back_to_the_last_box():
     assert len(far) > mv.MAX_BOXED_WINDOW
     assert mv.check("Thus \\boxed{42}. " + far, "42").verdict == "correct"
     assert mv.check("Thus \\boxed{42}. " + far + " The final answer is $41$.", "41").verdict == "correct"
+    # A box just inside the tail, before the line the window would start on, is not cut off (was no_answer).
+    box = "x" * 700 + " So the answer is $\\boxed{\\frac{7}{3}}$.\nLet me check " + "7 apples and 3 pears.\n" * 180
+    assert 0 < box.index("\\boxed") - (len(box) - mv.MAX_TEXT_CHARS) < 100
+    assert "\\boxed" in mv.window(box) and mv.check(box, "\\frac{7}{3}").verdict == "correct"
     # The window is bounded whatever the completion.
     huge = "\\boxed{1} " + "7 " * 100_000
     assert len(mv.window(huge)) <= 2 * mv.MAX_TEXT_CHARS + 2

@@ -125,6 +125,9 @@ def test_gsm8k_is_fast_and_bounded_on_huge_inputs():
         ("Solution ... The final answer is $\\boxed{12}$", "The sum is $\\boxed{12}$."),  # boxed gold solution
         ("#### 18", "Janet ... #### 18"),  # GSM8K-style gold
         ("She makes 18 dollars.", "18"),  # no box: math-verify's own extraction
+        ("\\boxed{13}", "The answer is: 13"),  # a gold in words: read as math-verify reads prose (a product of symbols before)
+        ("\\boxed{13}", "13 dollars"),
+        ("\\boxed{\\frac{3}{4}}", "\\frac{3}{4}\\text{ inches}"),
     ],
 )
 def test_math_equivalences(completion, answer):
@@ -146,6 +149,8 @@ def test_math_equivalences(completion, answer):
         ("\\boxed{}", "5", "no_answer"),
         ("I do not know.", "5", "no_answer"),
         ("\\boxed{5}", None, "error"),
+        ("\\boxed{7}", "The answer is: 13", "incorrect"),
+        ("\\boxed{2}", "2 \\sqrt{3}", "incorrect"),  # LaTeX commands are not prose: the whole gold counts
     ],
 )
 def test_math_rejections(completion, answer, verdict):

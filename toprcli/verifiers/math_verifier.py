@@ -67,6 +67,7 @@ _COMMA_NUMBER_RE = re.compile(r"-?\d+,\d+")
 # Plain words are a text answer ("Monday", "even"), unless they could be math
 # (two letters like "xy" are a product; "pi", "sin" are names sympy knows).
 _WORDS_RE = re.compile(r"[A-Za-z]{3,}(?: [A-Za-z]+)*")
+_PROSE_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")  # a word, not a LaTeX command (\\frac)
 _MATH_NAMES = frozenset("pi inf infty oo sin cos tan cot sec csc log ln exp sqrt arcsin arccos arctan sinh cosh tanh".split())
 
 
@@ -129,9 +130,10 @@ def window(completion: str) -> str:
             return completion[last.start() :]
         # Far back: the box's neighbourhood and the tail, each MAX_TEXT_CHARS long.
         return completion[last.start() : last.start() + MAX_TEXT_CHARS] + "\n\n" + completion[start:]
-    # Start on a line boundary when one is near, not inside a $...$ of the cut line.
+    # Start on a line boundary when one is near, not inside a $...$ of the cut line, but never past the last box.
     newline = completion.find("\n", start, start + 500)
-    return completion[newline + 1 :] if newline != -1 else completion[start:]
+    begin = newline + 1 if newline != -1 else start
+    return completion[min(begin, last.start()) if last is not None else begin :]
 
 
 # -- math-verify ------------------------------------------------------------------
@@ -157,6 +159,13 @@ def _parse_bare(answer: str):
         # A bare number (GSM8K-style golds): the plain-expression path is 3x cheaper than LaTeX.
         lib = _lib()
         return lib.parse(answer, extraction_config=[lib.ExprExtractionConfig()], parsing_timeout=None)
+    if not _WORDS_RE.fullmatch(answer.strip().strip("$").strip()) and any(
+            w.lower() not in _MATH_NAMES and w != "and" for w in _PROSE_RE.findall(answer)):  # "-2 and 1": a list
+        # Words around an answer ("The answer is: 13", "13 dollars"): as LaTeX they would be a product
+        # of symbols no prediction equals; math-verify's extraction reads the answer out of the prose.
+        parsed = _parse(answer)
+        if parsed:
+            return parsed
     return _parse(_as_latex(answer))
 
 
