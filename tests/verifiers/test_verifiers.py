@@ -52,6 +52,10 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("", "#### 4", "no_answer", None),
         ("18", "18.000", "correct", "18"),
         ("1e999999999", "#### 1", "incorrect", "999999999"),  # no exponent notation, ever
+        ("#### 1. Eggs per day\n16-3-4=9\n#### 2. Money\n9*2=18\n#### 18", "18", "correct", "18"),  # headings are not answers
+        ("The answer is **18**.\nCheck: 9*2 = 18 > 3.", "18", "correct", "18"),  # bold (was the last number, 3)
+        ("The final answer is: $\\boxed{18}$. Note 3 eggs.", "18", "correct", "18"),
+        ("So the answer is \\(18\\), not 3", "18", "correct", "18"),
     ],
 )
 def test_gsm8k_reading_and_numeric_comparison(completion, answer, verdict, extracted):

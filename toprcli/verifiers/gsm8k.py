@@ -5,9 +5,11 @@ or the whole value when it is a bare number.
 
 Prediction, in order (flexible mode, the default):
 
-1. the number after the first ``####`` (what GSM8K solutions end with; text
-   after it is the model rambling on),
-2. the number after the first "the answer is" / "the final answer is",
+1. the number after the first ``####`` that ends its line (what GSM8K solutions
+   end with; text after it is the model rambling on; ``#### 1. Step one`` is a
+   markdown heading), else after the first ``####``,
+2. the number after the first "the answer is" / "the final answer is", also
+   in bold, ``$\\boxed{}$`` or ``\\( \\)``,
 3. the last number in the completion.
 
 ``strict=True`` uses only (1). Numbers are compared as :class:`~decimal.Decimal`
@@ -33,7 +35,11 @@ from toprcli.verifiers.base import ERROR, NO_ANSWER, Verdict, clip_text, judged
 _NUMBER = r"(?:(?<![\w)])[-−]\$?|\$[-−]?)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
 _NUMBER_RE = re.compile(_NUMBER)
 _HASH_RE = re.compile(r"####\s*(" + _NUMBER + r")")
-_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?\s*(" + _NUMBER + r")")
+# "#### 18" ending its line: a markdown heading "#### 1. Eggs laid per day" is not the answer.
+_HASH_LINE_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")[ \t]*\.?[ \t*]*$", re.M)
+# "The answer is 18", also bold, boxed or in \( \): "The answer is **18**", "is: $\boxed{18}$".
+_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?[\s*_]*(?:(?:\$+\s*)?(?:\\\(|\\\[|\\(?:boxed|fbox)\{)[\s*_]*)?("
+                           + _NUMBER + r")")
 _BARE_RE = re.compile(r"\s*(" + _NUMBER + r")\s*\.?\s*")
 
 
@@ -74,7 +80,7 @@ def gold_number(answer: str | None) -> Decimal | None:
 
 def extract(completion: str, strict: bool = False) -> str | None:
     """The number text the model gave, or None."""
-    m = _HASH_RE.search(completion)
+    m = _HASH_LINE_RE.search(completion) or _HASH_RE.search(completion)
     if m:
         return m.group(1)
     if strict:
