@@ -296,3 +296,18 @@ def test_a_round_recorded_with_other_engine_settings_gets_an_engine_with_them(ti
     finally:
         holder.close()
 
+
+
+def test_a_rounds_eval_with_verifier_auto_judges_its_own_dataset(tmp_path):
+    """eval.verifier auto: on the rounds' task, as the rounds are scored (verifier, strict, sources); on another
+    dataset, that dataset's verifier, as `topr eval` does — a MATH eval of a gsm8k-trained run was scored by gsm8k."""
+    from toprcli.config import IterateConfig, from_dict
+    from toprcli.pipeline import Pipeline
+
+    same = from_dict(IterateConfig, {"run_dir": str(tmp_path / "a"), "generate": {"dataset": {"source": "builtin:gsm8k"}},
+                                     "eval": {"dataset": {"source": "builtin:gsm8k"}}, "score": {"verifier": "gsm8k", "strict": True}})
+    ecfg = Pipeline(same).eval_config(1, "policy")
+    assert (ecfg.verifier, ecfg.strict, ecfg.out, ecfg.iteration) == ("gsm8k", True, str(tmp_path / "a" / "round-001" / "eval"), 1)
+    other = from_dict(IterateConfig, {"run_dir": str(tmp_path / "b"), "generate": {"dataset": {"source": "builtin:gsm8k"}},
+                                      "eval": {"dataset": {"source": "HuggingFaceH4/MATH-500", "preset": "math"}}})
+    assert Pipeline(other).eval_config(1, "policy").verifier == "auto"  # resolved by the eval stage from its dataset: math

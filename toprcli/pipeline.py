@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from toprcli import run_tracking, runs
-from toprcli.config import EngineConfig, IterateConfig, TrainConfig
+from toprcli.config import EngineConfig, EvalConfig, IterateConfig, TrainConfig
 from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
 from toprcli.generation import open_backend
@@ -272,11 +272,18 @@ class Pipeline:
         tcfg = replace(self.round_cfg(r).train, model=start, data=str(d / "train.parquet"), out=str(d / "policy"), resume=True)
         self._run_training(tcfg, self._train_sink(r))
 
+    def eval_config(self, r: int, policy: str) -> EvalConfig:
+        """Round ``r``'s eval of ``policy``. ``verifier: auto`` on the rounds' own task judges as the rounds are
+        scored (verifier, strict, verifier_by_source); on another dataset it is that dataset's (as `topr eval`)."""
+        ecfg = replace(self.round_cfg(r).eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
+        if ecfg.verifier == "auto" and ecfg.dataset.source == self.cfg.generate.dataset.source:
+            sc = self.round_cfg(r).score
+            ecfg = replace(ecfg, verifier=self.verifier(), strict=sc.strict, verifier_by_source=sc.verifier_by_source)
+        return ecfg
+
     def _eval(self, r: int) -> None:
         policy = self.policy_after(r)
-        ecfg = replace(self.round_cfg(r).eval, model=policy, out=str(round_dir(self.run_dir, r) / "eval"), iteration=r)
-        if ecfg.verifier == "auto":
-            ecfg = replace(ecfg, verifier=self.verifier())
+        ecfg = self.eval_config(r, policy)
         # The run's engine serves eval when eval's engine settings are the round's generate's (else the
         # stage opens its own); with child engines none does, and the run's engine is closed first.
         shared = ecfg.engine == self.round_cfg(r).generate.engine

@@ -28,3 +28,24 @@ def test_a_rerun_returns_the_eval_only_if_it_measured_the_same_thing(tiny_model_
     m = json.loads(rebooted.output.strip().splitlines()[-1])["metrics"]
     assert m["pass@1"] == metrics["pass@1"] and m["bootstrap"]["seed"] == 1 and m["bootstrap"]["resamples"] == 50
     assert json.loads((out / "eval.json").read_text())["metrics"]["bootstrap"]["seed"] == 1
+
+
+def test_eval_scores_verl_data_by_its_own_data_sources(tiny_model_dir, tmp_path):
+    """verl rows name their verifier by data_source; eval takes --verifier-by-source as score does (it had no such
+    option: every source outside the built-in map failed, after all the samples were generated)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "my_math", "prompt": [{"role": "user", "content": f"What is {i}+1?"}],
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}} for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "verl.parquet")
+    r = CliRunner().invoke(app, ["eval", "-m", str(tiny_model_dir), "-d", str(tmp_path / "verl.parquet"), "--chat-template", "--k", "2",
+                                 "--max-new-tokens", "4", "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e"),
+                                 "--verifier-by-source", "my_math=math", "--json"])
+    assert r.exit_code == 0, r.output
+    done = json.loads((tmp_path / "e" / "eval.json").read_text())
+    assert done["config"]["verifier"] == "data_source" and done["config"]["verifier_by_source"]["my_math"] == "math"
+    import pyarrow.compute as pc
+
+    verdicts = pq.read_table(tmp_path / "e" / "scored").column("verdict")
+    assert len(verdicts) == 6 and pc.sum(pc.equal(verdicts, "error")).as_py() in (0, None)

@@ -128,7 +128,8 @@ def test_gsm8k_votes_are_unchanged_and_start_no_pool(monkeypatch):
             correct.append(a is not None and normalize_answer(a) == normalize_answer(gold))
     verdicts = [a is None for a in answers]  # invalid: no answer
     keys = vote_keys("gsm8k", pids, answers, correct, 4)
-    assert keys == [normalize_answer(a) if i < 4 else None for a, i in zip(answers, _index_in_prompt(pids))]
+    assert keys == [(CORRECT_KEY if c else normalize_answer(a)) if i < 4 and a is not None else None
+                    for a, c, i in zip(answers, correct, _index_in_prompt(pids))]
     with pytest.warns(UserWarning):  # some prompts have fewer than 4 samples
         before = eval_metrics(pids, correct, answers, verdicts, 4)
     with pytest.warns(UserWarning):
@@ -146,11 +147,21 @@ def test_answers_vote_together_exactly_when_the_check_treats_them_alike():
     correct = [True] * 4 + [False] * 3
     keys = vote_keys("gsm8k", ["p"] * 7, answers, correct, 7)
     assert len(set(keys[:4])) == 1 and prompt_scores(["p"] * 7, correct, 7, keys)[0]["maj@k"] == {"p": 1.0}
-    assert vote_keys("gsm8k", ["p", "p"], ["-0", "0"], [True, True], 2) == ["0", "0"]
+    assert vote_keys("gsm8k", ["p", "p"], ["-0", "0"], [False, False], 2) == ["0", "0"]
     answers, correct = ["Paris.", "Paris.", "Paris", "Lyon"], [False, False, True, False]
     for verifier in ("exact", "regex:(.+)"):
         keys = vote_keys(verifier, ["p"] * 4, answers, correct, 4)
-        assert keys == ["Paris.", "Paris.", "Paris", "Lyon"] and prompt_scores(["p"] * 4, correct, 4, keys)[0]["maj@k"] == {"p": 0.0}
+        assert keys == ["Paris.", "Paris.", CORRECT_KEY, "Lyon"] and prompt_scores(["p"] * 4, correct, 4, keys)[0]["maj@k"] == {"p": 0.0}
+
+
+def test_answers_judged_correct_vote_together_without_an_equivalence():
+    """A verifier with no equivalence of its own (data_source, regex, plugins): answers it judged correct all say the
+    gold, one vote. verl math data (data_source) split 1/2, 0.5 and \\dfrac{1}{2} into three votes and lost to 3, 3."""
+    from toprcli.evaluation import prompt_scores
+
+    answers, correct = ["\\frac{1}{2}", "0.5", "\\dfrac{1}{2}", "3", "3"], [True, True, True, False, False]
+    keys = vote_keys("data_source", ["p"] * 5, answers, correct, 5)
+    assert keys[:3] == [CORRECT_KEY] * 3 and prompt_scores(["p"] * 5, correct, 5, keys)[0]["maj@k"] == {"p": 1.0}
 
 
 def _index_in_prompt(pids):

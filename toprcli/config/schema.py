@@ -94,15 +94,18 @@ class GenerateConfig:
     data_parallel_size: int = opt(1, "Launch N processes here, one engine each (GPUs or CPU cores split between them), disjoint shards.", check=AT_LEAST_ONE)
 
 
+_BY_SOURCE_HELP = "data_source=verifier pairs for --verifier data_source."
+_STRICT_HELP = "gsm8k: require '#### n' (strict), or also accept 'The answer is n' and the last number."
+
+
 @dataclass
 class ScoreConfig:
     samples: str = opt("", "The samples directory `topr generate` wrote (or one Parquet file).", short="-s")
     out: str = opt("", "Directory for the scored shards and _manifest.json.", short="-o")
     verifier: str = opt("gsm8k", "gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> bool | float | None) "
                                  "| data_source (each row's verl data_source picks one through --verifier-by-source).", short="-v")
-    verifier_by_source: dict[str, str] = opt(factory=lambda: dict(VERIFIER_BY_SOURCE), help="data_source=verifier pairs for --verifier data_source.")
-    strict: bool = opt(False, "gsm8k: require '#### n' (strict), or also accept 'The answer is n' and the last number.",
-                       flag="--strict/--flexible")
+    verifier_by_source: dict[str, str] = opt(factory=lambda: dict(VERIFIER_BY_SOURCE), help=_BY_SOURCE_HELP)
+    strict: bool = opt(False, _STRICT_HELP, flag="--strict/--flexible")
     workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)
     timeout: float = opt(5.0, "Hard limit per check in seconds; a check past it is killed (verdict 'timeout').", check=POSITIVE)
     reward_correct: float = opt(1.0, "Reward of a correct completion.")
@@ -254,7 +257,10 @@ class EvalConfig:
     greedy: bool = opt(True, "Also decode one greedy completion per prompt.")
     sampling: SamplingConfig = opt(factory=lambda: SamplingConfig(seed=1234))
     engine: EngineConfig = opt(factory=EngineConfig)
-    verifier: str = opt("auto", "gsm8k, math, exact, regex:PATTERN, python:mod:fn, or auto (the dataset preset's).", short="-v")
+    verifier: str = opt("auto", "gsm8k, math, exact, regex:PATTERN, python:mod:fn, data_source, or auto (the dataset preset's; "
+                                "under iterate, on the rounds' dataset: the rounds' score verifier, strict and verifier_by_source).", short="-v")
+    verifier_by_source: dict[str, str] = opt(factory=lambda: dict(VERIFIER_BY_SOURCE), help=_BY_SOURCE_HELP)
+    strict: bool = opt(False, _STRICT_HELP, flag="--strict/--flexible")
     workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)
     timeout: float = opt(5.0, "Hard limit per check in seconds.", check=POSITIVE)
     shard_size: int = opt(64, "Prompts per shard file (the unit of resume).", check=AT_LEAST_ONE)

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from toprcli import shards
-from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, config_to_dict
+from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, config_to_dict, from_dict
 from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
 from toprcli.evaluation import accuracy, bootstrap_interval, prompt_scores, summarize_scores
@@ -67,7 +67,8 @@ def generation_passes(cfg: EvalConfig) -> list[GenerateConfig]:
 
 
 def score_config(cfg: EvalConfig, samples: Path, out: Path) -> ScoreConfig:
-    return ScoreConfig(samples=str(samples), out=str(out), verifier=cfg.verifier, workers=cfg.workers, timeout=cfg.timeout)
+    return ScoreConfig(samples=str(samples), out=str(out), verifier=cfg.verifier, verifier_by_source=cfg.verifier_by_source,
+                       strict=cfg.strict, workers=cfg.workers, timeout=cfg.timeout)
 
 
 def read_eval(out: str | Path) -> dict[str, Any] | None:
@@ -131,9 +132,17 @@ def _rebootstrap(out: Path, done: dict[str, Any], cfg: EvalConfig) -> dict[str, 
     return done
 
 
+def _as_now(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A recorded eval config read through today's schema: a key added since has its default (not a change)."""
+    try:
+        return config_to_dict(from_dict(EvalConfig, recorded))
+    except UserError:  # a key since removed or renamed: compared as written
+        return recorded
+
+
 def _check_same_eval(out: Path, done: dict[str, Any], cfg: EvalConfig) -> None:
     """An ``eval.json`` is this eval's result only if it measured the same thing: other settings are refused."""
-    changed = sorted(k for k in shards.changed_keys(done.get("config") or {}, config_to_dict(cfg))
+    changed = sorted(k for k in shards.changed_keys(_as_now(done.get("config") or {}), config_to_dict(cfg))
                      if not any(k == h or k.startswith(h + ".") for h in HOW_IT_RUNS) and not (k == "verifier" and cfg.verifier == "auto"))
     if changed:
         shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
@@ -169,7 +178,8 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         for name, where, greedy in runs:
             generate_stage.run(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)
             score_stage.run(score_config(cfg, where / "samples", where / "scored"), progress=progress)
-            tables[name] = shards.read_table(where / "scored", columns=["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"])
+            columns = ["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"]
+            tables[name] = shards.read_table(where / "scored", columns=columns + (["data_source"] if cfg.verifier == "data_source" else []))
         judged = judge(cfg, out, backend, progress) if judging else {}
     finally:
         if own_backend is not None:
@@ -204,12 +214,20 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
     return result
 
 
+def _voting_verifier(cfg: EvalConfig, t: Any) -> str:
+    """The verifier whose equivalence groups votes: under data_source, the one verifier every row's source names."""
+    if cfg.verifier != "data_source" or "data_source" not in t.column_names:
+        return cfg.verifier
+    named = {cfg.verifier_by_source.get(s) for s in pc.unique(t.column("data_source")).to_pylist()}
+    return named.pop() if len(named) == 1 and None not in named else cfg.verifier
+
+
 def _sampled_metrics(cfg: EvalConfig, t: Any) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """pass@1/pass@k/maj@k of the sampled pass, and pass@1 and maj@k per prompt; answers vote together when
     the verifier finds them equivalent."""
     prompt_ids, correct = t.column("prompt_id").to_pylist(), t.column("correct").to_pylist()
     extracted = t.column("extracted_answer").to_pylist()
-    keys = vote_keys(cfg.verifier, prompt_ids, extracted, correct, cfg.k, workers=cfg.workers, timeout=cfg.timeout)
+    keys = vote_keys(_voting_verifier(cfg, t), prompt_ids, extracted, correct, cfg.k, workers=cfg.workers, timeout=cfg.timeout)
     invalid = [v == NO_ANSWER for v in t.column("verdict").to_pylist()]
     scores, short = prompt_scores(prompt_ids, correct, cfg.k, keys)  # grouped once: the means and the intervals' inputs
     metrics = summarize_scores(scores, short, k=cfg.k, samples=len(prompt_ids), invalid=invalid)

@@ -96,7 +96,8 @@ def vote_keys(
         for voting in rows.values():
             for i in voting:
                 text = extracted[i]
-                keys[i] = key_of(text) if text is not None and text.strip() else None
+                # Answers the verifier judged correct say the same as the gold, however written: one vote.
+                keys[i] = None if text is None or not text.strip() else CORRECT_KEY if correct[i] else key_of(text)
         return keys
 
     prompts: dict[str, _Prompt] = {}
