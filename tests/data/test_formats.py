@@ -4,6 +4,7 @@ nested gold answers, few-shot prompts — built the way those projects write the
 from __future__ import annotations
 
 import json
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -166,6 +167,7 @@ def test_verl_data_generated_and_scored_by_data_source(tmp_path, gsm8k_dir, smol
     from toprcli import shards
 
     shards.write_shard(tmp_path / "right", 0, right, metadata=shards.read_file_metadata(tmp_path / "s" / "shard-00000.parquet"))
+    shutil.copy(tmp_path / "s" / shards.MANIFEST_NAME, tmp_path / "right")  # a finished samples directory
     for src, want in (("s", -1.0), ("right", 1.0)):
         r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / src), "-o", str(tmp_path / f"{src}-scored"), "--verifier", "data_source", "-w", "1", "--json"])
         assert r.exit_code == 0, r.output

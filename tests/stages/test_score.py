@@ -49,6 +49,7 @@ def samples_table(items: list[tuple[str, str, str | None]], n: int = 1, iteratio
 def write_samples(d: Path, tables: list[pa.Table]) -> Path:
     for i, t in enumerate(tables):
         shards.write_shard(d, i, t, metadata={"generation": {"temperature": 1.0}})
+    shards.write_manifest(d, stage="generate", config={})  # finished, as `topr generate` leaves it
     return d
 
 
@@ -243,3 +244,21 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, args, words):
 def test_cli_help_has_examples():
     r = CliRunner().invoke(_app(), ["score", "--help"])
     assert r.exit_code == 0 and "--verifier" in r.output and "topr score --samples" in r.output
+
+
+def test_an_unfinished_samples_directory_is_refused_and_stale_temporaries_go(gsm_samples, tmp_path):
+    """Samples `topr generate` has not finished (killed, or data-parallel parts still running) were scored and the
+    scored directory marked complete, so curate built a training set from part of the data."""
+    (gsm_samples / shards.MANIFEST_NAME).unlink()
+    out = tmp_path / "scored"
+    with pytest.raises(UserError, match="`topr generate` has not finished this directory"):
+        score_dir(gsm_samples, out, ScoreConfig(workers=1))
+    assert not (out / shards.MANIFEST_NAME).exists()
+    shards.write_manifest(gsm_samples, stage="generate", config={})
+    out.mkdir()
+    from toprcli.shards.files import _HOST
+
+    dead = out / f".shard-00000.parquet.999999999-{_HOST}.tmp"  # a killed scorer's temporary (no such pid here)
+    dead.write_bytes(b"x" * 100)
+    score_dir(gsm_samples, out, ScoreConfig(workers=1))
+    assert not dead.exists() and (out / shards.MANIFEST_NAME).exists()

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from toprcli.errors import UserError
 from toprcli.sampling import Processing
 from toprcli.shards.schema import validate_columns
-from toprcli.shards.store import MANIFEST_NAME, METADATA_KEY, parquet_files, read_file_metadata, sampling_of
+from toprcli.shards.store import METADATA_KEY, check_finished, parquet_files, read_file_metadata, sampling_of
 
 ROW_GROUP = 65_536
 # A read buffer streams a big row group page by page instead of loading it whole
@@ -31,16 +31,6 @@ ROW_GROUP = 65_536
 READ_BUFFER = 1 << 22
 # Columns whose type may differ between inputs (string vs large_string): read as the wider one.
 _WIDENED = ("prompt_id", "policy", "finish_reason")
-
-
-def _check_finished(path: Path) -> None:
-    """A directory `topr score` wrote but did not finish (killed: its shards so far, no _manifest.json)
-    would give a training set of part of the data. A hand-made directory (no score record) is read as it is."""
-    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
-        return
-    if any("score" in read_file_metadata(f) for f in parquet_files(path)):
-        raise UserError(f"{path}: `topr score` has not finished this directory (no {MANIFEST_NAME}) — rerun the same "
-                        "`topr score` to complete it")
 
 
 @dataclass
@@ -56,7 +46,7 @@ class ScoredInputs:
         files, rows, src, schemas = [], [], [], []
         seen: dict[Path, str] = {}
         for s, path in enumerate(paths):
-            _check_finished(Path(path))
+            check_finished(path, "score")
             for f in parquet_files(path):
                 real = f.resolve()
                 if real in seen:

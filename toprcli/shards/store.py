@@ -252,6 +252,21 @@ def read_schema(path: str | os.PathLike[str]) -> pa.Schema:
         raise UserError(f"{path}: not a readable Parquet file ({e}) — regenerate it") from None
 
 
+# The metadata key each stage writes into its shards, and the command that finishes such a directory.
+_WRITTEN_BY = {"generation": "topr generate", "score": "topr score"}
+
+
+def check_finished(path: str | os.PathLike[str], key: str) -> None:
+    """A directory a stage wrote but did not finish (killed, or data-parallel parts still running: its shards so
+    far, no _manifest.json) would pass on part of the data. A hand-made directory (no ``key`` record) is read as it is."""
+    path = Path(path)
+    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
+        return
+    if any(key in read_file_metadata(f) for f in complete_shards(path).values()):
+        raise UserError(f"{path}: `{_WRITTEN_BY[key]}` has not finished this directory (no {MANIFEST_NAME}) — rerun the same "
+                        f"`{_WRITTEN_BY[key]}` to complete it")
+
+
 def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The toprcli key-value metadata of one Parquet file ({} when absent)."""
     raw = (read_schema(path).metadata or {}).get(METADATA_KEY)

@@ -109,6 +109,7 @@ def input_shards(samples: str | Path) -> dict[int, Path]:
     found = shards.complete_shards(p)
     if not found:
         raise UserError(f"{p}: no shard-*.parquet files in this directory — check --samples or run `topr generate`")
+    shards.check_finished(p, "generation")
     return found
 
 
@@ -277,6 +278,7 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
             )
     shards.check_writable(out)
     with shards.output_lock(out):  # one writer per output
+        shards.remove_stale_temporaries(out)  # a killed scorer's half-written shard
         return _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0)
 
 
