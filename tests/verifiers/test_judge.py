@@ -19,6 +19,8 @@ from toprcli.verifiers.judge import check, label_of, verdict_of
         ("Step 1 is wrong.\n\nFinal answer: NO!\n\n", "No"),
         ("Answer - yes", "Yes"),
         ("Judgement: No", "No"),
+        ("**Verdict**: Yes", "Yes"),  # the label in bold (was no answer)
+        ("**Final answer:** no", "No"),
         ("Yes, because 3 + 4 = 7", None),  # a verdict with a reason on the same line is not its own line
         ("Yes\nbut the last step is wrong", None),  # the verdict must be the last line
         ("Maybe", None),

@@ -291,6 +291,18 @@ def test_plugins(tmp_path, monkeypatch):
     assert by_path.check("a", "a", {"prompt_id": "p"}).correct
 
 
+def test_a_plugins_own_verdict_is_checked_like_a_bare_return():
+    """A returned Verdict passed through unchecked: a NaN or infinite score became the reward, one beyond float32
+    became inf when stored, and an int extracted answer crashed the shard's write after all of it was verified."""
+    from toprcli.verifiers.base import from_plugin_result
+
+    for score in (float("nan"), float("inf"), 1e39, "high"):
+        v = from_plugin_result(Verdict("incorrect", score=score))
+        assert v.verdict == "error" and "score" in v.detail
+    assert from_plugin_result(Verdict("correct", extracted_answer=42, score=2)) == Verdict("correct", extracted_answer="42", score=2.0)
+    assert from_plugin_result(1e39).verdict == "error" and from_plugin_result(-3).score == -3.0
+
+
 @pytest.mark.parametrize(
     "spec, words",
     [

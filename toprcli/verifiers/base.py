@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toprcli.shards.schema import VERDICTS
@@ -135,7 +135,12 @@ def from_plugin_result(result: Any) -> Verdict:
     if isinstance(result, Verdict):
         if result.verdict not in VERDICTS:
             return Verdict(ERROR, detail=f"plugin returned unknown verdict {result.verdict!r}")
-        return result
+        bad = _bad_score(result.score) if result.score is not None else None
+        if bad:
+            return Verdict(ERROR, detail=f"plugin returned a Verdict with score {bad}")
+        extracted = result.extracted_answer
+        return replace(result, score=None if result.score is None else float(result.score),
+                       extracted_answer=None if extracted is None else str(extracted))
     if result is None:
         return Verdict(NO_ANSWER)
     if isinstance(result, bool):
@@ -149,8 +154,21 @@ def from_plugin_result(result: Any) -> Verdict:
     if np_number and isinstance(result, np.bool_):
         return Verdict(CORRECT if bool(result) else INCORRECT)
     if isinstance(result, (int, float)) or np_number:
+        bad = _bad_score(result)
+        if bad:
+            return Verdict(ERROR, detail=f"plugin returned {bad}")
         x = float(result)
-        if math.isnan(x) or math.isinf(x):
-            return Verdict(ERROR, detail=f"plugin returned {x}")
         return Verdict(CORRECT if x > 0 else INCORRECT, score=x)
     return Verdict(ERROR, detail=f"plugin returned {type(result).__name__}, expected bool or float")
+
+
+_FLOAT32_MAX = 3.4028234663852886e38  # rewards are stored as float32
+
+
+def _bad_score(x: Any) -> str | None:
+    """Why a plugin's score cannot be a reward (not a number, NaN, infinite, beyond float32), else None."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return f"{x!r}, not a number"
+    return f"{x}" if not math.isfinite(x) else f"{x}, beyond float32" if abs(x) > _FLOAT32_MAX else None

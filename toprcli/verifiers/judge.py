@@ -17,9 +17,9 @@ import re
 from toprcli.data.verification import NO, YES
 from toprcli.verifiers.base import ERROR, NO_ANSWER, Verdict, judged
 
-# The last line, e.g. "Yes", "No.", "**Yes**", "Verdict: No", "Final answer: yes".
+# The last line, e.g. "Yes", "No.", "**Yes**", "Verdict: No", "**Verdict**: Yes", "Final answer: yes".
 _VERDICT_LINE = re.compile(
-    r"^[\s*_>#-]*(?:(?:final\s+)?(?:answer|verdict|judg(?:e)?ment)\s*[:=-]\s*)?[\s*_]*(yes|no)[\s*_.!]*$",
+    r"^[\s*_>#-]*(?:(?:final\s+)?(?:answer|verdict|judg(?:e)?ment)[\s*_]*[:=-]\s*)?[\s*_]*(yes|no)[\s*_.!]*$",
     re.IGNORECASE,
 )
 _LABELS = {"yes": YES, "true": YES, "correct": YES, "1": YES, "no": NO, "false": NO, "incorrect": NO, "0": NO}
