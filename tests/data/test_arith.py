@@ -134,3 +134,15 @@ def test_n_zero_and_full_split():
     assert arith_problems("train", 0) == []
     n = num_problems("test", 1)
     assert len(arith_problems("test", n, level=1)) == n
+
+
+def test_the_builtin_dataset_is_capped_at_its_split_and_limit_takes_a_prefix():
+    """`topr eval -d builtin:arith --split test` failed: the default 2,000 problems are more than level 2's 1,890
+    test problems, and the advice named settings with no flag. --limit K was a different draw, not the first K."""
+    from toprcli.config import DatasetSpec
+    from toprcli.data.datasets import load_examples
+
+    whole = load_examples(DatasetSpec(source="builtin:arith", split="test"))
+    assert len(whole) == num_problems("test", level=2) == 1890
+    assert load_examples(DatasetSpec(source="builtin:arith", split="test", limit=200)) == whole[:200]
+    assert len(load_examples(DatasetSpec(source="builtin:arith", split="test", size=100, limit=500))) == 100

@@ -42,7 +42,7 @@ class DatasetSpec:
     few_shot_split: str = opt("train", "The split few-shot examples come from (never the problem itself).")
     few_shot_seed: int = opt(0, "Seed of the few-shot choice (with each problem's id).")
     limit: int | None = opt(None, "Use only the first K prompts.", check=AT_LEAST_ONE)
-    size: int = opt(2000, "builtin:arith: problems per split.", cli=False, check=AT_LEAST_ONE)
+    size: int = opt(2000, "builtin:arith: problems per split (at most what the split has: level 1 test, 222).", cli=False, check=AT_LEAST_ONE)
     level: int = opt(2, "builtin:arith: difficulty 1..4.", cli=False, check=_check(lambda v: 1 <= v <= 4, "an integer 1..4"))
     seed: int = opt(0, "builtin:arith: seed of the problems.", cli=False)
 

@@ -173,14 +173,14 @@ def _check(split: str, level: int) -> None:
         raise UserError(f"unknown arith level {level!r} — use an integer from 1 to {LEVELS[-1]}")
 
 
-def arith_problems(split: str, n: int, *, seed: int = 0, level: int = 2) -> list[dict]:
+def arith_problems(split: str, n: int, *, seed: int = 0, level: int = 2, at_most: bool = False) -> list[dict]:
     """``n`` distinct problems of ``split`` at ``level``, chosen and ordered by ``seed``.
 
     Returns dicts with keys ``id`` (``arith-L<level>-<key>``, stable: the same
     problem always has the same id), ``question`` and ``answer`` (working lines
     then ``#### <value>``). Deterministic in (split, n, seed, level).
     Raises UserError for an unknown split or level, a negative n, or an n larger
-    than the number of distinct problems in the split.
+    than the number of distinct problems in the split (``at_most``: all of them).
     """
     _check(split, level)
     if not isinstance(n, int) or n < 0:
@@ -202,6 +202,7 @@ def arith_problems(split: str, n: int, *, seed: int = 0, level: int = 2) -> list
         return [_record(level, p) for p in chosen.values()]
 
     indices = _all_indices(level, split)
+    n = min(n, len(indices)) if at_most else n
     if n > len(indices):
         raise UserError(
             f"asked for {n} arith problems but level {level} has only {len(indices)} "

@@ -248,9 +248,8 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
 
 def _load_builtin(spec: DatasetSpec) -> list[dict[str, Any]]:
     name = spec.source.split(":", 1)[1]
-    if name == "arith":
-        n = spec.limit if spec.limit is not None else spec.size
-        return arith_problems(spec.split, n, seed=spec.seed, level=spec.level)
+    if name == "arith":  # --limit takes the first K of the same problems, as for any other source
+        return arith_problems(spec.split, spec.size, seed=spec.seed, level=spec.level, at_most=True)[: spec.limit]
     if name != "gsm8k":
         raise UserError(f"unknown built-in dataset {spec.source!r} — choose one of: {', '.join('builtin:' + b for b in BUILTIN_DATASETS)}")
     path = GSM8K_DIR / f"{spec.split}.jsonl"
