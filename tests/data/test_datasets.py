@@ -12,12 +12,11 @@ from typer.testing import CliRunner
 from toprcli.config import DatasetSpec
 from toprcli.data.datasets import (
     encode_prompt,
-    gsm8k_gold,
-    last_boxed,
     load_examples,
     render_prompt,
     resolve_preset,
 )
+from toprcli.data.formats import gsm8k_gold, last_boxed
 from toprcli.errors import UserError
 
 

@@ -193,6 +193,34 @@ def test_trl_prompt_completion_rows_take_the_gold_from_the_completion(tmp_path, 
     assert (ex.answer, ex.solution) == ("2", "1 + 1 = 2\n#### 2")
 
 
+def test_trl_standard_text_prompt_completion_takes_the_gold_from_the_completion(tmp_path):
+    """TRL's standard (not conversational) prompt-completion: a text prompt. It loaded as plain columns with no gold,
+    and eval reported pass@1 0 with every sample an unseen 'error'."""
+    f = tmp_path / "trl.jsonl"
+    f.write_text(json.dumps({"prompt": "1 + 1?", "completion": "1 + 1 = 2\n#### 2"}) + "\n")
+    ex = load_examples(DatasetSpec(source=str(f)))[0]
+    assert (ex.question, ex.answer, ex.messages) == ("1 + 1?", "2", None) and default_verifier(DatasetSpec(source=str(f))) == "math"
+
+
+def test_an_explicit_answer_column_wins_over_the_conversations_last_turn(tmp_path):
+    """A `messages` row with a separate final-answer column: --answer-column was ignored, and the whole reference
+    solution was the gold, so a boxed 5 was wrong and a boxed 2 (a number in the check) right."""
+    f = tmp_path / "chats.jsonl"
+    turns = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "2+3 = 5. Check: 5 - 3 = 2."}]
+    f.write_text(json.dumps({"messages": turns, "final": "5"}) + "\n")
+    ex = load_examples(DatasetSpec(source=str(f), answer_column="final"))[0]
+    assert (ex.answer, ex.solution) == ("5", "2+3 = 5. Check: 5 - 3 = 2.")
+
+
+def test_columns_are_found_when_the_first_rows_value_is_null(tmp_path):
+    """Columns were read off row 0: a null struct there made --answer-column meta.sol 'no column', and a verl file
+    whose first reward_model is null was read as trl."""
+    rows = [{"q": "A?", "meta": None}, {"q": "B?", "meta": {"sol": "#### 4"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "st.parquet")
+    golds = [e.answer for e in load_examples(DatasetSpec(source=str(tmp_path / "st.parquet"), question_column="q", answer_column="meta.sol"))]
+    assert golds == [None, "#### 4"]
+
+
 def test_few_shot_draws_on_when_the_problem_is_in_the_pool_twice():
     """A pool holding the problem twice: both copies may be drawn, leaving k - 1 examples and a false 'only N solved
     examples' error. Every seed now gets k examples, none of them the problem."""

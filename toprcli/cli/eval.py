@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from toprcli.cli.builder import Stage, lazy
-from toprcli.cli.common import console, summary_table, with_interval
+from toprcli.cli.common import console, err_console, summary_table, with_interval
 from toprcli.config import EvalConfig
 from toprcli.stages import StageResult
 
@@ -29,7 +29,7 @@ DOC = """Sample k completions per test prompt, score them, and report the metric
 def show(result: StageResult, cfg: EvalConfig) -> None:
     m, k = result.summary["metrics"], cfg.k
     rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("pass@1", with_interval(m, "pass@1")), (f"pass@{k}", m["pass@k"]),
-            (f"maj@{k}", with_interval(m, "maj@k")), ("invalid rate", m["invalid_rate"]), ("mean completion tokens", m["mean_completion_tokens"])]
+            (f"maj@{k}", with_interval(m, "maj@k")), ("invalid rate", m["invalid_rate"]), ("check errors", m.get("error_rate")), ("mean completion tokens", m["mean_completion_tokens"])]
     if "greedy_accuracy" in m:
         rows.insert(2, ("greedy accuracy", with_interval(m, "greedy_accuracy")))
     if "bootstrap" in m:
@@ -44,6 +44,9 @@ def show(result: StageResult, cfg: EvalConfig) -> None:
             ("verifier invalid-verdict rate", m["verifier_invalid_rate"]), ("verifier AUC", m["verifier_auc"]),
         ]
     console.print(summary_table(f"eval of {cfg.model}", rows))
+    if m.get("error_rate"):  # a missing gold, a failing plugin: counted wrong, easy to miss in the rates above
+        err_console.print(f"[yellow]warning:[/] {m['error_rate']:.1%} of the samples could not be checked (verifier error or timeout) "
+                          f"and count as wrong — examples in {Path(cfg.out) / 'scored' / '_manifest.json'}", highlight=False)
     console.print(f"wrote {Path(cfg.out) / 'eval.json'}", highlight=False)
 
 

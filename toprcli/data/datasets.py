@@ -26,6 +26,7 @@ from typing import Any
 from toprcli.config import DatasetSpec
 from toprcli.data import formats
 from toprcli.data.arith import arith_problems
+from toprcli.data.local_files import read_local
 from toprcli.errors import UserError
 from toprcli.shards import read_file_metadata
 
@@ -64,11 +65,11 @@ class Preset:
         if raw is None:
             return None
         if self.name in ("gsm8k", "arith"):
-            return gsm8k_gold(raw)
+            return formats.gsm8k_gold(raw)
         if self.name == "math":
-            return last_boxed(raw) or raw.strip()
+            return formats.last_boxed(raw) or raw.strip()
         if self.name in ("trl", "messages"):  # a reference solution: the verifiers' own rules (#### n, \boxed{})
-            return gsm8k_gold(raw) if "####" in raw else last_boxed(raw) or raw.strip()
+            return formats.gsm8k_gold(raw) if "####" in raw else formats.last_boxed(raw) or raw.strip()
         return raw
 
 
@@ -143,32 +144,6 @@ def _written_by(source: str) -> str | None:
     return _stage_of_file(str(path), path.stat().st_mtime_ns)
 
 
-def gsm8k_gold(raw: str) -> str:
-    """The answer after the last ``####`` of a GSM8K-style solution, to the end of its line (the verifiers read
-    the last one; a reference may go on, as MetaMathQA's ``#### 18\nThe answer is: 18``), or the whole value."""
-    tail = raw.rsplit("####", 1)[1].strip() if "####" in raw else raw
-    return tail.split("\n", 1)[0].strip().replace(",", "")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    return None
-
-
 def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Preset:
     """The spec's preset; ``auto``: a chat format detected from a row's columns, else from the source's name."""
     if spec.preset != "auto":
@@ -217,7 +192,7 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
                 raise UserError(
                     f"{path}: unsupported file type {path.suffix!r} — use .jsonl, .json, .parquet or .csv"
                 )
-            ds = _load_local(datasets, fmt, path)
+            ds = read_local(datasets, fmt, path)
         elif path.is_dir() or "/" in src or re.fullmatch(r"[\w.-]+", src):
             if not path.exists() and (src.startswith((".", "/", "~")) or Path(src).suffix.lower() in LOCAL_FORMATS):
                 raise UserError(f"dataset file not found: {src} — check the path")
@@ -258,69 +233,10 @@ def _load_builtin(spec: DatasetSpec) -> list[dict[str, Any]]:
     import datasets
 
     datasets.disable_progress_bars()
-    ds = _load_local(datasets, "json", path)
+    ds = read_local(datasets, "json", path)
     if spec.limit is not None:
         ds = ds.select(range(min(spec.limit, len(ds))))
     return ds.to_list()
-
-
-def _load_local(datasets: Any, fmt: str, path: Path) -> Any:
-    """A local file through ``datasets``; a file it cannot read is named with the line (or cause)."""
-    import logging
-
-    logger = logging.getLogger("datasets")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)  # its "Failed to read file" log line would precede ours
-    try:
-        return datasets.load_dataset(fmt, data_files=str(path), split="train")
-    except Exception as e:
-        where = _diagnose_local(path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
-        raise UserError(f"cannot read {path}: {where} — fix the file (or remove the bad rows)") from None
-    finally:
-        logger.setLevel(level)
-
-
-def _diagnose_local(path: Path) -> str | None:
-    """Where a local .jsonl/.json/.csv/.parquet file is broken, in words (line numbers 1-based)."""
-    import csv
-    import json
-
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".jsonl":
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        return f"line {n} is not valid JSON ({e.msg} at column {e.colno})"
-                    if not isinstance(row, dict):
-                        return f"line {n} is a JSON {type(row).__name__}, not an object of column values"
-        elif suffix == ".json":
-            try:
-                json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                return f"not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
-        elif suffix == ".csv":
-            with open(path, encoding="utf-8", newline="") as f:
-                reader = csv.reader(f, strict=True)
-                header = next(reader, [])
-                for row in reader:
-                    if len(row) != len(header):
-                        return f"line {reader.line_num} has {len(row)} fields, the header has {len(header)}"
-        elif suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            pq.read_metadata(path)
-    except UnicodeDecodeError as e:
-        return f"not UTF-8 text ({e.reason} at byte {e.start})"
-    except csv.Error as e:
-        return f"line {reader.line_num}: {e}"
-    except Exception as e:  # pyarrow: not a Parquet file, truncated, ...
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
-    return None
 
 
 def _pick_column(row: dict[str, Any], explicit: str | None, candidates: tuple[str, ...], what: str, spec: DatasetSpec) -> str | None:
@@ -351,15 +267,16 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
     rows = _load_rows(spec)
     if not rows:
         raise UserError(f"dataset {spec.source!r} split {spec.split!r} is empty — check the source and split")
-    preset = resolve_preset(spec, rows[0])
-    q_col = _pick_column(rows[0], spec.question_column, preset.question_columns, "question", spec)
+    probe = _probe_row(rows)
+    preset = resolve_preset(spec, probe)
+    q_col = _pick_column(probe, spec.question_column, preset.question_columns, "question", spec)
     if q_col is None:
         raise UserError(
             f"dataset {spec.source!r} has no question column (looked for {', '.join(preset.question_columns)}) — "
             f"columns are: {', '.join(rows[0])}; set dataset.question_column"
         )
-    a_col = _pick_column(rows[0], spec.answer_column, preset.answer_columns, "answer", spec)
-    id_col = _pick_column(rows[0], spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec)
+    a_col = _pick_column(probe, spec.answer_column, preset.answer_columns, "answer", spec)
+    id_col = _pick_column(probe, spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec)
     parts = [_question(r, q_col, preset, f"dataset {spec.source!r} row {n}, column {q_col!r}") for n, r in enumerate(rows)]
     keys = [json.dumps(m) if m else q for q, m, _ in parts]  # a conversation is identified by all of it
     ids = [str(formats.get_path(r, id_col)) for r in rows] if id_col else prompt_ids(keys, spec.split)
@@ -367,15 +284,25 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         raise UserError(f"dataset {spec.source!r}: column {id_col!r} has duplicate ids — pick a unique id column")
     examples = []
     for pid, (q, messages, reference), r in zip(ids, parts, rows):
-        raw = reference if reference is not None else _answer_text(formats.get_path(r, a_col) if a_col else None)
+        column = _answer_text(formats.get_path(r, a_col)) if a_col else None
+        raw = column if spec.answer_column or reference is None else reference  # --answer-column wins over the last turn
         # The worked solution (few-shot, warm start): verl's extra_info.answer, else a solution column beside the answer's.
         solution = _text(formats.get_path(r, "extra_info.answer") if preset.name == "verl" else r.get("solution") if a_col != "solution" else None)
+        solution = solution or (reference if spec.answer_column else None)
         examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name))
     if spec.few_shot:
         pool = [e for e in load_examples(dataclasses.replace(spec, split=spec.few_shot_split, few_shot=0, limit=None)) if e.solution]
         examples = [dataclasses.replace(e, shots=tuple(formats.choose_shots(pool, e.prompt_id, e.question, spec.few_shot, spec.few_shot_seed)))
                     for e in examples]
     return examples
+
+
+def _probe_row(rows: list[dict[str, Any]], n: int = 100) -> dict[str, Any]:
+    """The first row with its empty (null) columns filled from the next rows: what columns and format are read from."""
+    probe = dict(rows[0])
+    for key in [k for k, v in probe.items() if v is None]:
+        probe[key] = next((r.get(key) for r in rows[1:n] if r.get(key) is not None), None)
+    return probe
 
 
 def _text(value: Any) -> str | None:
@@ -386,6 +313,8 @@ def _answer_text(value: Any) -> str | None:
     """An answer column's text; a conversational one (TRL's ``completion``: assistant turns) is its last turn's content."""
     if formats.is_messages(value):
         return value[-1]["content"] if value else None
+    if isinstance(value, float) and value.is_integer():  # JSON answers 5 and 2.5 in one column are read as floats: 5 is "5"
+        return str(int(value))
     return _text(value)
 
 
@@ -394,7 +323,7 @@ def _question(row: dict[str, Any], column: str, preset: Preset, where: str) -> t
     value = formats.get_path(row, column)
     if value is None or isinstance(value, str) and not value.strip():
         raise UserError(f"{where}: no question (empty) — fix or drop that row, or pick another --question-column")
-    if not isinstance(value, (list, tuple)) and preset.name not in ("verl", "trl", "messages"):
+    if not isinstance(value, (list, tuple)) and preset.name not in ("verl", "messages"):  # trl: a text prompt too
         return str(value), None, None
     messages, reference = formats.check_messages(value, where), None
     if preset.name == "messages":

@@ -60,11 +60,13 @@ def check_messages(value: Any, where: str) -> list[dict[str, str]]:
 
 
 def detect(row: dict[str, Any]) -> str | None:
-    """The format a row is written in: verl, trl, messages, or None (plain columns)."""
+    """The format a row is written in: verl, trl (conversational, or text prompt-completion), messages, or None (plain columns)."""
     if is_messages(row.get("prompt")):
         return "verl" if has_path(row, "reward_model.ground_truth") else "trl"
     if is_messages(row.get("messages")):
         return "messages"
+    if isinstance(row.get("prompt"), str) and "completion" in row:  # TRL's standard (text) prompt-completion
+        return "trl"
     return None
 
 
@@ -108,3 +110,29 @@ def choose_shots(pool: list[Any], prompt_id: str, question: str, k: int, seed: i
     if len(picked) < k:
         raise UserError(f"few_shot {k}: the few-shot split has only {len(pool)} solved examples to choose from — lower dataset.few_shot")
     return picked
+
+
+def gsm8k_gold(raw: str) -> str:
+    """The answer after the last ``####`` of a GSM8K-style solution, to the end of its line (the verifiers read
+    the last one; a reference may go on, as MetaMathQA's ``#### 18\nThe answer is: 18``), or the whole value."""
+    tail = raw.rsplit("####", 1)[1].strip() if "####" in raw else raw
+    return tail.split("\n", 1)[0].strip().replace(",", "")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None

@@ -32,7 +32,7 @@ from toprcli.stages import generate as generate_stage
 from toprcli.stages import score as score_stage
 from toprcli.stages.eval_judge import VERIFIED, judge
 from toprcli.tracking import check_installed, open_tracker, sample_rows
-from toprcli.verifiers import NO_ANSWER
+from toprcli.verifiers import ERROR, NO_ANSWER, TIMEOUT
 from toprcli.verifiers.voting import vote_keys
 
 STAGE = "eval"
@@ -228,7 +228,9 @@ def _sampled_metrics(cfg: EvalConfig, t: Any) -> tuple[dict[str, Any], dict[str,
     prompt_ids, correct = t.column("prompt_id").to_pylist(), t.column("correct").to_pylist()
     extracted = t.column("extracted_answer").to_pylist()
     keys = vote_keys(_voting_verifier(cfg, t), prompt_ids, extracted, correct, cfg.k, workers=cfg.workers, timeout=cfg.timeout)
-    invalid = [v == NO_ANSWER for v in t.column("verdict").to_pylist()]
+    verdicts = t.column("verdict").to_pylist()
+    invalid = [v == NO_ANSWER for v in verdicts]
     scores, short = prompt_scores(prompt_ids, correct, cfg.k, keys)  # grouped once: the means and the intervals' inputs
     metrics = summarize_scores(scores, short, k=cfg.k, samples=len(prompt_ids), invalid=invalid)
+    metrics["error_rate"] = float(np.mean([v in (ERROR, TIMEOUT) for v in verdicts]))  # checks that failed: counted wrong
     return metrics, {"pass@1": scores["pass@1"], "maj@k": scores["maj@k"]}

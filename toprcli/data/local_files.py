@@ -1,0 +1,80 @@
+"""Local dataset files (.jsonl, .json, .parquet, .csv) read through ``datasets``: CSV cells as written, and a
+file that cannot be read named with its broken line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from toprcli.errors import UserError
+
+
+def read_local(datasets: Any, fmt: str, path: Path) -> Any:
+    """A local file through ``datasets``; a file it cannot read is named with the line (or cause)."""
+    import logging
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # its "Failed to read file" log line would precede ours
+    try:
+        return datasets.load_dataset(fmt, data_files=str(path), split="train", **_as_text(datasets, fmt, path))
+    except Exception as e:
+        where = _diagnose_local(path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise UserError(f"cannot read {path}: {where} — fix the file (or remove the bad rows)") from None
+    finally:
+        logger.setLevel(level)
+
+
+def _as_text(datasets: Any, fmt: str, path: Path) -> dict[str, Any]:
+    """CSV cells as written: pandas would read 007 as 7, an integer column with a blank as 5.0, NA and None as null."""
+    if fmt != "csv":
+        return {}
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        header = next(csv.reader(f), [])
+    features = datasets.Features({c: datasets.Value("string") for c in header}) if len(set(header)) == len(header) else None
+    return {"keep_default_na": False, **({"features": features} if features else {})}
+
+
+def _diagnose_local(path: Path) -> str | None:
+    """Where a local .jsonl/.json/.csv/.parquet file is broken, in words (line numbers 1-based)."""
+    import csv
+    import json
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        return f"line {n} is not valid JSON ({e.msg} at column {e.colno})"
+                    if not isinstance(row, dict):
+                        return f"line {n} is a JSON {type(row).__name__}, not an object of column values"
+        elif suffix == ".json":
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                return f"not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
+        elif suffix == ".csv":
+            with open(path, encoding="utf-8", newline="") as f:
+                reader = csv.reader(f, strict=True)
+                header = next(reader, [])
+                for row in reader:
+                    if len(row) != len(header):
+                        return f"line {reader.line_num} has {len(row)} fields, the header has {len(header)}"
+        elif suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.read_metadata(path)
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    except csv.Error as e:
+        return f"line {reader.line_num}: {e}"
+    except Exception as e:  # pyarrow: not a Parquet file, truncated, ...
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
