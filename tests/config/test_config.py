@@ -96,10 +96,12 @@ def test_eval_sampling_needs_a_temperature():
         load_config(IterateConfig, None, {"eval.sampling.temperature": 0})
 
 
-def test_a_temperature_vllm_would_decode_greedily_is_refused():
-    """Below 1e-5 vLLM decodes greedily and returns μ at T = 1, while training would read T as recorded."""
-    with pytest.raises(ConfigError, match=r"0 \(greedy\) or a number >= 1e-5"):
-        load_config(GenerateConfig, None, sets={"temperature": 1e-6})
+@pytest.mark.parametrize("temperature", [1e-6, 0.005, 2.5])
+def test_a_temperature_vllm_would_not_sample_at_is_refused(temperature):
+    """Below 1e-5 vLLM decodes greedily (μ at T = 1), below 0.01 it samples at 0.01, above 2 it raises: μ would not
+    be the recorded temperature's, which training reads."""
+    with pytest.raises(ConfigError, match=r"0 \(greedy\) or a number in \[0.01, 2\]"):
+        load_config(GenerateConfig, None, sets={"temperature": temperature})
     assert load_config(GenerateConfig, None, sets={"temperature": 0}).sampling.temperature == 0
 
 

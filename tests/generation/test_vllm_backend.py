@@ -102,6 +102,11 @@ def test_vllm_greedy_matches_hf_greedy(vllm_backend, tiny_model_dir):
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
     hf = HFBackend(BackendOptions(model=str(tiny_model_dir), batch_size=8))
     assert _ids(hf.generate(reqs, params)) == _ids(vllm_backend.generate(reqs, params))
+    # Greedy with n > 1 (vLLM refuses it: `topr generate --temperature 0` crashed after the engine started): n copies.
+    many = vllm_backend.generate(reqs, SamplingParams(n=3, temperature=0.0, max_new_tokens=16))
+    assert _ids(many) == [[ids[0]] * 3 for ids in _ids(hf.generate(reqs, params))]
+    with pytest.raises(ValueError, match=r"temperature 0 or in \[0.01, 2\]"):  # vLLM would sample at 0.01 and not say so
+        vllm_backend.generate(reqs, SamplingParams(n=1, temperature=0.005, max_new_tokens=4))
 
 
 class _SleepRecorded:

@@ -52,8 +52,8 @@ class SamplingConfig:
     """The distribution μ is drawn from, shared by generate and eval; it travels with the data and train
     computes log π under the same processing (docs/architecture.md §5)."""
 
-    temperature: float = opt(1.0, "Sampling temperature (0 = greedy).", check=_check(  # vLLM samples below 1e-5 greedily, μ at T = 1
-        lambda v: v == 0 or v >= 1e-5, "0 (greedy) or a number >= 1e-5 (vLLM decodes lower temperatures greedily)"))
+    temperature: float = opt(1.0, "Sampling temperature (0 = greedy).", check=_check(  # vLLM's range: it raises (0, 0.01) to 0.01
+        lambda v: v == 0 or 0.01 <= v <= 2, "0 (greedy) or a number in [0.01, 2] (vLLM samples at no other temperature)"))
     top_p: float = opt(1.0, "Nucleus sampling mass in (0, 1].", check=UNIT_HALF_OPEN)
     top_k: int = opt(-1, "Keep the k most likely tokens; -1 is off.", check=TOP_K)
     min_p: float = opt(0.0, "Drop tokens less likely than min-p × the most likely one; 0 is off.", check=MIN_P)

@@ -35,6 +35,7 @@ guard (the engine starts worker processes).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import re
@@ -281,6 +282,8 @@ class VLLMBackend:
     # -- sampling -------------------------------------------------------------
 
     def _sampling_params(self, params: SamplingParams, seed: int | None) -> Any:
+        if params.temperature != 0 and not 0.01 <= params.temperature <= 2:  # vLLM raises (0, 0.01) to 0.01: μ would not say so
+            raise ValueError(f"vLLM samples at temperature 0 or in [0.01, 2], got {params.temperature}")
         return self._vllm.SamplingParams(
             n=params.n,
             temperature=params.temperature,
@@ -311,13 +314,15 @@ class VLLMBackend:
         if not requests:
             return []
         prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+        # vLLM refuses n > 1 for greedy decoding: one completion, copied (all n are that one, as the hf backend gives them).
+        copies, sent = (params.n, dataclasses.replace(params, n=1)) if params.temperature == 0 else (1, params)
         if any(r.seed is not None for r in requests):
-            sp: Any = [self._sampling_params(params, r.seed) for r in requests]
+            sp: Any = [self._sampling_params(sent, r.seed) for r in requests]
         else:
-            sp = self._sampling_params(params, None)
+            sp = self._sampling_params(sent, None)
         use_tqdm: Any = False
         if progress is not None:
-            n = params.n
+            n = sent.n
 
             def use_tqdm(*args: Any, **kwargs: Any) -> Any:
                 if args:  # tqdm(iterable): vLLM wraps its prompt rendering loop; pass it through
@@ -333,9 +338,9 @@ class VLLMBackend:
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
                 comps.append(Completion(token_ids=ids, logprobs=_sampled_logprobs(c, ids), finish_reason=_finish(c.finish_reason)))
-            if len(comps) != params.n:
-                raise RuntimeError(f"vLLM returned {len(comps)} completions, expected {params.n}")
-            result.append(comps)
+            if len(comps) != sent.n:
+                raise RuntimeError(f"vLLM returned {len(comps)} completions, expected {sent.n}")
+            result.append([Completion(list(c.token_ids), list(c.logprobs), c.finish_reason) for c in comps for _ in range(copies)])
         return result
 
     def continuation_logprobs(self, prompts: list[list[int]], continuations: list[list[int]]) -> list[float]:
