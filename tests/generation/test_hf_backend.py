@@ -101,3 +101,30 @@ def test_derive_seed_is_stable():
     assert derive_seed(0, 0, "p1") == derive_seed(0, 0, "p1")
     assert derive_seed(0, 0, "p1") != derive_seed(0, 1, "p1")
     assert 0 <= derive_seed("x") < 2**31 - 2**16
+
+
+def test_hf_backend_stops_on_the_tokenizers_eos_too(tiny_model_dir, tmp_path):
+    """A fine-tune whose tokenizer ends turns with another token than its generation config names: vLLM stops on both,
+    the hf backend stopped only on the generation config's and ran every completion to max_new_tokens."""
+    import json
+    import shutil
+
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.hf_backend import HFBackend
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model)
+    tok = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**tok, "eos_token": "<unk>"}))  # id 3; generation config: 2
+    backend = HFBackend(BackendOptions(model=str(model), batch_size=4))
+    assert backend.tokenizer.eos_token_id == 3 and backend.eos_token_ids == {2, 3}
+    forward = backend.net.forward
+
+    def says_eos(*args, **kwargs):  # the model ends its turn with the tokenizer's eos at once
+        out = forward(*args, **kwargs)
+        out.logits[..., 3] += 50
+        return out
+
+    backend.net.forward = says_eos
+    done = backend.generate([PromptRequest([1, 40, 41], seed=1)], SamplingParams(n=1, max_new_tokens=6))[0][0]
+    assert (done.token_ids, done.finish_reason) == ([3], "stop")

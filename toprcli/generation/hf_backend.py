@@ -42,7 +42,7 @@ from toprcli.generation.base import (
     derive_seed,
     resolve_dtype,
 )
-from toprcli.generation.model_info import config_context_length, first_line, same_architecture
+from toprcli.generation.model_info import config_context_length, first_line, same_architecture, stop_token_ids
 
 
 class HFBackend:
@@ -75,10 +75,8 @@ class HFBackend:
         ctx = options.max_model_len or config_context_length(self.net.config)
         # Unknown context (no length key in the config): only max_new_tokens bounds a completion.
         self.max_model_len = int(ctx) if ctx else 2**31 - 1
-        eos = self.net.generation_config.eos_token_id
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else list(eos or []))
+        # As vLLM: the tokenizer's eos and the generation config's (a chat fine-tune's tokenizer may end turns with another).
+        self.eos_token_ids = stop_token_ids(self.tokenizer.eos_token_id, self.net.generation_config.eos_token_id)
         pad = self.tokenizer.pad_token_id
         if pad is None:
             pad = self.net.generation_config.pad_token_id

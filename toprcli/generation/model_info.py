@@ -93,6 +93,24 @@ def model_config_json(model: str) -> dict[str, Any]:
     return {}
 
 
+def stop_token_ids(*sources: Any) -> frozenset[int]:
+    """Every end-of-sequence id the sources name (an id, a list of ids, None): vLLM stops on the tokenizer's
+    eos and on every eos of the model's config and generation config; the hf backend stops on the same."""
+    ids: set[int] = set()
+    for src in sources:
+        ids.update([int(src)] if isinstance(src, int) else [int(x) for x in src] if isinstance(src, (list, tuple)) else [])
+    return frozenset(ids)
+
+
+def generation_config_json(model: str) -> dict[str, Any]:
+    """A local model dir's generation_config.json as written ({} when absent or unreadable)."""
+    p = Path(model) / "generation_config.json"
+    try:
+        return json.loads(p.read_text()) if p.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def same_architecture(a: str, b: str) -> bool:
     """Whether two model dirs have the same architecture and shapes (in-place reload is valid).
 

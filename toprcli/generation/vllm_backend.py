@@ -54,7 +54,7 @@ from toprcli.generation.base import (
     cuda_available,
     resolve_dtype,
 )
-from toprcli.generation.model_info import config_context_length, model_config_json, same_architecture
+from toprcli.generation.model_info import config_context_length, generation_config_json, model_config_json, same_architecture, stop_token_ids
 from toprcli.processes import scratch_dir
 
 EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
@@ -226,17 +226,9 @@ class VLLMBackend:
         self.model = model
         mc = self.llm.llm_engine.model_config
         self.max_model_len = int(mc.max_model_len)
-        tok = self.llm.get_tokenizer()
-        eos = set()
-        gen_cfg = getattr(mc, "hf_config", None)
-        if getattr(tok, "eos_token_id", None) is not None:
-            eos.add(int(tok.eos_token_id))
-        for src in (model_config_json(model).get("eos_token_id"), getattr(gen_cfg, "eos_token_id", None)):
-            if isinstance(src, int):
-                eos.add(src)
-            elif isinstance(src, (list, tuple)):
-                eos.update(int(x) for x in src)
-        self.eos_token_ids = frozenset(eos)
+        self.eos_token_ids = stop_token_ids(getattr(self.llm.get_tokenizer(), "eos_token_id", None), model_config_json(model).get("eos_token_id"),
+                                            getattr(getattr(mc, "hf_config", None), "eos_token_id", None),
+                                            generation_config_json(model).get("eos_token_id"))  # vLLM's stop tokens
         self.info = {
             "backend": "vllm",
             "engine_version": self.engine_version,
