@@ -162,3 +162,22 @@ def test_vllm_hand_over_wakes_up_serving_the_new_policy_in_vllms_documented_orde
         assert recorder.calls == [("sleep", 2), ("wake_up", ["weights"]), ("rpc", "reload_weights"), ("wake_up", ["kv_cache"])]
     finally:
         vllm_backend.llm = real  # the session's engine, not the holder's: never closed here
+
+
+def test_cpu_step_budget_holds_a_context_declared_in_a_text_config(tmp_path):
+    """On CPU (no chunked prefill) the step budget must hold a whole prompt. The context was read from config.json's
+    top level only: a multimodal config's (text_config) or a hub id's was unknown, the budget 4096, and vLLM refused
+    to start with a longer context."""
+    import json
+
+    import vllm
+
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.vllm_backend import VLLMBackend
+
+    text = {"model_type": "llama", "max_position_embeddings": 8192, "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava", "text_config": text, "vision_config": {"model_type": "clip_vision_model"}}))
+    backend = object.__new__(VLLMBackend)  # the engine's arguments only: nothing is started
+    backend.options, backend.on_gpu, backend._vllm = BackendOptions(model=str(tmp_path)), False, vllm
+    assert backend._engine_kwargs(str(tmp_path))["max_num_batched_tokens"] == 8192

@@ -54,7 +54,7 @@ from toprcli.generation.base import (
     cuda_available,
     resolve_dtype,
 )
-from toprcli.generation.model_info import config_context_length, generation_config_json, model_config_json, same_architecture, stop_token_ids
+from toprcli.generation.model_info import context_length, generation_config_json, model_config_json, same_architecture, stop_token_ids
 from toprcli.processes import scratch_dir
 
 EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
@@ -196,7 +196,7 @@ class VLLMBackend:
             # prefill) kills the engine ("CPU Generator does not use offset": the runner
             # rewinds the request's generator with a CUDA-only call). Without chunked
             # prefill no prompt is split; the step budget must then hold a whole prompt.
-            ctx = o.max_model_len or config_context_length(model_config_json(model)) or 0  # unknown: the floor below
+            ctx = context_length(model, o.max_model_len) or 0  # as transformers reads it (hub ids, text configs); unknown: the floor
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(4096, int(ctx))
             if o.gpu_memory_utilization is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
