@@ -181,9 +181,14 @@ def test_an_engine_with_a_shorter_context_than_the_config_is_refused_before_a_sh
         return backend
 
     monkeypatch.setattr(stage, "open_backend", short_context)
-    with pytest.raises(UserError, match="the engine's context is 16 tokens, not the config's 512.*--max-model-len 16"):
+    with pytest.raises(UserError, match="the engine's context is 16 tokens \\(the config's 512\\).*--max-model-len 16"):
         stage.run(_cfg(tiny_model_dir, tmp_path / "out"))
     assert not complete_shards(tmp_path / "out")
+    # A config that declares no context: the prompts were checked against nothing, and failed in the engine mid-run.
+    monkeypatch.setattr(stage, "context_length", lambda *a, **k: None)
+    with pytest.raises(UserError, match="the engine's context is 16 tokens \\(the config declares none\\)"):
+        stage.run(_cfg(tiny_model_dir, tmp_path / "out2"))
+    assert not complete_shards(tmp_path / "out2")
 
 
 def test_cli_summary_table(tiny_model_dir, tmp_path):

@@ -168,15 +168,16 @@ def _check_engine_context(cfg: GenerateConfig, plan: _Plan, backend: GenerationB
     """The prompts were checked against the config's context; vLLM may derive a smaller one (RoPE scaling, the
     tokenizer's limit, the KV cache). Anything that does not fit it is refused before a shard is written."""
     engine_context, planned = getattr(backend, "max_model_len", None), plan.context
-    if engine_context is None or planned is None or engine_context >= planned:
-        return
+    if engine_context is None or planned is not None and engine_context >= planned:
+        return  # (a config that declares no context: checked against the engine's)
     todo = [p for j in plan.todo for p in plan.blocks[j]]
     try:
         drop_long(todo, engine_context, skip_long=False)
         check_room(todo, engine_context, cfg.sampling.max_new_tokens, cfg.clip_to_context)
     except UserError as e:
         backend.close()
-        raise UserError(f"the engine's context is {engine_context} tokens, not the config's {planned}: {e} "
+        config = f"the config's {planned}" if planned is not None else "the config declares none"
+        raise UserError(f"the engine's context is {engine_context} tokens ({config}): {e} "
                         f"(pass --max-model-len {engine_context} to plan for it)") from None
 
 
