@@ -66,3 +66,37 @@ def test_a_point_and_its_interval_print_at_one_precision():
     from toprcli.cli.common import with_interval
 
     assert with_interval({"pass@1": 0.0625, "intervals": {"pass@1": [0.0625, 0.0625]}}, "pass@1", digits=3) == "0.062 [0.062, 0.062]"
+
+
+
+def test_collect_reads_round_configs_through_the_schema_and_only_finished_scores(tmp_path):
+    """A round recorded by an older toprcli (a key added since) or with other eval workers changed nothing the eval
+    measures (both made later rounds 'not comparable'); a round still being scored has no reward numbers yet (a part
+    was shown as the round's); a user's round-001.bak is no round (its name crashed every report and reconcile)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from toprcli import shards
+    from toprcli.config import IterateConfig
+    from toprcli.report import collect, run_label
+    from toprcli.runs import round_dirs, trained_rounds
+
+    run, full = tmp_path / "run", config_to_dict(IterateConfig())
+    old = json.loads(json.dumps(full))
+    del old["eval"]["bootstrap_seed"]
+    for r, cfg in enumerate([old, {**full, "eval": {**full["eval"], "workers": 3}}, full]):
+        (run / f"round-{r:03d}" / "scored").mkdir(parents=True)
+        (run / f"round-{r:03d}" / "config.yaml").write_text(yaml.safe_dump(cfg))
+        pq.write_table(pa.table({"reward": [1.0, -1.0], "verdict": ["correct", "incorrect"]}), run / f"round-{r:03d}" / "scored" / "shard-00000.parquet")
+    for r in (0, 2):
+        shards.write_manifest(run / f"round-{r:03d}" / "scored", stage="score", config={})
+    for junk in ("round-001.bak", "round-009-old"):
+        (run / junk / "policy").mkdir(parents=True)
+        (run / junk / "policy" / "config.json").write_text("{}")
+    assert list(round_dirs(run)) == [0, 1, 2] and trained_rounds(run) == 0
+    rows = collect(run)
+    assert [r["round"] for r in rows] == [0, 1, 2] and [r["eval_comparable"] for r in rows] == [True] * 3
+    assert rows[1]["config_changed"] == ["eval.workers"] and "reward_mean" not in rows[1] and rows[2]["reward_mean"] == 0.0
+    (run / "config.yaml").write_text(yaml.safe_dump({**full, "train": {**full["train"], "lr": 1e-6}, "tracking": {**full["tracking"], "run_name": "x"}}))
+    assert run_label(run, full) == "run (train.lr=1e-06)"  # a sweep's tracked names are not what differs

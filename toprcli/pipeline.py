@@ -417,5 +417,4 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
 
 def run_summary(run_dir: str | Path) -> list[dict[str, Any]]:
     run_dir = Path(run_dir)
-    rounds = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("round-*") if p.is_dir())
-    return [round_summary(run_dir, r) for r in rounds]
+    return [round_summary(run_dir, r) for r in runs.round_dirs(run_dir)]

@@ -18,8 +18,10 @@ import yaml
 
 from toprcli.errors import UserError
 from toprcli.pipeline import run_summary
-from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir
-from toprcli.shards import changed_keys, complete_shards, read_table
+from toprcli.config import config_to_dict
+from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_config, round_dir, round_dirs
+from toprcli.shards import changed_keys, read_manifest, read_table
+from toprcli.stages.eval import HOW_IT_RUNS
 
 VERDICT_COLORS = {"correct": "#2e7d32", "incorrect": "#c62828", "no_answer": "#9e9e9e", "timeout": "#6a1b9a", "error": "#ef6c00"}
 
@@ -35,17 +37,31 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
     configs: dict[int, dict] = {}
     for row in rows:
         row.update(_reward_stats(round_dir(run_dir, row["round"]) / "scored"))
-        path = round_dir(run_dir, row["round"]) / CONFIG_FILE
-        if path.exists():
-            configs[row["round"]] = yaml.safe_load(path.read_text()) or {}
+        config = _round_config(run_dir, row["round"])
+        if config is not None:
+            configs[row["round"]] = config
             before = configs.get(row["round"] - 1)
             if before is not None:
                 # As runs.reconcile counts a change: where the run lives and what it reports to are not its settings.
-                row["config_changed"] = sorted(k for k in changed_keys(before, configs[row["round"]]) - {"rounds", "run_dir"}
-                                               if not k.startswith("tracking."))
-            first = configs.get(min(configs))
-            row["eval_comparable"] = not any(k.startswith("eval.") for k in changed_keys(first, configs[row["round"]]))
+                row["config_changed"] = sorted(k for k in changed_keys(before, config) - {"rounds", "run_dir"} if not k.startswith("tracking."))
+            row["eval_comparable"] = not any(k.startswith("eval.") and not _how_eval_runs(k) for k in changed_keys(configs[min(configs)], config))
     return rows
+
+
+def _round_config(run_dir: Path, r: int) -> dict[str, Any] | None:
+    """Round ``r``'s recorded config read through today's schema (a key added since is its default, not a change)."""
+    path = round_dir(run_dir, r) / CONFIG_FILE
+    if not path.exists():
+        return None
+    try:
+        return config_to_dict(round_config(run_dir, r))
+    except UserError:  # a key since removed: compared as written
+        return yaml.safe_load(path.read_text()) or {}
+
+
+def _how_eval_runs(key: str) -> bool:
+    """An eval key that says how an eval runs (workers, engine memory), not what it measures."""
+    return any(key == f"eval.{h}" or key.startswith(f"eval.{h}.") for h in HOW_IT_RUNS)
 
 
 def lineage(run_dir: Path) -> dict[str, Any] | None:
@@ -54,7 +70,7 @@ def lineage(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _reward_stats(scored: Path) -> dict[str, Any]:
-    if not complete_shards(scored):
+    if read_manifest(scored) is None:  # still scoring (or killed): a part is not the round's rewards
         return {}
     t = read_table(scored, columns=["reward", "verdict"])
     rewards = t.column("reward").to_numpy()
@@ -71,7 +87,7 @@ def _reward_stats(scored: Path) -> dict[str, Any]:
 
 def loss_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     curves = {}
-    candidates = [run_dir / "warmstart" / "policy"] + sorted(p / "policy" for p in run_dir.glob("round-*"))
+    candidates = [run_dir / "warmstart" / "policy"] + [d / "policy" for d in round_dirs(run_dir).values()]
     for policy in candidates:
         f = policy / "metrics.jsonl"
         if not f.exists():
@@ -222,7 +238,7 @@ COMPARED = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("p", "p (raw positive sha
 def run_label(run_dir: Path, reference: dict[str, Any] | None) -> str:
     """A run's name in a comparison: its directory, and what differs in its config from the first run's."""
     cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {} if (run_dir / CONFIG_FILE).exists() else {}
-    keys = sorted(changed_keys(reference, cfg) - {"run_dir", "rounds"}) if reference is not None else []
+    keys = sorted(k for k in changed_keys(reference, cfg) - {"run_dir", "rounds"} if not k.startswith("tracking.")) if reference is not None else []
 
     def value(key: str) -> Any:
         node: Any = cfg
@@ -274,7 +290,7 @@ def paired_difference(a: Path, b: Path) -> dict[str, Any] | None:
     from toprcli.evaluation import paired_bootstrap_interval
 
     def last_eval(run: Path) -> dict[str, Any] | None:
-        evals = sorted(run.glob("round-*/eval/eval.json"))
+        evals = [d / "eval" / "eval.json" for d in round_dirs(run).values() if (d / "eval" / "eval.json").exists()]
         return json.loads(evals[-1].read_text()) if evals else None
 
     ea, eb = last_eval(a), last_eval(b)

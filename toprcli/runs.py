@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,18 @@ def round_dir(run_dir: Path, r: int) -> Path:
     return Path(run_dir) / f"round-{r:03d}"
 
 
+_ROUND_NAME = re.compile(r"round-(\d{3,})")
+
+
+def round_dirs(run_dir: Path) -> dict[int, Path]:
+    """Round number → directory, in order; anything else named round-* (a user's round-001.bak) is not a round."""
+    found = {int(m.group(1)): p for p in Path(run_dir).glob("round-*") if p.is_dir() and (m := _ROUND_NAME.fullmatch(p.name))}
+    return dict(sorted(found.items()))
+
+
 def trained_rounds(run_dir: Path) -> int:
     """How many rounds finished training (the last round with a complete policy)."""
-    done = [int(p.parent.parent.name.split("-")[1]) for p in Path(run_dir).glob("round-*/policy/config.json")]
-    return max(done, default=0)
+    return max((r for r, d in round_dirs(run_dir).items() if (d / "policy" / "config.json").exists()), default=0)
 
 
 def _frozen(keys: list[str], cfg: IterateConfig) -> list[str]:
@@ -118,10 +127,8 @@ def parse_branch(source: str) -> tuple[Path, int]:
 
 def _round_number(path: Path) -> int:
     """k of ``RUN/round-00k``, else -1."""
-    try:
-        return int(path.name.split("-")[1]) if path.name.startswith("round-") else -1
-    except (IndexError, ValueError):
-        return -1
+    m = _ROUND_NAME.fullmatch(path.name)
+    return int(m.group(1)) if m else -1
 
 
 def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | None:
