@@ -291,3 +291,50 @@ def test_a_warm_start_killed_after_a_checkpoint_resumes_with_its_own_settings(tm
     assert yaml.safe_load((run / "round-000" / "config.yaml").read_text())["train"]["lr"] == 1e-3
     assert yaml.safe_load((run / "round-001" / "config.yaml").read_text())["train"]["lr"] == 5e-4
     assert json.loads((run / "warmstart" / "policy" / "train_summary.json").read_text())["resumed_from_step"] == 1
+
+
+def _recorded_run(run, rounds, **changes):
+    """A run dir with ``rounds`` trained rounds (their configs recorded; ``changes`` set in round 1's)."""
+    from toprcli.config import IterateConfig, config_to_dict, load_config
+
+    cfg = IterateConfig(run_dir=str(run), rounds=rounds)
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
+    for r in range(1, rounds + 1):
+        (run / f"round-{r:03d}" / "policy").mkdir(parents=True)
+        (run / f"round-{r:03d}" / "policy" / "config.json").write_text("{}")
+        round_cfg = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": rounds, **(changes if r == 1 else {})})
+        (run / f"round-{r:03d}" / "config.yaml").write_text(yaml.safe_dump(config_to_dict(round_cfg)))
+    return cfg
+
+
+def test_raising_replay_over_rounds_of_another_sampling_is_refused(tmp_path):
+    """Round 1 sampled at T 0.8, round 2 at 1.0: raising replay_rounds to 2 was accepted, and round 3's curate then
+    failed on every rerun (one training set holds one distribution), with no config that could undo it."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.errors import UserError
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    _recorded_run(run, 2, **{"generate.sampling.temperature": 0.8})
+    more = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 3, "replay_rounds": 2})
+    with pytest.raises(UserError, match="round 1 sampled with another generate.sampling.temperature"):
+        reconcile(run, more, apply_from_next_round=True, write=False)
+    assert reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 3, "replay_rounds": 1}),
+                     apply_from_next_round=True, write=False) == ["replay_rounds", "rounds"]
+
+
+def test_memory_and_worker_settings_apply_at_once_to_a_started_round(tmp_path):
+    """A round that ran out of memory: lowering train.micro_batch_tokens needed --apply-from-next-round, and then the
+    round kept its recorded value and failed the same way on every rerun."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.pipeline import Pipeline
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    _recorded_run(run, 1)
+    less = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 1, "train.micro_batch_tokens": 1024,
+                                                  "generate.engine.gpu_memory_utilization": 0.5})
+    assert reconcile(run, less, apply_from_next_round=False, write=False) == ["generate.engine.gpu_memory_utilization", "train.micro_batch_tokens"]
+    started = Pipeline(less).round_cfg(1)
+    assert (started.train.micro_batch_tokens, started.generate.engine.gpu_memory_utilization, started.rounds) == (1024, 0.5, 1)

@@ -194,9 +194,9 @@ class Pipeline:
         return self._verifier
 
     def round_cfg(self, r: int) -> IterateConfig:
-        """The config round ``r`` runs with: what it recorded when it started, else the current one."""
+        """The config round ``r`` runs with: what it recorded when it started (its resources today's), else the current one."""
         if r not in self._round_cfgs:
-            self._round_cfgs[r] = runs.round_config(self.run_dir, r) or self.cfg
+            self._round_cfgs[r] = runs.round_config(self.run_dir, r, current=self.cfg) or self.cfg
         return self._round_cfgs[r]
 
     # steps ----------------------------------------------------------------

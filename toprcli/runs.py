@@ -42,6 +42,13 @@ EVAL_KEYS = "eval."
 SAMPLING_KEYS = tuple(f"generate.sampling.{k}" for k in ("temperature", "top_p", "top_k", "min_p"))  # changes allowed, but they break comparability across rounds (report says so)
 
 
+# How a step runs on this machine, not what it makes (each stage's own resume ignores them): a change applies at
+# once, to a round already started too, so a round that ran out of memory is rerun with less.
+RESOURCE_KEYS = ("engine_handover", "generate.data_parallel_size", "score.workers", "eval.workers", "eval.data_parallel_size",
+                 *(f"{stage}.engine.{k}" for stage in ("generate", "eval") for k in ("gpu_memory_utilization", "enforce_eager", "tensor_parallel_size", "batch_size")),
+                 *(f"train.{k}" for k in ("micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size", "threads", "nproc_per_node", "launcher", "save_every")))
+
+
 def round_dir(run_dir: Path, r: int) -> Path:
     return Path(run_dir) / f"round-{r:03d}"
 
@@ -68,6 +75,18 @@ def _frozen(keys: list[str], cfg: IterateConfig) -> list[str]:
     return out
 
 
+def _check_replayed_sampling(run_dir: Path, cfg: IterateConfig, done: int) -> None:
+    """The next round curates its samples with the ``replay_rounds`` before it, which one training set holds only
+    if they were drawn from one distribution (as recorded by each round, whatever changed since)."""
+    now = config_to_dict(cfg)
+    for q in range(max(1, done + 1 - cfg.replay_rounds), done + 1):
+        recorded = round_config(run_dir, q)
+        differ = [k for k in changed_keys(config_to_dict(recorded), now) if k in SAMPLING_KEYS] if recorded else []
+        if differ:
+            raise UserError(f"round {q} sampled with another {differ[0]} than the config's, and replay_rounds {cfg.replay_rounds} "
+                            f"would curate round {done + 1}'s samples with its — keep its sampling, or lower replay_rounds")
+
+
 def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool, write: bool = True) -> list[str]:
     """Check ``cfg`` against the run's recorded config and (``write``) record it; returns the keys that changed.
 
@@ -85,10 +104,11 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     done = trained_rounds(run_dir)
     if cfg.rounds < done:
         raise UserError(f"run dir {run_dir} has {done} trained rounds; rounds {cfg.rounds} would drop them — set rounds >= {done}, or pass a new --run-dir")
-    others = [k for k in changed if k != "rounds"]
+    others = [k for k in changed if k != "rounds" and k not in RESOURCE_KEYS]  # resources apply at once
     if frozen := _frozen(others, cfg):
         raise UserError(f"run dir {run_dir}: {', '.join(frozen)} cannot change — the completed rounds were made with the old value; "
                         "start a new --run-dir (or --branch-from a round of this one)")
+    _check_replayed_sampling(run_dir, cfg, done)
     if others and not apply_from_next_round:
         shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
         raise UserError(f"run dir {run_dir} was started with a different config (changed: {shown}) — pass --apply-from-next-round "
@@ -98,10 +118,19 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     return changed
 
 
-def round_config(run_dir: Path, r: int) -> IterateConfig | None:
-    """The config round ``r`` ran (or runs) with, when it has started."""
+def round_config(run_dir: Path, r: int, current: IterateConfig | None = None) -> IterateConfig | None:
+    """The config round ``r`` ran (or runs) with, when it has started; with ``current``, its RESOURCE_KEYS are today's."""
     path = round_dir(run_dir, r) / CONFIG_FILE
-    return from_dict(IterateConfig, yaml.safe_load(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    data = yaml.safe_load(path.read_text()) or {}
+    for key in RESOURCE_KEYS if current is not None else ():
+        *parents, leaf = key.split(".")
+        node, value = data, current
+        for part in parents:
+            node, value = node.setdefault(part, {}), getattr(value, part)
+        node[leaf] = getattr(value, leaf)
+    return from_dict(IterateConfig, data)
 
 
 def record_round(run_dir: Path, r: int, cfg: IterateConfig) -> None:
