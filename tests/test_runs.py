@@ -338,3 +338,23 @@ def test_memory_and_worker_settings_apply_at_once_to_a_started_round(tmp_path):
     assert reconcile(run, less, apply_from_next_round=False, write=False) == ["generate.engine.gpu_memory_utilization", "train.micro_batch_tokens"]
     started = Pipeline(less).round_cfg(1)
     assert (started.train.micro_batch_tokens, started.generate.engine.gpu_memory_utilization, started.rounds) == (1024, 0.5, 1)
+
+
+def test_a_branch_leaves_its_parents_unfinished_work_behind(tmp_path):
+    """Branching from a round whose eval was killed linked the half-done eval/: the child's eval resumed it with its
+    own policy path and was refused as another model's on every rerun. Only finished outputs are linked now."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.runs import branch
+
+    parent = tmp_path / "parent"
+    _recorded_run(parent, 1)
+    r1 = parent / "round-001"
+    (r1 / "eval" / "samples").mkdir(parents=True)
+    (r1 / "eval" / "samples" / "shard-00000.parquet").write_text("part")  # an eval killed after a shard: no eval.json
+    (r1 / "policy.partial").mkdir()
+    (r1 / ".train.parquet.1-abc.tmp").write_text("x")
+    (r1 / "train.parquet").write_text("data")
+    child = tmp_path / "child"
+    branch(str(r1), child, load_config(IterateConfig, None, sets={"run_dir": str(child), "rounds": 2}))
+    kept = sorted(p.relative_to(child / "round-001").as_posix() for p in (child / "round-001").rglob("*"))
+    assert kept == ["config.yaml", "policy", "policy/config.json", "train.parquet"]

@@ -193,12 +193,19 @@ def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | N
     return lineage
 
 
+def _unfinished(path: Path) -> bool:
+    """Work in progress the branch must not inherit: the child redoes it as its own (an eval begun for the parent's
+    policy path would be refused as another model's), and a writer's temporaries and locks are the parent's."""
+    return path.name.endswith((".partial", ".tmp", ".lock")) or path.name == "eval" and path.is_dir() and not (path / "eval.json").exists()
+
+
 def _link_tree(src: Path, dst: Path, how: set[str]) -> None:
-    """Recreate ``src``'s directories under ``dst`` with every file a hard link (a symlink across filesystems)."""
-    for root, _dirs, files in os.walk(src):
+    """Recreate ``src``'s directories under ``dst`` with every finished file a hard link (a symlink across filesystems)."""
+    for root, dirs, files in os.walk(src):
+        dirs[:] = [d for d in dirs if not _unfinished(Path(root) / d)]
         target = dst / Path(root).relative_to(src)
         target.mkdir(parents=True, exist_ok=True)
-        for f in files:
+        for f in (f for f in files if not _unfinished(Path(root) / f)):
             try:
                 os.link(Path(root) / f, target / f)
             except OSError:  # another filesystem: a reference to the parent's file
