@@ -572,3 +572,23 @@ def test_bf16_mixed_precision_keeps_the_papers_small_updates(tiny_model_dir, dat
     with pytest.warns(UserWarning, match="rounded"):
         pure = delta("pure", start={k: v.to(torch.bfloat16) for k, v in base.items()}, dtype="bfloat16-pure")
     assert float((pure != 0).double().mean()) < 0.5 * float((fp32 != 0).double().mean())
+
+
+def test_a_killed_training_resumes_after_its_directory_moved(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
+    """A run dir moved (or named another way, relative then absolute): the checkpoint's config fingerprint held the
+    model's and data's paths, so --resume (which iterate always passes) was refused as 'a different config'."""
+    import shutil
+
+    a = tmp_path / "a"
+    a.mkdir()
+    shutil.copytree(tiny_model_dir, a / "base", copy_function=shutil.copy2)
+    shutil.copy2(data_path, a / "train.parquet")
+    kw = dict(max_steps=4, save_every=2, optimizer="adafactor", lr=1e-2, micro_batch_tokens=200)
+    kill_after_checkpoint(2)
+    with pytest.raises(Killed):
+        train_policy(_cfg(a / "base", a / "train.parquet", a / "policy", **kw))
+    monkeypatch.undo()
+    b = tmp_path / "b"
+    a.rename(b)  # the move keeps the files as they are
+    resumed = train_policy(_cfg(b / "base", b / "train.parquet", b / "policy", resume=True, **kw))
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4

@@ -402,7 +402,9 @@ def prepare(cfg: TrainConfig) -> Prepared:
     plan = step_plan(units, cfg.batch_size, cfg.epochs, cfg.max_steps, cfg.seed)
     if plan.steps == 0:  # else the starting policy would be saved as the trained one
         raise UserError(f"--epochs {cfg.epochs} of {units.n_units} training units is no step — raise --epochs or pass --max-steps")
-    semantic = {k: v for k, v in config_to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS}
+    semantic = {k: v for k, v in config_to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS and k != "data"}  # data: its own fingerprint
+    # A model by what it is, not where: a run dir that moved (or is spelt another way) resumes its checkpoint.
+    semantic.update({k: fingerprint(semantic[k]) if semantic[k] and Path(semantic[k]).is_dir() else semantic[k] for k in ("model", "ref_model")})
     semantic["processing"] = processing.as_dict()
     return Prepared(
         cfg=cfg, loss=loss, data=data, out=out, partial=partial, units=units, plan=plan, reference=reference, vocab_size=vocab_size,
