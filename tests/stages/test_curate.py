@@ -389,8 +389,6 @@ def test_not_scored(tmp_path):
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(positive_fraction=1.5), "outside \\(0, 1\\)"),
-        (dict(positive_fraction=0.0), "outside \\(0, 1\\)"),
         (dict(positive_fraction=0.2, baseline=0.5), "both given"),
         (dict(positive_fraction=0.2, baseline="group-mean"), "both given"),
         (dict(baseline="median"), "bad --baseline"),
@@ -568,3 +566,39 @@ def test_no_pair_at_all_is_one_clear_error_and_writes_nothing(tmp_path):
     with pytest.raises(UserError, match="no preference pair"):
         run(tmp_path, scored, pairs="matched")
     assert not (tmp_path / "train.parquet").exists()
+
+
+def test_positive_fraction_with_pairs_is_solved_on_the_pair_rows(tmp_path):
+    """c was solved on the rows before pairing, so the written file missed the target (0.056 for 0.15)."""
+    scored = pm1_data(tmp_path, 0.75, n_prompts=4, n=4)
+    result, t = run(tmp_path, scored, positive_fraction=0.15, pairs="all")
+    share = cu.effective_positive_share(t.column("advantage").to_numpy(), t.column("weight").to_numpy())
+    assert share == pytest.approx(0.15) and result["p_effective"] == pytest.approx(0.15)
+
+
+def test_a_training_set_with_no_signal_is_named(tmp_path):
+    """One sample per prompt under a group baseline: every advantage is 0 and training changes nothing; it was
+    written without a word (a --positive-fraction set without signal is an error)."""
+    scored = write_scored(tmp_path / "scored", scored_table([f"q{i}" for i in range(6)], [True, False] * 3))
+    with pytest.warns(UserWarning, match="every row written has advantage 0"):
+        run(tmp_path, scored, baseline="leave-one-out")
+
+
+def test_an_out_inside_a_scored_input_is_refused(tmp_path):
+    """Its files counted as the input's: the same command again was refused as 'from other inputs'."""
+    scored = pm1_data(tmp_path, 0.5, n_prompts=4, n=4)
+    with pytest.raises(UserError, match="is inside the scored input"):
+        curate(CurateConfig(scored=[scored], out=str(Path(scored) / "train.parquet")))
+
+
+def test_a_null_in_a_hand_made_scored_file_is_one_line_naming_it(tmp_path):
+    """Nulls in `correct` or `sample_index` were cast (a warning, a null correct counted wrong, a null index as
+    -2**63), and the trainer then refused the result, pointing back at curate."""
+    t = scored_table(["q0"] * 4, [True, False, True, False])
+    values = t.column("correct").to_pylist()
+    values[1] = None
+    t = t.set_column(t.schema.get_field_index("correct"), pa.field("correct", pa.bool_()), pa.array(values, pa.bool_()))
+    (tmp_path / "scored").mkdir()
+    pq.write_table(t, tmp_path / "scored" / "shard-00000.parquet")
+    with pytest.raises(UserError, match="column 'correct' has a null in row 1"):
+        run(tmp_path, str(tmp_path / "scored"))

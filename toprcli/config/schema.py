@@ -124,7 +124,7 @@ class CurateConfig:
         None, "Target effective share of positives p̃; solves the constant c from the data (paper: 0.1–0.2). Exclusive with --baseline.",
         check=UNIT_OPEN)
     positive_fraction_rule: Literal["fixed", "at-least-p"] = opt(
-        "fixed", "fixed: p̃ = --positive-fraction; at-least-p: p̃ = max(--positive-fraction, p), the raw baseline (c = 0) once the share p of correct samples passes it.")
+        "fixed", "fixed: p̃ = --positive-fraction; at-least-p: p̃ = max(--positive-fraction, p), the raw baseline (c = 0 with ±1 rewards) once the share p of correct samples passes it.")
     source_weights: list[float] | None = opt(None, "Weight per scored input, in order (e.g. 1,0.5); written to the `weight` column.")
     drop_uniform_prompts: bool = opt(False, "Drop prompts whose samples are all correct or all incorrect.",
                                      flag="--drop-uniform-prompts/--keep-uniform-prompts")

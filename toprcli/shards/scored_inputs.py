@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from toprcli.errors import UserError
 from toprcli.sampling import Processing
-from toprcli.shards.schema import validate_columns
+from toprcli.shards.schema import check_nulls, validate_columns
 from toprcli.shards.store import METADATA_KEY, check_finished, parquet_files, read_file_metadata, sampling_of
 
 ROW_GROUP = 65_536
@@ -120,6 +120,7 @@ class ScoredInputs:
         heavy = sorted({col for col, _ in derived.values()} - set(columns))
         for i, f in enumerate(self.files):
             t = pq.ParquetFile(f, buffer_size=READ_BUFFER).read(columns=columns + heavy)
+            check_nulls(t.select(columns), "scored", f)  # a hand-made file's null: one line naming it, not a cast warning
             for c in columns:
                 parts[c].extend(t.column(c).chunks)
             for name, (col, fn) in derived.items():

@@ -25,7 +25,7 @@ advantage → std_normalize → reward_clip. Group and batch-mean baselines, the
 std and keep_accuracy's accuracy are estimated from *all* scored samples (an
 estimate of E_μ[R | x]; a selection such as "first positive" would bias it), while a
 constant c solved from ``positive_fraction`` is solved on the final rows and
-weights, since p̃ describes the training set. A prompt group is
+weights (with ``pairs``, the pairs' rows as written), since p̃ describes the training set. A prompt group is
 (``iteration``, ``policy``, ``prompt_id``): the same prompt sampled by another
 round's policy is another group.
 """
@@ -36,6 +36,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,13 +106,10 @@ class CurateCounts:
 
 
 def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
+    """``obj`` with NaN and infinities as None (JSON has none)."""
+    if isinstance(obj, (dict, list)):
+        return {k: _json_safe(v) for k, v in obj.items()} if isinstance(obj, dict) else [_json_safe(v) for v in obj]
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 
 # -- options ------------------------------------------------------------------
@@ -151,10 +149,10 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
         raise UserError(
             "--baseline and --positive-fraction both given — choose one: the positive fraction solves the constant baseline"
         )
-    if cfg.positive_fraction is not None:
-        p = cfg.positive_fraction
-        if not (0.0 < p < 1.0):
-            raise UserError(f"--positive-fraction {p} is outside (0, 1) — give the target share of positives, e.g. 0.15")
+    inside = [s for s in cfg.scored if Path(s).is_dir() and Path(cfg.out).resolve().is_relative_to(Path(s).resolve())]
+    if inside:  # its files would count as the input's: a rerun would find other inputs and refuse its own output
+        raise UserError(f"--out {cfg.out} is inside the scored input {inside[0]} — write it beside, e.g. {Path(inside[0]).parent / 'train.parquet'}")
+    if cfg.positive_fraction is not None:  # in (0, 1): checked at config load
         kind, c = "positive-fraction", None
         # p̃ is solved for the constant c; a per-prompt std or a clip would move it off the target.
         for name, on in (("std_normalize: group", cfg.std_normalize == "group"), ("reward_clip", cfg.reward_clip is not None)):
@@ -216,14 +214,18 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     if len(kept) == 0:
         raise UserError(f"no rows left after selection ({_fmt_dropped(dropped)}) — relax the filters")
     r_k, w_k = reward[kept], row_weight[kept]
+    pair_order = _pair_order(cfg, correct[kept], groups[kept], sample_index[kept]) if cfg.pairs != "none" else None
+    written = pair_order if pair_order is not None else slice(None)  # pairs: the rows as written (each pair's two)
     target = None
     if kind == "positive-fraction":  # solved on the final rows and weights: p̃ describes the training set
-        target, c_const, kind = _solve_positive_fraction(cfg, r_k, w_k, correct[kept])
+        target, c_const, kind = _solve_positive_fraction(cfg, r_k[written], w_k[written], correct[kept][written])
     adv = cu.advantages(r_k, group_c[kept] if group_c is not None else c_const)  # float32 (K,)
     if std is not None or cfg.reward_clip is not None:
         adv = cu.scale_advantages(adv, std[kept] if isinstance(std, np.ndarray) else std, cfg.reward_clip)
     w32 = w_k.astype(np.float32)
-    pair_order = _pair_order(cfg, correct[kept], groups[kept], sample_index[kept]) if cfg.pairs != "none" else None
+    if not np.any(adv[written] * w32[written]):
+        warnings.warn("every row written has advantage 0 (or weight 0): training on this set changes nothing — with a "
+                      "group baseline, each prompt needs samples of both outcomes (n > 1)", stacklevel=2)
     rows = (kept, adv, w32) if pair_order is None else (kept[pair_order], adv[pair_order], w32[pair_order])
     counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, *rows, correct, row_source, weights, dropped, target)
     if pair_order is not None:
