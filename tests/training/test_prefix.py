@@ -290,3 +290,16 @@ def test_a_sharded_policy_makes_one_decoder_call_per_pass(tmp_path, tiny_model_d
         calls[sharded] = (len(n), lp.detach())
     assert calls[False][0] > 2 and calls[True][0] == 2
     assert (calls[False][1] - calls[True][1])[collate(data, rows).mask.bool()].abs().max().item() <= 1e-5
+
+
+def test_recomputed_behavior_is_computed_in_the_shared_layout(tmp_path, tiny_model_dir):
+    """--recompute-behavior scored μ in the one-pass layout while training used the shared prefix: in bf16 the first
+    step's ratios were off by up to e^±0.008 (on SmolLM2, a sequence's log-ratio by up to 2.3) instead of 1."""
+    from toprcli.config import TrainConfig
+    from toprcli.stages.train import run
+
+    data = grouped_file(tmp_path / "d.parquet", per_prompt=(4, 1, 3, 6, 2, 5, 3), policy=str(tiny_model_dir))
+    run(TrainConfig(model=str(tiny_model_dir), data=str(data), out=str(tmp_path / "p"), batch_size=24, max_steps=1, recompute_behavior=True,
+                    shared_prefix=True, dtype="bfloat16", micro_batch_tokens=100))
+    first = json.loads((tmp_path / "p" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["log_ratio_min"] == first["log_ratio_max"] == 0.0

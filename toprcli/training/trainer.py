@@ -42,7 +42,7 @@ from toprcli.progress import ProgressFn, report
 from toprcli.shards import write_atomic, write_text_atomic
 from toprcli.tracking import TRACKER_FILES
 from toprcli.training import checkpoint as ckpt
-from toprcli.training.batching import TokenData, Units, collate, collate_shared, loss_denominator, plan_micro_batches
+from toprcli.training.batching import TokenData, collate, collate_shared, loss_denominator, plan_micro_batches
 from toprcli.training.distributed import DistContext, all_reduce, barrier
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
@@ -251,7 +251,7 @@ def _precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autoca
     recompute = prep.recomputes_behavior
     if recompute or need_ref_from_policy:
         policy.eval()
-        own = score_dataset(policy, data, ctx, token_budget=cfg.micro_batch_tokens, autocast=autocast)
+        own = score_dataset(policy, prep, ctx, autocast=autocast)
         policy.train()
         state["gap"] = {**behavior_gap(data.behavior, own), "behavior_gap_source": "full pass"}
         if recompute:  # μ under log π's distribution (a pairwise loss: its unprocessed reference), by this trainer's numerics
@@ -260,7 +260,7 @@ def _precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autoca
             ref = precomputed["ref"] = own
     if loss.kl_coef > 0 and ref is None:
         ref_policy, _ = load_policy(loss.ref_model, ctx, Precision.resolve(cfg.dtype, ctx.device), prep.logprob_processing, trainable=False, chunk_size=cfg.logprob_chunk_size)
-        ref = precomputed["ref"] = score_dataset(ref_policy, data, ctx, token_budget=cfg.micro_batch_tokens, autocast=autocast)
+        ref = precomputed["ref"] = score_dataset(ref_policy, prep, ctx, autocast=autocast)
         del ref_policy
     if precomputed and ctx.is_main:
         def save(tmp) -> None:
@@ -271,20 +271,22 @@ def _precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autoca
     return behavior, ref
 
 
-def score_dataset(policy: PolicyLogprobs, data: TokenData, ctx: DistContext, *, token_budget: int, autocast) -> np.ndarray:
-    """log π of every completion token of every row (flat, aligned with ``completion_off``).
+def score_dataset(policy: PolicyLogprobs, prep: Prepared, ctx: DistContext, *, autocast) -> np.ndarray:
+    """log π of every completion token of every row (flat, aligned with ``completion_off``), in the layout training
+    computes log π in (a shared prefix too: in bf16 the layouts differ by up to ~1 in a sequence's log-prob).
 
     Rows are split over ranks; each token is written by one rank and the
     ranks' arrays are summed, so every rank ends with all of them.
     """
-    plan = plan_micro_batches(np.arange(data.n_rows), Units.singletons(data.n_rows), data.seq_lens, ctx.world_size, token_budget)[ctx.rank]
+    data = prep.data
+    make_batch = collate_shared if prep.cfg.shared_prefix else collate
     flat = torch.zeros(len(data.completion_ids), dtype=torch.float32)
     off = data.completion_off
     with torch.no_grad():
-        for rows in plan:
-            mb = collate(data, rows, pad_id=PAD_ID).to(ctx.device)
+        for rows in _micro_batches(prep, np.arange(prep.units.n_units), ctx):
+            mb = make_batch(data, rows, pad_id=PAD_ID).to(ctx.device)
             with autocast():
-                lp, _ = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens)
+                lp, _ = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, **mb.prefix())
             lp = lp.float().cpu()
             for i, r in enumerate(rows):
                 flat[off[r] : off[r + 1]] = lp[i, : off[r + 1] - off[r]]
