@@ -223,3 +223,13 @@ def test_a_section_given_in_part_keeps_the_rest_of_its_parents_default(tmp_path)
     flags = load_config(EvalConfig, None, {"dataset.source": "openai/gsm8k", "sampling.temperature": 0.7})
     assert (flags.dataset.split, flags.sampling.seed) == ("test", 1234)
     assert load_config(EvalConfig, f).dataset.split == "test"  # eval's own section of the pipeline file
+
+
+def test_lora_dropout_is_refused_for_losses_that_read_mu():
+    """Dropout in the LoRA modules stayed on while training (the base model's is off): π was random, and the ratio
+    π/μ carried dropout noise. SFT reads no μ, so it may keep it."""
+    from toprcli.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="lora_dropout 0.1 with loss topr: dropout makes π random"):
+        load_config(TrainConfig, None, sets={"lora_rank": 8, "lora_dropout": 0.1})
+    assert load_config(TrainConfig, None, sets={"lora_rank": 8, "lora_dropout": 0.1, "loss": "sft"}).lora_dropout == 0.1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -303,3 +304,32 @@ def test_recomputed_behavior_is_computed_in_the_shared_layout(tmp_path, tiny_mod
                     shared_prefix=True, dtype="bfloat16", micro_batch_tokens=100))
     first = json.loads((tmp_path / "p" / "metrics.jsonl").read_text().splitlines()[0])
     assert first["log_ratio_min"] == first["log_ratio_max"] == 0.0
+
+
+def test_models_the_shared_layout_cannot_run_exactly_are_refused(tmp_path, tiny_model_dir):
+    """One 4-D mask for every layer: a sliding window was ignored (log-probs off by up to 0.5 on Mistral, Gemma 3),
+    hybrid layers crashed after setup, and GPT-2's decoder dropped the prompt's cache under checkpointing."""
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    from toprcli.config import TrainConfig
+    from toprcli.errors import UserError
+    from toprcli.stages.train import run
+    from toprcli.training.prefix import unsupported
+
+    small = dict(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=64)
+    assert "sliding window (4 tokens)" in unsupported(MistralConfig(sliding_window=4, **small), 30, False)
+    assert unsupported(MistralConfig(sliding_window=4096, **small), 30, False) is None  # wider than any sequence: no effect
+    assert unsupported(Qwen2Config(use_sliding_window=False, sliding_window=4, **small), 30, False) is None
+    hybrid = LlamaConfig(**small)
+    hybrid.layer_types = ["full_attention", "linear_attention"]
+    assert "linear_attention" in unsupported(hybrid, 30, False)
+    assert "gradient checkpointing" in unsupported(GPT2Config(n_layer=2, n_embd=16, n_head=2), 30, True)
+    assert unsupported(GPT2Config(n_layer=2, n_embd=16, n_head=2), 30, False) is None and unsupported(LlamaConfig(**small), 30, True) is None
+    model = tmp_path / "windowed"
+    shutil.copytree(tiny_model_dir, model)
+    data_path = grouped_file(tmp_path / "d.parquet", per_prompt=(4, 3), policy=str(tiny_model_dir))
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 4}))
+    with pytest.raises(UserError, match="--shared-prefix: .*sliding window \\(4 tokens\\).*drop --shared-prefix"):
+        run(TrainConfig(model=str(model), data=str(data_path), out=str(tmp_path / "p"), shared_prefix=True, max_steps=1))
+    assert not (tmp_path / "p.partial").exists()

@@ -592,3 +592,17 @@ def test_a_killed_training_resumes_after_its_directory_moved(tiny_model_dir, dat
     a.rename(b)  # the move keeps the files as they are
     resumed = train_policy(_cfg(b / "base", b / "train.parquet", b / "policy", resume=True, **kw))
     assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
+
+
+def test_a_reference_model_with_another_vocabulary_is_refused(tiny_model_dir, data_path, tmp_path):
+    """A KL reference of another tokenizer died with a bare IndexError in the precompute pass, after <out>.partial
+    was made (or, at equal size, gave a meaningless KL)."""
+    import shutil
+
+    ref = tmp_path / "ref"
+    shutil.copytree(tiny_model_dir, ref)
+    config = json.loads((ref / "config.json").read_text())
+    (ref / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] - 10}))
+    with pytest.raises(UserError, match="--ref-model .* has another vocabulary"):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", ref_model=str(ref), kl_coef=0.1, max_steps=1))
+    assert not (tmp_path / "p.partial").exists()

@@ -239,6 +239,11 @@ class TrainConfig:
                                      "(e.g. srun torchrun ... -m toprcli train --config {config}).")
     tracking: TrackingConfig = opt(factory=TrackingConfig)
 
+    def check(self) -> None:
+        if self.lora_dropout > 0 and self.loss in LOSSES and LOSSES[self.loss].uses_behavior:  # π a function of the weights (§5)
+            raise ConfigError(f"lora_dropout {self.lora_dropout} with loss {self.loss}: dropout makes π random, so its ratio to μ is noise — "
+                              "set lora_dropout 0 (or train with loss sft)")
+
     @staticmethod
     def migrate(data: dict[str, Any]) -> dict[str, Any]:
         """``tensorboard: true`` (before trackers) is ``tracking.report_to: [tensorboard]``."""

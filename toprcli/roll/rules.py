@@ -213,7 +213,11 @@ def _lora(m: Any, args: str) -> None:
             m.set(target_key, value)
             m.callout(f"{args}.{key} is not set: imported ROLL's default {value} ({target_key})")
     if m.get(f"{args}.lora_dropout") is not None:
-        m.mapped(f"{args}.lora_dropout", ("train.lora_dropout", m.number(f"{args}.lora_dropout")))
+        dropout = m.number(f"{args}.lora_dropout")
+        if dropout:  # topr refuses it for losses that read μ: π must be a function of the weights
+            m.left_out(f"{args}.lora_dropout", "dropout makes π random and its ratio to μ noise: topr trains LoRA without it")
+        else:
+            m.mapped(f"{args}.lora_dropout", ("train.lora_dropout", dropout))
 
 
 def _data_parallel(m: Any) -> tuple[int, str]:

@@ -161,9 +161,30 @@ def completion_pass(decoder: torch.nn.Module, completion_ids: torch.Tensor, prom
 def allow_cache_under_checkpointing(decoder: torch.nn.Module) -> None:
     """Let gradient-checkpointed layers keep our caches: both are safe to replay (PromptKV overwrites,
     PrefixKV stores nothing), and Hugging Face otherwise drops any cache under checkpointing."""
-    for layer in getattr(decoder, "layers", []):
-        if hasattr(layer, "_can_checkpoint_with_cache"):
-            layer._can_checkpoint_with_cache = True
+    for module in decoder.modules():
+        if hasattr(module, "_can_checkpoint_with_cache"):
+            module._can_checkpoint_with_cache = True
+
+
+def unsupported(config: Any, longest: int, checkpointing: bool) -> str | None:
+    """Why the shared layout would not give the one-pass layout's log-probs for this model, else None: one mask
+    for every layer ignores a sliding window narrower than the ``longest`` sequence and non-attention layers
+    (linear attention, convolutions); decoders whose blocks are not in ``.layers`` (GPT-2's ``.h``) drop the
+    prompt's cache themselves under gradient checkpointing."""
+    types = set(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None) if types - {"full_attention"} or not types and getattr(config, "use_sliding_window", True) else None
+    if types - {"full_attention", "sliding_attention"}:
+        return f"its layers include {', '.join(sorted(types - {'full_attention', 'sliding_attention'}))}, which the shared layout does not run"
+    if window is not None and window < longest:
+        return f"its sliding window ({window} tokens) is shorter than the longest sequence ({longest}), and the shared layout masks no window"
+    if checkpointing:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):  # the module tree only: no memory, no weights
+            base = AutoModelForCausalLM.from_config(config).base_model
+        if not hasattr(base, "layers"):
+            return "its decoder drops the prompt's cache under gradient checkpointing (pass --no-gradient-checkpointing)"
+    return None
 
 
 def length_buckets(lengths: list[int], call_cost: Optional[float] = None) -> list[list[int]]:

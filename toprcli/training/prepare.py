@@ -39,6 +39,7 @@ from toprcli.shards import (
 )
 from toprcli.curation import group_ids
 from toprcli.training.batching import TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan
+from toprcli.training.prefix import unsupported as unsupported_prefix
 
 # Options of ``policy_loss`` that apply to every loss; they may also be given in
 # ``loss_options`` (which then overrides the TrainConfig field of the same name).
@@ -369,8 +370,8 @@ def prepare(cfg: TrainConfig) -> Prepared:
     mcfg = model_config(cfg.model)
     vocab_size = int(mcfg.vocab_size)
     context = config_context_length(mcfg)
-    if loss.ref_model:
-        model_config(loss.ref_model)
+    if loss.ref_model and int(model_config(loss.ref_model).vocab_size) != vocab_size:  # its log-probs of these token ids
+        raise UserError(f"--ref-model {loss.ref_model} has another vocabulary than --model {cfg.model} — the KL reference must share the policy's tokenizer")
 
     pairwise = LOSSES[loss.name].pairwise
     extra = _extra_columns(cfg, pairwise)
@@ -402,16 +403,16 @@ def prepare(cfg: TrainConfig) -> Prepared:
     plan = step_plan(units, cfg.batch_size, cfg.epochs, cfg.max_steps, cfg.seed)
     if plan.steps == 0:  # else the starting policy would be saved as the trained one
         raise UserError(f"--epochs {cfg.epochs} of {units.n_units} training units is no step — raise --epochs or pass --max-steps")
+    checkpointing = choose_gradient_checkpointing(cfg, mcfg, micro_batch_tokens(cfg, data, units, plan))
+    if cfg.shared_prefix and (why := unsupported_prefix(mcfg, int(data.seq_lens.max()), checkpointing)):
+        raise UserError(f"--shared-prefix: {cfg.model}: {why} — its log-probs would not be the one-pass layout's; drop --shared-prefix")
     semantic = {k: v for k, v in config_to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS and k != "data"}  # data: its own fingerprint
     # A model by what it is, not where: a run dir that moved (or is spelt another way) resumes its checkpoint.
     semantic.update({k: fingerprint(semantic[k]) if semantic[k] and Path(semantic[k]).is_dir() else semantic[k] for k in ("model", "ref_model")})
-    semantic["processing"] = processing.as_dict()
     return Prepared(
         cfg=cfg, loss=loss, data=data, out=out, partial=partial, units=units, plan=plan, reference=reference, vocab_size=vocab_size,
-        context=context, data_fingerprint=fingerprint(cfg.data), config_fingerprint=_fingerprint(semantic),
-        processing=processing, sampling_source=sampling_source,
-        gradient_checkpointing=choose_gradient_checkpointing(cfg, mcfg, micro_batch_tokens(cfg, data, units, plan)), policies=policies,
-    )
+        context=context, data_fingerprint=fingerprint(cfg.data), config_fingerprint=_fingerprint({**semantic, "processing": processing.as_dict()}),
+        processing=processing, sampling_source=sampling_source, gradient_checkpointing=checkpointing, policies=policies)
 
 
 def _extra_columns(cfg: TrainConfig, pairwise: bool) -> tuple[str, ...]:
