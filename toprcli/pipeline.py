@@ -51,6 +51,8 @@ from toprcli.tracking import check_installed
 STATE_FILE = "state.json"
 # What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
 VERIFIER_KEYS = ("best_of_k_verifier", "weighted_maj@k", "candidates_maj@k", "verifier_accuracy", "verifier_invalid_rate", "verifier_auc")
+# What a round's summary takes from its eval (a round's eval may come later than the rest: eval_every, a run extended).
+EVAL_KEYS = ("pass@1", "maj@k", "pass@k", "k", "invalid_rate", "greedy_accuracy", "intervals", "bootstrap", *VERIFIER_KEYS)
 
 
 @dataclass
@@ -372,7 +374,7 @@ class Pipeline:
         last = "eval" if r == 0 or r % self.cfg.eval_every == 0 or r == self.cfg.rounds else "train"
         if where.startswith("round-") and stage == last:
             times = run_tracking.wall_times(self.state.data["steps"], r)
-            run_tracking.log_round(self.tracker, self.run_dir, r, round_summary(self.run_dir, r), times)
+            run_tracking.log_round(self.tracker, self.run_dir, r, round_summary(self.run_dir, r), times, EVAL_KEYS)
 
 
 def round_of(key: str) -> int:

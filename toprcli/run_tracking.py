@@ -45,9 +45,14 @@ def log_training(tracker: Tracker, policy: Path, sink: Callable[[dict[str, Any]]
     replay(policy / "metrics.jsonl", sink)
 
 
-def log_round(tracker: Tracker, run_dir: Path, r: int, summary: dict[str, Any], wall_times: dict[str, float]) -> None:
-    """Round ``r``'s numbers (``summary``: pipeline.round_summary) at step r, and a table of its eval's sample completions."""
-    tracker.log("round", {**summary, **wall_times}, r)
+def log_round(tracker: Tracker, run_dir: Path, r: int, summary: dict[str, Any], wall_times: dict[str, float], eval_keys: tuple[str, ...]) -> None:
+    """Round ``r``'s numbers (``summary``: pipeline.round_summary) at step r, and a table of its eval's sample completions.
+    The eval's part (``eval_keys``) has a mark of its own: an eval that comes after its round was logged (a run ended
+    early, eval_every lowered) is logged then."""
+    tracker.log("round", {**{k: v for k, v in summary.items() if k not in eval_keys}, **wall_times}, r)
+    evaluated = {k: v for k, v in summary.items() if k in eval_keys}
+    if evaluated:
+        tracker.log("round", evaluated, r, mark="round:eval")
     tracker.log_table("round/samples", sample_rows(round_dir(run_dir, r) / "eval" / "scored"), r)
 
 

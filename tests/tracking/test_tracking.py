@@ -278,7 +278,89 @@ def test_wandb_reads_back_what_its_offline_files_hold(tmp_path, monkeypatch):
         run.log({"train/loss": 1.0 / step, "train/step": float(step)}, step, "train")
     run.log_table("round/samples", [{"prompt": "q", "reward": 1.0}], 0)
     run.close()
-    assert offline_marks(tmp_path / "wandb", state["id"]) == {"train": 3, "table:round/samples": 0}
+    files = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert offline_marks(files) == {"train": 3, "table:round/samples": 0}
     again = open_run(RunInfo(tmp_path, "p", "r"), state, {"a": 1})  # resuming reads them into the state
     again.close()
     assert state["logged"] == {"train": 3, "table:round/samples": 0} and state["step"] == 4
+    # `wandb sync --clean` removed the files: the marks stand (they were reset to none, and every step went out again).
+    import shutil
+
+    shutil.rmtree(tmp_path / "wandb")
+    state["logged"] = {"train": 5}
+    open_run(RunInfo(tmp_path, "p", "r"), state, {"a": 1}).close()
+    assert state["logged"] == {"train": 5}
+
+
+def _mlflow_history(tracker, key):
+    from mlflow.tracking import MlflowClient
+
+    run_id = tracker.state["backends"]["mlflow"]["run_id"]
+    return sorted((m.step, m.value) for m in MlflowClient().get_metric_history(run_id, key))
+
+
+def test_a_rounds_eval_that_comes_after_the_round_was_logged_is_logged(tmp_path, monkeypatch):
+    """rounds 10, eval_every 5: round 3 was logged after its training; ended early with rounds=3, its eval then ran,
+    and its pass@1 never reached the trackers (the round's mark was taken). NaN is logged as NaN (it was dropped)."""
+    from toprcli.pipeline import EVAL_KEYS
+    from toprcli.run_tracking import log_round
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    cfg, run = TrackingConfig(report_to=["mlflow"]), tmp_path / "run"
+    with open_tracker(cfg, run, config={}) as tracker:
+        log_round(tracker, run, 3, {"round": 3, "p_effective": 0.5, "train_final_loss": float("nan")}, {}, EVAL_KEYS)
+        log_round(tracker, run, 3, {"round": 3, "p_effective": 0.5, "pass@1": 0.25}, {}, EVAL_KEYS)  # its eval, later
+        assert _mlflow_history(tracker, "round/pass_at_1") == [(3, 0.25)] and _mlflow_history(tracker, "round/p_tilde") == [(3, 0.5)]
+        assert [v != v for _, v in _mlflow_history(tracker, "round/train_final_loss")] == [True]
+
+
+def test_a_signal_while_a_backend_logs_does_not_log_the_step_twice(tmp_path, monkeypatch):
+    """A Ctrl-C after a backend stored a step but before tracking.json said so: the resumed run logged it again."""
+    import signal
+
+    from toprcli import interrupt
+    from toprcli.interrupt import Interrupted
+    from toprcli.tracking import mlflow_run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    cfg, run = TrackingConfig(report_to=["mlflow"]), tmp_path / "run"
+    real = mlflow_run.MlflowRun.log
+
+    def stored_then_interrupted(self, metrics, step, axis):
+        real(self, metrics, step, axis)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the step is in MLflow; tracking.json is written next
+
+    saved = {s: signal.getsignal(s) for s in interrupt.SIGNALS}
+    monkeypatch.setattr(mlflow_run.MlflowRun, "log", stored_then_interrupted)
+    interrupt.install()
+    try:
+        with pytest.raises(Interrupted), open_tracker(cfg, run, config={}) as tracker:
+            for step in (1, 2, 3):
+                tracker.log("train", {"loss": step / 10}, step)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        interrupt.reset()
+    monkeypatch.setattr(mlflow_run.MlflowRun, "log", real)
+    with open_tracker(cfg, run, config={}) as tracker:
+        for step in (1, 2, 3):
+            tracker.log("train", {"loss": step / 10}, step)
+        assert _mlflow_history(tracker, "train/loss") == [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+
+def test_a_changed_project_starts_a_tracked_run_there_with_the_whole_history(tmp_path, monkeypatch):
+    """trackio refused the resume for good (its run was in the old project), W&B reused the id without the earlier
+    steps, MLflow stayed in the old experiment: now each starts a new run in the new project and takes every step."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    run = tmp_path / "run"
+    with open_tracker(TrackingConfig(report_to=["mlflow"], project="a"), run, config={}) as tracker:
+        for step in (1, 2):
+            tracker.log("train", {"loss": step / 10}, step)
+        first = tracker.state["backends"]["mlflow"]["run_id"]
+    with pytest.warns(UserWarning, match="tracking.project changed \\(a → b\\)"), open_tracker(
+            TrackingConfig(report_to=["mlflow"], project="b"), run, config={}) as tracker:
+        for step in (1, 2, 3):
+            tracker.log("train", {"loss": step / 10}, step)
+        assert tracker.state["backends"]["mlflow"]["run_id"] != first
+        assert _mlflow_history(tracker, "train/loss") == [(1, 0.1), (2, 0.2), (3, 0.3)]

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from toprcli import __version__
 from toprcli.config import TrackingConfig
 from toprcli.errors import UserError
-from toprcli.interrupt import Interrupted
+from toprcli.interrupt import Interrupted, deferred
 from toprcli.shards import complete_shards, read_table, write_json_atomic
 
 STATE_FILE = "tracking.json"
@@ -54,7 +54,7 @@ def numeric(metrics: dict[str, Any], axis: str) -> dict[str, float]:
     ``intervals: {key: [low, high]}`` becomes ``<key>_ci_low`` and ``<key>_ci_high``."""
     skip = {"step", "k", "iteration", axis}  # the step itself, and settings (k is eval.k among the parameters)
     out = {metric_name(axis, k): float(v) for k, v in metrics.items()
-           if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+           if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)}  # NaN too: a diverged loss must show
     for key, (low, high) in (metrics.get("intervals") or {}).items():
         out[metric_name(axis, f"{key}_ci_low")], out[metric_name(axis, f"{key}_ci_high")] = float(low), float(high)
     return out
@@ -131,10 +131,18 @@ class Tracker:
         for name in dict.fromkeys(cfg.report_to):  # in order, once each
             module = importlib.import_module(f"toprcli.tracking.{BACKENDS[name][0]}")
             own = self.state["backends"].setdefault(name, {})  # the backend's run id and marks, kept across resumes
-            backend = self._call(name, lambda m=module, o=own: m.open_run(info, o, config), opening=True)
-            if backend is not None:
-                self.backends[name] = backend
-            self._save()  # each run id as soon as it exists: an interrupted start must not open a second run
+            if own.get("tracked_project", info.project) != info.project:  # a run cannot move: a new one there, given everything
+                warnings.warn(f"{name}: tracking.project changed ({own['tracked_project']} → {info.project}): a new tracked run there, "
+                              "with this run's whole history", stacklevel=2)
+                own.clear()
+            own["tracked_project"] = info.project
+            if "logged" in own and "round:eval" not in own["logged"]:  # before round:eval had its mark, evals went with the round
+                own["logged"]["round:eval"] = own["logged"].get("round", -1)
+            with deferred():  # a signal waits until the run id is saved: an interrupted start must not open a second run
+                backend = self._call(name, lambda m=module, o=own: m.open_run(info, o, config), opening=True)
+                if backend is not None:
+                    self.backends[name] = backend
+                self._save()
 
     def _call(self, name: str, fn, *, opening: bool = False) -> Any:
         """``fn()``; a failure is one warning and drops the backend (tracking never stops training)."""
@@ -150,15 +158,17 @@ class Tracker:
         for name, backend in list(self.backends.items()):
             marks = self.state["backends"][name].setdefault("logged", {})
             if step > marks.get(mark, -1):
-                self._call(name, lambda b=backend: call(b))
-                if name in self.backends:  # a failure dropped it: the step stays to log on the next run
-                    marks[mark] = step
-                    self._save()
+                with deferred():  # a step the backend took is marked before a signal stops the run: never logged twice
+                    self._call(name, lambda b=backend: call(b))
+                    if name in self.backends:  # a failure dropped it: the step stays to log on the next run
+                        marks[mark] = step
+                        self._save()
 
-    def log(self, axis: str, metrics: dict[str, Any], step: int) -> None:
-        """Log ``metrics`` at ``step`` of ``axis`` to each backend that does not have that step (a resumed run)."""
+    def log(self, axis: str, metrics: dict[str, Any], step: int, *, mark: str | None = None) -> None:
+        """Log ``metrics`` at ``step`` of ``axis`` to each backend that does not have that step (a resumed run);
+        ``mark``: what counts the steps logged, when part of an axis's step comes separately (``round:eval``)."""
         named = {**numeric(metrics, axis), f"{axis}/step": float(step)}
-        self._each(axis, step, lambda b: (b.log(named, step, axis), b.flush()))
+        self._each(mark or axis, step, lambda b: (b.log(named, step, axis), b.flush()))
 
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None:
         """A table (W&B, trackio; other backends skip it) at ``step`` of its axis (``key``'s first part)."""

@@ -33,8 +33,11 @@ class WandbRun:
             tags=[f"{k}={v}"[:64] for k, v in info.tags.items()], id=state["id"], resume="allow", config=config,
             dir=os.environ.get("WANDB_DIR") or str(info.root), settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
         )
-        if resuming and self.run.settings.mode == "offline":  # what the killed process's buffer never wrote is logged again
-            state["logged"] = offline_marks(Path(self.run.settings.wandb_dir), state["id"])
+        files = [f for f in sorted(Path(self.run.settings.wandb_dir).glob(f"offline-run-*-{state['id']}*/run-{state['id']}.wandb"))
+                 if f.parent != Path(self.run.settings.sync_dir)]  # the earlier sessions' files, not this one's
+        if resuming and state.get("mode") == "offline" and files:  # what the killed process's buffer never wrote is logged again
+            state["logged"] = offline_marks(files)  # (none there: synced and cleaned, or another WANDB_DIR; the marks stand)
+        state["mode"] = self.run.settings.mode
 
     def _next_step(self) -> int:
         step = self.state["step"]
@@ -88,18 +91,18 @@ def offline_records(run_file: Path) -> Iterator[Any]:
             yield record
 
 
-def offline_history(wandb_dir: Path, run_id: str) -> Iterator[dict[str, Any]]:
-    """Every history row the offline files of run ``run_id`` hold, oldest first."""
-    for run_file in sorted(Path(wandb_dir).glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+def offline_history(run_files: list[Path]) -> Iterator[dict[str, Any]]:
+    """Every history row the offline run files hold, oldest first."""
+    for run_file in run_files:
         for record in offline_records(run_file):
             if record.WhichOneof("record_type") == "history":
                 yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
 
 
-def offline_marks(wandb_dir: Path, run_id: str) -> dict[str, int]:
-    """Per axis (and per table), the last step the offline files of ``run_id`` hold."""
+def offline_marks(run_files: list[Path]) -> dict[str, int]:
+    """Per axis (and per table), the last step the offline run files hold."""
     marks: dict[str, int] = {}
-    for row in offline_history(wandb_dir, run_id):
+    for row in offline_history(run_files):
         tables = {key.rsplit("/", 1)[0] for key in row if key.endswith("/_type")}
         for key, value in row.items():
             if key.endswith("/step") and not key.startswith("_"):
