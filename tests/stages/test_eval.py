@@ -60,3 +60,20 @@ def test_checks_that_failed_are_reported_not_hidden_in_the_rates(tiny_model_dir,
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "e" / "eval.json").read_text())["metrics"]["error_rate"] == 1.0
     assert "100.0% of the samples could not be checked" in r.output
+
+
+def test_a_model_retrained_at_the_same_path_is_not_reported_with_the_old_eval(tiny_model_dir, tmp_path):
+    """Retraining -o work/policy and rerunning the README's eval printed the old metrics as if they were new."""
+    import shutil
+
+    model = tmp_path / "policy"
+    shutil.copytree(tiny_model_dir, model)
+    args = ["eval", "-m", str(model), "-d", "builtin:arith", "--split", "test", "--limit", "2", "--k", "2", "--max-new-tokens", "4",
+            "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e")]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "already evaluated (same model and settings)" in again.output
+    CliRunner().invoke(app, ["init-model", str(tmp_path / "other"), "--seed", "7"])
+    shutil.copy(tmp_path / "other" / "model.safetensors", model / "model.safetensors")  # retrained in place
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and "as it was before it changed" in refused.output

@@ -93,6 +93,9 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     done = read_eval(out)
     if done is not None:
         _check_same_eval(out, done, cfg)
+        if done.get("model_fingerprint") not in (None, _model_fingerprint(cfg.model)):
+            raise UserError(f"{out} holds an eval of the model at {cfg.model} as it was before it changed — choose another --out, "
+                            f"or delete {out} to evaluate it again")
         done = _rebootstrap(out, done, cfg)
         _track(cfg, out, done)  # logged once: a tracker skips what it has
         return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
@@ -130,6 +133,11 @@ def _rebootstrap(out: Path, done: dict[str, Any], cfg: EvalConfig) -> dict[str, 
     done = {**done, "metrics": metrics, "config": config}
     shards.write_json_atomic(out / EVAL_FILE, done)
     return done
+
+
+def _model_fingerprint(model: str) -> str | None:
+    """A local model's files (names, sizes, times); None for a hub id."""
+    return shards.fingerprint(model) if Path(model).is_dir() else None
 
 
 def _as_now(recorded: dict[str, Any]) -> dict[str, Any]:
@@ -208,6 +216,7 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         "metrics": metrics,
         "per_prompt": per_prompt,  # what the intervals resample, and what a paired comparison of two evals matches
         "config": config_to_dict(cfg),
+        "model_fingerprint": _model_fingerprint(cfg.model),  # a model retrained at the same path is another model
         "wall_time_s": time.perf_counter() - t0,
     }
     shards.write_json_atomic(out / EVAL_FILE, result)
