@@ -22,3 +22,19 @@ def test_json_answers_that_are_whole_numbers_read_as_integers(tmp_path):
     f = tmp_path / "qa.jsonl"
     f.write_text("\n".join(json.dumps({"question": q, "answer": a}) for q, a in (("A?", 5), ("B?", 2.5))) + "\n")
     assert [e.answer for e in load_examples(DatasetSpec(source=str(f)))] == ["5", "2.5"]
+
+
+def test_few_shot_examples_of_a_local_file_come_from_another_file(tmp_path):
+    """One file has no splits: --few-shot-split train read the evaluated file itself, so shots were other test
+    problems with their solutions. Now the split names another file, or the command says so."""
+    import pytest
+
+    from toprcli.errors import UserError
+
+    test, train = tmp_path / "test.jsonl", tmp_path / "train.jsonl"
+    test.write_text("".join(json.dumps({"question": f"What is {i}+1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(3)))
+    train.write_text("".join(json.dumps({"question": f"What is {i}+2?", "answer": f"#### {i + 2}"}) + "\n" for i in range(5)))
+    with pytest.raises(UserError, match="--few-shot-split FILE"):
+        load_examples(DatasetSpec(source=str(test), split="test", few_shot=2))
+    shots = [s.question for e in load_examples(DatasetSpec(source=str(test), split="test", few_shot=2, few_shot_split=str(train))) for s in e.shots]
+    assert len(shots) == 6 and all(q.endswith("+2?") for q in shots)

@@ -39,7 +39,7 @@ class DatasetSpec:
     chat_template: bool = opt(False, "Render prompts with the tokenizer's chat template (instruct models).")
     system_prompt: str | None = opt(None, "System message for --chat-template prompts, only where a row has no system turn of its own.")
     few_shot: int = opt(0, "Prepend k solved examples from --few-shot-split (paper: 8 for GSM8K, 4 for MATH).", check=NON_NEGATIVE)
-    few_shot_split: str = opt("train", "The split few-shot examples come from (never the problem itself).")
+    few_shot_split: str = opt("train", "The split few-shot examples come from (never the problem itself); with a local file, another file.")
     few_shot_seed: int = opt(0, "Seed of the few-shot choice (with each problem's id).")
     limit: int | None = opt(None, "Use only the first K prompts.", check=AT_LEAST_ONE)
     size: int = opt(2000, "builtin:arith: problems per split (at most what the split has: level 1 test, 222).", cli=False, check=AT_LEAST_ONE)

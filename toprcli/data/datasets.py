@@ -26,14 +26,13 @@ from typing import Any
 from toprcli.config import DatasetSpec
 from toprcli.data import formats
 from toprcli.data.arith import arith_problems
-from toprcli.data.local_files import read_local
+from toprcli.data.local_files import LOCAL_FORMATS, few_shot_source, read_local
 from toprcli.errors import UserError
 from toprcli.shards import read_file_metadata
 
 # Built-in datasets: the arithmetic task is generated; GSM8K ships as package data (splits train, test).
 BUILTIN_DATASETS = ("arith", "gsm8k")
 GSM8K_DIR = Path(__file__).resolve().parent / "gsm8k"
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # Hub datasets that need a config name, and the one users almost always mean.
 HUB_DEFAULT_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
 
@@ -291,7 +290,8 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         solution = solution or (reference if spec.answer_column else None)
         examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name))
     if spec.few_shot:
-        pool = [e for e in load_examples(dataclasses.replace(spec, split=spec.few_shot_split, few_shot=0, limit=None)) if e.solution]
+        source, split = few_shot_source(spec.source, spec.few_shot_split)
+        pool = [e for e in load_examples(dataclasses.replace(spec, source=source, split=split, few_shot=0, limit=None)) if e.solution]
         examples = [dataclasses.replace(e, shots=tuple(formats.choose_shots(pool, e.prompt_id, e.question, spec.few_shot, spec.few_shot_seed)))
                     for e in examples]
     return examples

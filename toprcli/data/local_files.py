@@ -9,6 +9,20 @@ from typing import Any
 from toprcli.errors import UserError
 
 
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def few_shot_source(source: str, split: str) -> tuple[str, str]:
+    """(source, split) few-shot examples come from: ``split`` of the dataset; a single local file has no splits
+    (any --split reads all of it), so its shots come from another file, named by ``split``."""
+    if Path(source).suffix.lower() not in LOCAL_FORMATS or not Path(source).expanduser().is_file():
+        return source, split
+    if Path(split).expanduser().is_file():
+        return split, "train"
+    raise UserError(f"--few-shot with {source}: one file has no splits, so the shots would be drawn from the problems "
+                    f"being evaluated — pass --few-shot-split FILE (e.g. your train.jsonl)")
+
+
 def read_local(datasets: Any, fmt: str, path: Path) -> Any:
     """A local file through ``datasets``; a file it cannot read is named with the line (or cause)."""
     import logging
