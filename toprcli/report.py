@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
+from toprcli.config import config_to_dict
 from toprcli.errors import UserError
 from toprcli.pipeline import run_summary
-from toprcli.config import config_to_dict
 from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_config, round_dir, round_dirs
 from toprcli.shards import changed_keys, read_manifest, read_table
 from toprcli.stages.eval import HOW_IT_RUNS
