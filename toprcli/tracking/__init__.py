@@ -136,7 +136,7 @@ class Tracker:
                               "with this run's whole history", stacklevel=2)
                 own.clear()
             own["tracked_project"] = info.project
-            if "logged" in own and "round:eval" not in own["logged"]:  # before round:eval had its mark, evals went with the round
+            if "round" in own.get("logged", {}) and "round:eval" not in own["logged"]:  # before round:eval had a mark, evals went with the round
                 own["logged"]["round:eval"] = own["logged"].get("round", -1)
             with deferred():  # a signal waits until the run id is saved: an interrupted start must not open a second run
                 backend = self._call(name, lambda m=module, o=own: m.open_run(info, o, config), opening=True)
