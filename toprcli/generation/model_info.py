@@ -82,15 +82,13 @@ def context_length(model: str, override: int | None = None) -> int | None:
     return config_context_length(load_config(model))
 
 
-def model_config_json(model: str) -> dict[str, Any]:
-    """A local model dir's config.json as written ({} when absent or unreadable, e.g. a hub id)."""
-    p = Path(model) / "config.json"
-    if p.is_file():
-        try:
-            return json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
-    return {}
+def model_config_json(model: str, name: str = "config.json") -> dict[str, Any]:
+    """A local model dir's ``name`` (config.json, generation_config.json) as written ({} when absent or unreadable, e.g. a hub id)."""
+    p = Path(model) / name
+    try:
+        return json.loads(p.read_text()) if p.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def stop_token_ids(*sources: Any) -> frozenset[int]:
@@ -101,14 +99,6 @@ def stop_token_ids(*sources: Any) -> frozenset[int]:
         ids.update([int(src)] if isinstance(src, int) else [int(x) for x in src] if isinstance(src, (list, tuple)) else [])
     return frozenset(ids)
 
-
-def generation_config_json(model: str) -> dict[str, Any]:
-    """A local model dir's generation_config.json as written ({} when absent or unreadable)."""
-    p = Path(model) / "generation_config.json"
-    try:
-        return json.loads(p.read_text()) if p.is_file() else {}
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 def same_architecture(a: str, b: str) -> bool:

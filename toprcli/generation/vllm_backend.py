@@ -54,7 +54,7 @@ from toprcli.generation.base import (
     cuda_available,
     resolve_dtype,
 )
-from toprcli.generation.model_info import context_length, generation_config_json, model_config_json, same_architecture, stop_token_ids
+from toprcli.generation.model_info import context_length, model_config_json, same_architecture, stop_token_ids
 from toprcli.processes import scratch_dir
 
 EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
@@ -228,7 +228,7 @@ class VLLMBackend:
         self.max_model_len = int(mc.max_model_len)
         self.eos_token_ids = stop_token_ids(getattr(self.llm.get_tokenizer(), "eos_token_id", None), model_config_json(model).get("eos_token_id"),
                                             getattr(getattr(mc, "hf_config", None), "eos_token_id", None),
-                                            generation_config_json(model).get("eos_token_id"))  # vLLM's stop tokens
+                                            model_config_json(model, "generation_config.json").get("eos_token_id"))  # vLLM's stop tokens
         self.info = {
             "backend": "vllm",
             "engine_version": self.engine_version,
