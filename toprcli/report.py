@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from toprcli.config import config_to_dict
+from toprcli.config import IterateConfig, as_now
 from toprcli.errors import UserError
 from toprcli.pipeline import run_summary
-from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_config, round_dir, round_dirs
+from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir, round_dirs
 from toprcli.shards import changed_keys, read_manifest, read_table
 from toprcli.stages.eval import HOW_IT_RUNS
 
@@ -51,12 +51,7 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
 def _round_config(run_dir: Path, r: int) -> dict[str, Any] | None:
     """Round ``r``'s recorded config read through today's schema (a key added since is its default, not a change)."""
     path = round_dir(run_dir, r) / CONFIG_FILE
-    if not path.exists():
-        return None
-    try:
-        return config_to_dict(round_config(run_dir, r))
-    except UserError:  # a key since removed: compared as written
-        return yaml.safe_load(path.read_text()) or {}
+    return as_now(IterateConfig, yaml.safe_load(path.read_text()) or {}) if path.exists() else None
 
 
 def _how_eval_runs(key: str) -> bool:

@@ -19,7 +19,7 @@ from toprcli.config.fields import ConfigError, config_to_dict, from_dict, leaf_p
 from toprcli.config.schema import STAGES, WARM_START_TRAIN, CurateConfig, DatasetSpec, EngineConfig, EvalConfig, GenerateConfig
 from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, TrackingConfig, TrainConfig, VerifierDataConfig, WarmStartConfig
 
-__all__ = ["STAGES", "WARM_START_TRAIN", "ConfigError", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
+__all__ = ["STAGES", "WARM_START_TRAIN", "ConfigError", "as_now", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
            "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig", "config_to_dict",
            "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "resolve_key", "split_override",
            "stage_section"]
@@ -114,6 +114,15 @@ def _current(cls: type, data: dict[str, Any], dotted: str) -> dict[str, Any]:
     for part in dotted.split("."):
         default = getattr(default, part)
     return dict(default)
+
+
+def as_now(cls: type, recorded: dict[str, Any]) -> dict[str, Any]:
+    """A config recorded by an earlier run, read through today's schema (a key added since has its default, which is
+    how that run behaved); one with a key since removed or renamed, as written."""
+    try:
+        return config_to_dict(from_dict(cls, recorded))
+    except ConfigError:
+        return recorded
 
 
 def default_config(stage: str) -> Any:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from toprcli import shards
-from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, config_to_dict, from_dict
+from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, as_now, config_to_dict
 from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
 from toprcli.evaluation import accuracy, bootstrap_interval, prompt_scores, summarize_scores
@@ -140,17 +140,9 @@ def _model_fingerprint(model: str) -> str | None:
     return shards.fingerprint(model) if Path(model).is_dir() else None
 
 
-def _as_now(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A recorded eval config read through today's schema: a key added since has its default (not a change)."""
-    try:
-        return config_to_dict(from_dict(EvalConfig, recorded))
-    except UserError:  # a key since removed or renamed: compared as written
-        return recorded
-
-
 def _check_same_eval(out: Path, done: dict[str, Any], cfg: EvalConfig) -> None:
     """An ``eval.json`` is this eval's result only if it measured the same thing: other settings are refused."""
-    changed = sorted(k for k in shards.changed_keys(_as_now(done.get("config") or {}), config_to_dict(cfg))
+    changed = sorted(k for k in shards.changed_keys(as_now(EvalConfig, done.get("config") or {}), config_to_dict(cfg))
                      if not any(k == h or k.startswith(h + ".") for h in HOW_IT_RUNS) and not (k == "verifier" and cfg.verifier == "auto"))
     if changed:
         shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
