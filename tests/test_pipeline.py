@@ -157,6 +157,31 @@ def test_killed_run_resumes_to_the_same_files(reference, tmp_path, where, n):
     assert not samples.duplicated(["prompt_id", "sample_index"]).any()
 
 
+@pytest.mark.parametrize("where", ["round-001/samples", "round-001/scored", "round-001/eval/samples"])
+def test_a_killed_run_resumes_after_its_run_dir_moved(reference, tmp_path, where):
+    """A run dir moved (mv keeps the files) between the kill and the rerun resumes its partial
+    work: the shards were made by the same model from the same data, now at another path."""
+    run_dir = tmp_path / "before"
+    run_dir.mkdir()
+    for part in ("base", "warmstart", "round-000"):
+        shutil.copytree(reference / part, run_dir / part)
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, str(script), str(write_config(tmp_path, run_dir)), where, "1"], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    kept = {p.name: p.stat().st_mtime_ns for p in (run_dir / where).glob("shard-*.parquet")}
+    assert kept
+
+    moved = tmp_path / "after"
+    run_dir.rename(moved)
+    r = CliRunner().invoke(app, ["iterate", "--config", str(write_config(tmp_path, moved)), "--no-report"])
+    assert r.exit_code == 0, r.output
+    assert {n: t for n, t in ((p.name, p.stat().st_mtime_ns) for p in (moved / where).glob("shard-*.parquet")) if n in kept} == kept
+    assert inventory(moved) == inventory(reference)
+
+
 # -- beyond one device: torchrun training, the engine hand-over, data-parallel generation ---------
 
 

@@ -77,3 +77,26 @@ def test_a_model_retrained_at_the_same_path_is_not_reported_with_the_old_eval(ti
     shutil.copy(tmp_path / "other" / "model.safetensors", model / "model.safetensors")  # retrained in place
     refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 2 and "as it was before it changed" in refused.output
+
+
+def test_a_moved_eval_of_a_moved_model_is_still_its_eval(tiny_model_dir, tmp_path):
+    """A project moved as a whole (mv keeps the files): the eval of the same model files is returned, not refused as
+    'other settings (changed: model)' — while a model really changed at the new path is still refused."""
+    import shutil
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    shutil.copytree(tiny_model_dir, before / "policy", copy_function=shutil.copy2)
+
+    def args(root):
+        return ["eval", "-m", str(root / "policy"), "-d", "builtin:arith", "--split", "test", "--limit", "2", "--k", "2",
+                "--max-new-tokens", "4", "--backend", "hf", "--no-greedy", "-o", str(root / "e")]
+
+    assert CliRunner().invoke(app, args(before)).exit_code == 0
+    before.rename(after)
+    again = CliRunner().invoke(app, args(after))
+    assert again.exit_code == 0 and "already evaluated (same model and settings)" in again.output, again.output
+    CliRunner().invoke(app, ["init-model", str(tmp_path / "other"), "--seed", "7"])
+    shutil.copy(tmp_path / "other" / "model.safetensors", after / "policy" / "model.safetensors")
+    refused = CliRunner().invoke(app, args(after))
+    assert refused.exit_code == 2 and "other settings (changed: model)" in refused.output

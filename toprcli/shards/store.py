@@ -316,3 +316,17 @@ def fingerprint(path: str | os.PathLike[str]) -> str:
             st = e.stat()
             h.update(f"{e.relative_to(p) if p.is_dir() else e.name}:{st.st_size}:{int(st.st_mtime)}\n".encode())
     return h.hexdigest()[:16]
+
+
+def model_identity(model: str) -> str:
+    """A model by what it is, not where it lies: a local model dir's :func:`fingerprint`, else the hub id as
+    given. Keys and fingerprints hold this, so a run dir that moved resumes its partial work."""
+    return fingerprint(model) if model and Path(model).is_dir() else model
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model paths (or hub ids) name one model: the same place on disk, or the same text."""
+    pa_, pb = Path(a), Path(b)
+    if pa_.exists() and pb.exists():
+        return pa_.resolve() == pb.resolve()
+    return a.rstrip("/") == b.rstrip("/")

@@ -142,8 +142,10 @@ def _model_fingerprint(model: str) -> str | None:
 
 def _check_same_eval(out: Path, done: dict[str, Any], cfg: EvalConfig) -> None:
     """An ``eval.json`` is this eval's result only if it measured the same thing: other settings are refused."""
+    moved = done.get("model_fingerprint") is not None and done["model_fingerprint"] == _model_fingerprint(cfg.model)  # same files elsewhere
     changed = sorted(k for k in shards.changed_keys(as_now(EvalConfig, done.get("config") or {}), config_to_dict(cfg))
-                     if not any(k == h or k.startswith(h + ".") for h in HOW_IT_RUNS) and not (k == "verifier" and cfg.verifier == "auto"))
+                     if not any(k == h or k.startswith(h + ".") for h in HOW_IT_RUNS) and not (k == "verifier" and cfg.verifier == "auto")
+                     and not (k == "model" and moved))
     if changed:
         shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
         raise UserError(f"{out} holds an eval made with other settings (changed: {shown}) — choose another --out, or delete {out} to evaluate there again")

@@ -79,9 +79,10 @@ def sampling_record(sampling: SamplingConfig) -> dict[str, Any]:
 
 
 def _run_key(cfg: GenerateConfig, backend_name: str) -> dict[str, Any]:
-    """What decides a shard's content; shards from a different key are never mixed."""
+    """What decides a shard's content; shards from a different key are never mixed. The model is held by
+    its files (``shards.model_identity``): a run dir that moved resumes with its shards."""
     return {
-        "model": str(cfg.model),
+        "model": shards.model_identity(str(cfg.model)),
         "dataset": dataclasses.asdict(cfg.dataset),
         "skip_long": cfg.skip_long,
         "clip_to_context": cfg.clip_to_context,
@@ -99,10 +100,12 @@ def _ids_digest(prompts: list[Prompt]) -> str:
     return hashlib.sha256("\n".join(p.prompt_id for p in prompts).encode()).hexdigest()[:16]
 
 
-def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], blocks: list[list[Prompt]]) -> None:
+def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], blocks: list[list[Prompt]], model: str) -> None:
     for index, path in done.items():
         meta = shards.read_file_metadata(path)
         old = meta.get("run_key")
+        if isinstance(old, dict) and old.get("model") == model:  # written before keys held a model by its files
+            old = {**old, "model": key["model"]}
         if old != key:
             diff = [k for k in key if (old or {}).get(k) != key[k]] if isinstance(old, dict) else ["(no run key)"]
             what = ", ".join(f"{k}={(old or {}).get(k)!r} there vs {key[k]!r} now" for k in diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
@@ -204,7 +207,7 @@ def _plan(cfg: GenerateConfig, backend: GenerationBackend | None, examples: list
     mine = [j for j in range(len(blocks)) if j % cfg.num_shards == cfg.shard_index]
     key = _run_key(cfg, backend_name)
     done = shards.complete_shards(out)
-    _check_existing(out, done, key, blocks)
+    _check_existing(out, done, key, blocks, str(cfg.model))
     todo = [j for j in mine if j not in done]
     return _Plan(out, tokenizer, prompts, long, clipped, backend_name, blocks, mine, todo, key, params, context)
 

@@ -30,10 +30,12 @@ from toprcli.shards import (
     check_nulls,
     check_writable,
     fingerprint,
+    model_identity,
     parquet_files,
     read_file_metadata,
     read_schema,
     read_table,
+    same_model,
     sampling_of,
     validate_columns,
 )
@@ -337,13 +339,6 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def same_model(a: str, b: str) -> bool:
-    pa_, pb = Path(a), Path(b)
-    if pa_.exists() and pb.exists():
-        return pa_.resolve() == pb.resolve()
-    return a.rstrip("/") == b.rstrip("/")
-
-
 def model_config(model: str):
     from transformers import AutoConfig
 
@@ -408,7 +403,7 @@ def prepare(cfg: TrainConfig) -> Prepared:
         raise UserError(f"--shared-prefix: {cfg.model}: {why} — its log-probs would not be the one-pass layout's; drop --shared-prefix")
     semantic = {k: v for k, v in config_to_dict(cfg).items() if k not in NON_SEMANTIC_KEYS and k != "data"}  # data: its own fingerprint
     # A model by what it is, not where: a run dir that moved (or is spelt another way) resumes its checkpoint.
-    semantic.update({k: fingerprint(semantic[k]) if semantic[k] and Path(semantic[k]).is_dir() else semantic[k] for k in ("model", "ref_model")})
+    semantic.update({k: model_identity(semantic[k]) if semantic[k] else semantic[k] for k in ("model", "ref_model")})
     return Prepared(
         cfg=cfg, loss=loss, data=data, out=out, partial=partial, units=units, plan=plan, reference=reference, vocab_size=vocab_size,
         context=context, data_fingerprint=fingerprint(cfg.data), config_fingerprint=_fingerprint({**semantic, "processing": processing.as_dict()}),

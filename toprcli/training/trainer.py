@@ -39,7 +39,7 @@ from toprcli.config import TrainConfig
 from toprcli.errors import UserError
 from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
-from toprcli.shards import write_atomic, write_text_atomic
+from toprcli.shards import same_model, write_atomic, write_text_atomic
 from toprcli.tracking import TRACKER_FILES
 from toprcli.training import checkpoint as ckpt
 from toprcli.training.batching import TokenData, collate, collate_shared, loss_denominator, plan_micro_batches
@@ -47,7 +47,7 @@ from toprcli.training.distributed import DistContext, all_reduce, barrier
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
 from toprcli.training.prefix_packed import attention_for
-from toprcli.training.prepare import Prepared, same_model
+from toprcli.training.prepare import Prepared
 from toprcli.training.stats import StepStats, add_gap, behavior_gap
 
 METRICS_NAME = "metrics.jsonl"
