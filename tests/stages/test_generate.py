@@ -70,6 +70,26 @@ def test_stage_writes_contract_shards_and_resumes(tiny_model_dir, tmp_path):
         generate_samples(_cfg(tiny_model_dir, out, temperature=0.7))
 
 
+def test_shards_keyed_by_the_models_path_still_resume(tiny_model_dir, tmp_path):
+    """Shards written before the run key held a model by its files (it held the path) resume, and are not refused."""
+    import pyarrow.parquet as pq
+
+    from toprcli.shards import write_shard
+    from toprcli.stages.generate import run as generate_samples
+
+    out = tmp_path / "samples"
+    cfg = _cfg(tiny_model_dir, out)
+    generate_samples(cfg)
+    for index, path in complete_shards(out).items():
+        meta = read_file_metadata(path)
+        meta["run_key"]["model"] = str(tiny_model_dir)
+        write_shard(out, index, pq.read_table(path), metadata=meta)
+    complete_shards(out)[2].unlink()
+    (out / "_manifest.json").unlink()
+    s = generate_samples(cfg)
+    assert (s["shards_skipped"], s["shards_written"]) == (2, 1)
+
+
 def test_stage_is_reproducible_and_data_parallel_split_matches(tiny_model_dir, tmp_path):
     from toprcli.stages.generate import run as generate_samples
 
