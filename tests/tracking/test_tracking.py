@@ -161,11 +161,18 @@ def _series(rows: list[dict], key: str, axis: str) -> list[tuple[int, float]]:
     return [(int(r[f"{axis}/step"]), r[key]) for r in rows if key in r]
 
 
+def _env(tmp: Path) -> dict[str, str]:
+    """A child's environment with every backend's store under ``tmp``, and without this process's W&B service
+    (WANDB_SERVICE, set by an in-process W&B test): children sharing one service share its open runs."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    return {**env, "WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "TRACKIO_DIR": str(tmp / "trackio"),
+            "OMP_NUM_THREADS": "1"}
+
+
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tracked")
-    env = {**os.environ, "WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "TRACKIO_DIR": str(tmp / "trackio"),
-           "OMP_NUM_THREADS": "1"}
+    env = _env(tmp)
     cfg = tmp / "run.yaml"
     cfg.write_text(CONFIG.format(run_dir=tmp / "run", project=PROJECT))
     (tmp / "killer.py").write_text(KILLER)
@@ -364,3 +371,52 @@ def test_a_changed_project_starts_a_tracked_run_there_with_the_whole_history(tmp
             tracker.log("train", {"loss": step / 10}, step)
         assert tracker.state["backends"]["mlflow"]["run_id"] != first
         assert _mlflow_history(tracker, "train/loss") == [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+
+# Starts a tracked run and SIGKILLs itself as soon as the backend has made its run (inside the start, before
+# tracking.json could record it); with "resume", starts again, logs a step and prints the backend's runs.
+START = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from pathlib import Path
+    from toprcli.config import TrackingConfig
+    from toprcli.tracking import open_tracker
+
+    backend, run, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    if mode == "kill":
+        import mlflow.tracking, trackio, wandb
+        owner, attr = {"wandb": (wandb, "init"), "trackio": (trackio, "init"), "mlflow": (mlflow.tracking.MlflowClient, "create_run")}[backend]
+        real = getattr(owner, attr)
+        def made_then_killed(*a, **k):
+            real(*a, **k)
+            os.kill(os.getpid(), signal.SIGKILL)
+        setattr(owner, attr, made_then_killed)
+    with open_tracker(TrackingConfig(report_to=[backend], project="p"), run, config={"a": 1}) as tracker:
+        tracker.log("train", {"loss": 0.5}, 1)
+    if backend == "mlflow":
+        from mlflow.tracking import MlflowClient
+        client = MlflowClient()
+        runs = [r.info.run_id for r in client.search_runs([client.get_experiment_by_name("p").experiment_id])]
+    elif backend == "trackio":
+        from trackio.sqlite_storage import SQLiteStorage
+        runs = SQLiteStorage.get_runs("p")
+    else:
+        runs = sorted({d.name.rsplit("-", 1)[1] for d in (run / "wandb").glob("offline-run-*")})
+    print(json.dumps(runs))
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["wandb", "mlflow", "trackio"])
+def test_a_start_killed_after_the_backend_made_its_run_resumes_that_run(tmp_path, backend):
+    """A SIGKILL inside a backend's start (the run made, its id not yet in tracking.json) left a second W&B or MLflow
+    run on resume: their run names are now saved before the run exists, and the resumed start finds that run.
+    (trackio stores a run with its first log, after its name is saved.)"""
+    env = _env(tmp_path)
+    (tmp_path / "start.py").write_text(START)
+    run = [sys.executable, str(tmp_path / "start.py"), backend, str(tmp_path / "run")]
+    killed = subprocess.run([*run, "kill"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = subprocess.run([*run, "resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "tracking" not in resumed.stderr, resumed.stderr[-2000:]
+    assert len(json.loads(resumed.stdout.strip().splitlines()[-1])) == 1

@@ -101,8 +101,10 @@ class RunInfo:
 
 
 class Backend(Protocol):
-    """One backend's run: ``open_run(info, state, config)`` of its module starts it (keeping its id in ``state``)
-    and records the config and code version, or resumes the run ``state`` names."""
+    """One backend's run: ``open_run(info, state, config, save)`` of its module starts it (keeping its id in ``state``)
+    and records the config and code version, or resumes the run ``state`` names. A backend that can name its run
+    before it exists puts the name in ``state`` and calls ``save()`` first: a start killed midway (SIGKILL too)
+    is resumed by that name, not opened a second time."""
 
     def log(self, metrics: dict[str, float], step: int, axis: str) -> None: ...
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None: ...
@@ -139,7 +141,7 @@ class Tracker:
             if "round" in own.get("logged", {}) and "round:eval" not in own["logged"]:  # before round:eval had a mark, evals went with the round
                 own["logged"]["round:eval"] = own["logged"].get("round", -1)
             with deferred():  # a signal waits until the run id is saved: an interrupted start must not open a second run
-                backend = self._call(name, lambda m=module, o=own: m.open_run(info, o, config), opening=True)
+                backend = self._call(name, lambda m=module, o=own: m.open_run(info, o, config, self._save), opening=True)
                 if backend is not None:
                     self.backends[name] = backend
                 self._save()

@@ -5,11 +5,14 @@ synchronous, so what returned is stored."""
 from __future__ import annotations
 
 import os
+import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 MAX_PARAM = 6000  # MLflow's limit on a parameter's value
+UID_TAG = "toprcli_uid"  # the tag that finds a run whose start was killed before its id was saved
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -23,7 +26,7 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class MlflowRun:
-    def __init__(self, info, state: dict[str, Any], config: dict[str, Any]):
+    def __init__(self, info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None]):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient()
@@ -31,13 +34,17 @@ class MlflowRun:
             self.run_id = state["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
             return
+        if "uid" not in state:  # MLflow names a run only once it exists: our tag, saved first, finds a start killed midway
+            state["uid"] = secrets.token_hex(8)
+            save()
         name = info.project or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "toprcli"
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-        tags = {**info.tags, **({"group": info.group} if info.group else {}), "run_dir": str(info.root.resolve())}
-        run = self.client.create_run(experiment_id, run_name=info.name, tags=tags)
+        started = self.client.search_runs([experiment_id], filter_string=f"tags.{UID_TAG} = '{state['uid']}'")
+        tags = {**info.tags, **({"group": info.group} if info.group else {}), "run_dir": str(info.root.resolve()), UID_TAG: state["uid"]}
+        run = started[0] if started else self.client.create_run(experiment_id, run_name=info.name, tags=tags)
         self.run_id = run.info.run_id
-        self.log_config(config)
+        self.log_config(config)  # again for a started run: the same values, which MLflow accepts
         state["run_id"], state["tracking_uri"] = self.run_id, self.client.tracking_uri
 
     def log_config(self, config: dict[str, Any]) -> None:
@@ -68,5 +75,5 @@ class MlflowRun:
         self.client.set_terminated(self.run_id, status=status.upper())  # MLflow's FINISHED, KILLED, FAILED
 
 
-def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> MlflowRun:
-    return MlflowRun(info, state, config)
+def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None] = lambda: None) -> MlflowRun:
+    return MlflowRun(info, state, config, save)

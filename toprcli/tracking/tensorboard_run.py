@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ class TensorBoardRun:
         self.writer.close()
 
 
-def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> TensorBoardRun:
+def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None] = lambda: None) -> TensorBoardRun:
     run = TensorBoardRun(info.root / "tb")
     if "log_dir" not in state:  # a new run: the config once
         run.log_config(config)

@@ -4,6 +4,7 @@ logged beside its metrics (``round/step``, ``train/step``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,5 +59,6 @@ def _free_name(trackio, project: str, name: str) -> str:
     return candidate
 
 
-def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> TrackioRun:
+def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None] = lambda: None) -> TrackioRun:
+    """(``save`` is not needed: trackio stores a run with its first log, after ``state`` holds its name.)"""
     return TrackioRun(info, state, config)  # trackio keeps the config of its latest init: given every time

@@ -13,7 +13,7 @@ import json
 import os
 import secrets
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,13 @@ BLOCK = 32768  # the run file is a leveldb-style log: 32 KiB blocks of records w
 
 
 class WandbRun:
-    def __init__(self, info, state: dict[str, Any], config: dict[str, Any]):
+    def __init__(self, info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None]):
         import wandb
 
         self.wandb, self.state, self.axes = wandb, state, set()
-        resuming = "id" in state
-        state.setdefault("id", secrets.token_hex(6))  # W&B ids: [a-z0-9]
+        if "id" not in state:  # W&B ids: [a-z0-9]; saved before the run exists, so a start killed midway resumes it
+            state["id"] = secrets.token_hex(6)
+            save()
         state.setdefault("step", 0)
         self.run = wandb.init(
             project=info.project or os.environ.get("WANDB_PROJECT") or "toprcli", name=info.name, group=info.group,
@@ -35,7 +36,7 @@ class WandbRun:
         )
         files = [f for f in sorted(Path(self.run.settings.wandb_dir).glob(f"offline-run-*-{state['id']}*/run-{state['id']}.wandb"))
                  if f.parent != Path(self.run.settings.sync_dir)]  # the earlier sessions' files, not this one's
-        if resuming and state.get("mode") == "offline" and files:  # what the killed process's buffer never wrote is logged again
+        if state.get("mode") == "offline" and files:  # (mode: recorded once a start succeeded)  # what the killed process's buffer never wrote is logged again
             state["logged"] = offline_marks(files)  # (none there: synced and cleaned, or another WANDB_DIR; the marks stand)
         state["mode"] = self.run.settings.mode
 
@@ -68,8 +69,8 @@ class WandbRun:
         self.run.finish(exit_code=0 if status == "finished" else 1)  # W&B marks a nonzero exit as crashed
 
 
-def open_run(info, state: dict[str, Any], config: dict[str, Any]) -> WandbRun:
-    return WandbRun(info, state, config)
+def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None] = lambda: None) -> WandbRun:
+    return WandbRun(info, state, config, save)
 
 
 def offline_records(run_file: Path) -> Iterator[Any]:
