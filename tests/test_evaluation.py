@@ -40,7 +40,9 @@ def test_majority_vote_and_ties():
 
 
 def test_normalize_answer():
-    assert normalize_answer("1,000.") == "1000"
+    assert normalize_answer("1,000.") == "1000" and normalize_answer("$1,234,567.50") == "1234567.5"
+    assert normalize_answer("1,2") == "1,2" != normalize_answer("12")  # a list (or a pair) is not the number 12
+    assert normalize_answer("10,00") == "10,00"  # not digits grouped in threes: left as written
     assert normalize_answer("$18.50") == "18.5"
     assert normalize_answer(" x  y ") == "x y"
     assert normalize_answer("") is None and normalize_answer(None) is None

@@ -9,6 +9,7 @@ verifier compares answers in its worker pool); here votes are keys.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
@@ -37,11 +38,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
+_THOUSANDS = re.compile(r"[-+]?\$?\d{1,3}(,\d{3})+(\.\d*)?")  # 1,234,567.5: commas that group digits, nothing else
+
+
 def normalize_answer(answer: str | None) -> str | None:
-    """Canonical form for voting: numbers compare by value (``18.00`` ≡ ``18``), text by stripped content."""
+    """Canonical form for voting: numbers compare by value (``18.00`` ≡ ``18``, ``1,000`` ≡ ``1000``), text by
+    stripped content (``1,2`` is a list, not 12)."""
     if answer is None:
         return None
-    text = answer.strip().replace(",", "").rstrip(".").strip()
+    text = answer.strip().rstrip(".").strip()
+    if _THOUSANDS.fullmatch(text):
+        text = text.replace(",", "")
     if not text:
         return None
     try:
