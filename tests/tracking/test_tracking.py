@@ -290,6 +290,14 @@ def test_wandb_reads_back_what_its_offline_files_hold(tmp_path, monkeypatch):
     again = open_run(RunInfo(tmp_path, "p", "r"), state, {"a": 1})  # resuming reads them into the state
     again.close()
     assert state["logged"] == {"train": 3, "table:round/samples": 0} and state["step"] == 4
+    # A kill while W&B wrote a record leaves it torn: the records before it count (the resume raised, and W&B was dropped).
+    whole = files[0].read_bytes()
+    seen = set()
+    for cut in range(len(whole)):  # cut anywhere: what the file holds up to the cut, never an error
+        files[0].write_bytes(whole[:cut])
+        seen.add(offline_marks(files[:1]).get("train"))
+    assert seen == {None, 1, 2, 3}
+    files[0].write_bytes(whole)
     # `wandb sync --clean` removed the files: the marks stand (they were reset to none, and every step went out again).
     import shutil
 

@@ -74,7 +74,9 @@ def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable
 
 
 def offline_records(run_file: Path) -> Iterator[Any]:
-    """The records of an offline run file, as W&B's own protobuf ``Record`` (wandb 0.31 ships no Python reader)."""
+    """The records of an offline run file, as W&B's own protobuf ``Record`` (wandb 0.31 ships no Python reader).
+    A record the kill cut short ends the file: what came before it is what the file holds."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
     data, pos, buf = Path(run_file).read_bytes(), 7, b""  # a 7-byte file header: ":W&B", magic, version
@@ -84,10 +86,15 @@ def offline_records(run_file: Path) -> Iterator[Any]:
         if left < 7 or (length == 0 and kind == 0):  # the rest of a block is padding
             pos += left
             continue
+        if pos + 7 + length > len(data):  # torn: the process was killed while writing it
+            return
         buf, pos = buf + data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 4):  # a whole record, or a record's last piece
             record = pb.Record()
-            record.ParseFromString(buf)
+            try:
+                record.ParseFromString(buf)
+            except DecodeError:
+                return
             buf = b""
             yield record
 
