@@ -2,7 +2,7 @@
 
 Three shapes, each a real curated training set made by the CLI itself:
 
-(a) ``paper``: 8-shot GSM8K prompts with the chat template (~900 tokens), n = 16
+(a) ``paper``: 8-shot GSM8K prompts with the chat template (~1,840 tokens), n = 16
     completions sampled from the model (temperature 1, up to 256 new tokens);
 (b) ``verifier``: `topr verifier-data` prompts (question + candidate solution, ~350
     tokens) from (a)'s scored samples, m = 8 sampled verdicts each;

@@ -146,11 +146,20 @@ def test_timeouts_and_errors_get_the_incorrect_reward(tmp_path, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     d = write_samples(tmp_path / "s", [samples_table([("a", "ok", "1"), ("b", "hang", "1"), ("c", "boom", "1")])])
-    res = score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:hang:f", workers=1, timeout=1.0, reward_incorrect=-2.0))
+    with pytest.warns(UserWarning, match="66.7% of the completions could not be checked"):
+        res = score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:hang:f", workers=1, timeout=1.0, reward_incorrect=-2.0))
     t = shards.read_table(tmp_path / "o")
     assert t.column("verdict").to_pylist() == ["correct", "timeout", "error"]
     assert t.column("reward").to_pylist() == [1.0, -2.0, -2.0]
     assert res["worker_stats"]["timeouts"] == 1 and any("ValueError" in e for e in res["error_examples"])
+
+
+def test_a_verifier_that_does_not_fit_the_golds_is_a_warning_not_silence(tmp_path):
+    """MATH-style golds under the gsm8k verifier: every check is an error, rewarded −1. Under `topr iterate` nothing
+    said so, and the rounds trained on negatives only; now the score stage warns, naming the first error."""
+    d = write_samples(tmp_path / "s", [samples_table([("a", "The answer is \\boxed{1/2}", "\\frac{1}{2}"), ("b", "#### 3", "3")])])
+    with pytest.warns(UserWarning, match=r"50\.0% of the completions could not be checked \(first: error: .*\) .* verifier gsm8k fits"):
+        score_dir(d, tmp_path / "o", ScoreConfig(verifier="gsm8k", workers=1))
 
 
 # -- bad input: one line, nothing written ---------------------------------------

@@ -12,6 +12,7 @@ killed eval resumes through the shard stores of generate and score.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,9 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
     try:
         for name, where, greedy in runs:
             generate_stage.run(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)
-            score_stage.run(score_config(cfg, where / "samples", where / "scored"), progress=progress)
+            with warnings.catch_warnings():  # eval reports these itself, as its error_rate
+                warnings.simplefilter("ignore", score_stage.ChecksFailed)
+                score_stage.run(score_config(cfg, where / "samples", where / "scored"), progress=progress)
             columns = ["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"]
             tables[name] = shards.read_table(where / "scored", columns=columns + (["data_source"] if cfg.verifier == "data_source" else []))
         judged = judge(cfg, out, backend, progress) if judging else {}

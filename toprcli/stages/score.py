@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,10 @@ STAGE = "score"
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
 VERIFY_SLICE = 8192  # rows turned into Python strings at a time (bounds memory on huge shards)
 MAX_ERROR_EXAMPLES = 5
+
+
+class ChecksFailed(UserWarning):
+    """Some completions could not be checked (verdict error or timeout): they are rewarded as wrong."""
 
 # Settings that change the scored columns; a complete shard is reused only if they match.
 _SCORE_KEYS = ("verifier", "strict", "reward_correct", "reward_incorrect", "reward_no_answer")
@@ -323,6 +328,11 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
         close_bar()
 
     summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(_SUMMARY_COLUMNS)), result)
+    failed = result.verdicts.get(ERROR, 0) + result.verdicts.get(TIMEOUT, 0)
+    if failed and todo:  # e.g. a verifier that does not fit the golds: every sample would train as a wrong one, silently
+        example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
+        warnings.warn(f"{failed / result.rows:.1%} of the completions could not be checked{example} and are rewarded as wrong — "
+                      f"check that verifier {cfg.verifier} fits the data", ChecksFailed, stacklevel=2)
     result.wall_time_s = time.monotonic() - t0
     result.rows_per_s = scored_rows / t_scoring if t_scoring > 0 else None
     shards.write_manifest(
