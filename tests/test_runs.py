@@ -205,7 +205,7 @@ def test_a_sampling_change_is_refused_while_rounds_replay_earlier_ones(tmp_path)
     from toprcli.runs import reconcile
 
     run = tmp_path / "run"
-    run.mkdir()
+    (run / "base").mkdir(parents=True)  # work made with the recorded config
     cfg = IterateConfig(run_dir=str(run), replay_rounds=1)
     (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
     hotter = load_config(IterateConfig, None, sets={"run_dir": str(run), "replay_rounds": 1, "generate.sampling.temperature": 0.8})
@@ -358,3 +358,28 @@ def test_a_branch_leaves_its_parents_unfinished_work_behind(tmp_path):
     branch(str(r1), child, load_config(IterateConfig, None, sets={"run_dir": str(child), "rounds": 2}))
     kept = sorted(p.relative_to(child / "round-001").as_posix() for p in (child / "round-001").rglob("*"))
     assert kept == ["config.yaml", "policy", "policy/config.json", "train.parquet"]
+
+
+def test_a_run_that_made_nothing_takes_a_corrected_config(tmp_path):
+    """A first invocation refused before its first output (a mistyped model) left config.yaml and round-000's
+    record: the corrected rerun was refused for good ('model cannot change — the completed rounds were made
+    with the old value'), though no round existed. Now a run that made nothing takes the new config."""
+    import yaml
+
+    from toprcli.config import IterateConfig, config_to_dict
+    from toprcli.errors import UserError
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    (run / "round-000").mkdir(parents=True)
+    typo = IterateConfig(run_dir=str(run), model="./nomodel")
+    for path in (run / "config.yaml", run / "round-000" / "config.yaml"):
+        path.write_text(yaml.safe_dump(config_to_dict(typo)))
+    fixed = IterateConfig(run_dir=str(run), model="./models/tiny")
+    assert reconcile(run, fixed, apply_from_next_round=False) == ["model"]
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"] == "./models/tiny"
+    assert not (run / "round-000" / "config.yaml").exists()  # round 0 runs with the new config
+    (run / "round-000" / "eval").mkdir()
+    (run / "round-000" / "eval" / "eval.json").write_text("{}")  # made with ./models/tiny: now it is frozen
+    with pytest.raises(UserError, match=r"model \(the model\) cannot change"):
+        reconcile(run, typo, apply_from_next_round=True)

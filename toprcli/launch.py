@@ -54,10 +54,12 @@ def run_eval(cfg: EvalConfig, *, backend: Any = None, progress: ProgressFn | Non
     return eval_stage.run(cfg, backend=backend, progress=progress)
 
 
-def run_train(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Callable[[dict[str, Any]], None] | None = None) -> StageResult:
-    """Train in this process (a torchrun rank included), or launch the ranks in a child (:func:`runs_in_child`)."""
+def run_train(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Callable[[dict[str, Any]], None] | None = None,
+              on_launch: Callable[[Path], None] | None = None) -> StageResult:
+    """Train in this process (a torchrun rank included), or launch the ranks in a child (:func:`runs_in_child`;
+    ``on_launch(log)`` is called once the input is checked, as the ranks start)."""
     if runs_in_child(cfg):
-        summary = train_in_child(cfg)
+        summary = train_in_child(cfg, on_launch)
         return StageResult(train_stage.STAGE, cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
     return train_stage.run(cfg, progress=progress, on_record=on_record)
 
@@ -72,9 +74,11 @@ def _last_error_line(log: Path) -> str:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    for ln in reversed(lines):
-        if ln.startswith("error:") or "Error" in ln or "error" in ln:
-            return ln[:300]
+    # topr's own one-line error first (a rank's), before torchrun's summary lines that mention "error"
+    for wanted in (lambda ln: ln.startswith("error:"), lambda ln: "Error" in ln or "error" in ln):
+        for ln in reversed(lines):
+            if wanted(ln):
+                return ln[:300]
     return lines[-1][:300] if lines else ""
 
 
@@ -150,18 +154,22 @@ def runs_in_child(cfg: TrainConfig) -> bool:
     return (cfg.nproc_per_node > 1 or bool(cfg.launcher)) and env_world_size() == 1
 
 
-def train_in_child(cfg: TrainConfig) -> dict[str, Any]:
+def train_in_child(cfg: TrainConfig, on_launch: Callable[[Path], None] | None = None) -> dict[str, Any]:
     """Train ``cfg`` under torchrun (or ``cfg.launcher``) and return its ``train_summary.json``.
 
     The config and the log go next to the output: ``<out>.train.yaml``, ``<out>.train.log``.
     """
     out = Path(cfg.out)
     done = out / "train_summary.json"
+    train_stage.check(_single_process_view(cfg))  # bad input is one line here, before N ranks start (and write a config and log)
     if cfg.resume and not cfg.overwrite and done.is_file() and (out / "config.json").is_file():
         train_stage.drop_training_state(out)  # what a kill right after the rename left
         return json.loads(done.read_text())
     config_file = write_stage_config(_single_process_view(cfg), out.with_name(out.name + ".train.yaml"))
-    run_logged(training_command(cfg, config_file), out.with_name(out.name + ".train.log"), what=f"training of {out}")
+    log = out.with_name(out.name + ".train.log")
+    if on_launch is not None:
+        on_launch(log)
+    run_logged(training_command(cfg, config_file), log, what=f"training of {out}")
     if not done.is_file():
         raise UserError(f"the training launcher exited without writing {done} — check train.launcher runs `toprcli train --config {config_file}`")
     return json.loads(done.read_text())

@@ -39,6 +39,7 @@ from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
 from toprcli.generation import open_backend
 from toprcli.generation.base import cuda_available
+from toprcli.generation.model_info import check_model
 from toprcli.launch import run_eval, run_generate, run_train, runs_in_child
 from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 from toprcli.progress import ProgressFn
@@ -307,6 +308,8 @@ class Pipeline:
         config the run cannot take (runs.reconcile). Makes the branch (once) and records the config the run
         can take. Returns a branch's lineage (its parent run and round), else None."""
         check_installed(self.cfg.tracking.report_to)
+        if not self.cfg.warm_start.init_model:
+            check_model(self.initial_model())  # a mistyped model is refused before the run dir records it
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
         return lineage

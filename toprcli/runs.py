@@ -67,6 +67,13 @@ def trained_rounds(run_dir: Path) -> int:
     return max((r for r, d in round_dirs(run_dir).items() if (d / "policy" / "config.json").exists()), default=0)
 
 
+def _made_nothing(run_dir: Path) -> bool:
+    """No step has made anything yet (a first invocation refused or stopped before its first output): the run
+    holds its config and the rounds' records of it, nothing made with them."""
+    return not any((run_dir / d).exists() for d in ("base", "warmstart")) and not any(
+        p.name != CONFIG_FILE for d in round_dirs(run_dir).values() for p in d.iterdir())
+
+
 def _frozen(keys: list[str], cfg: IterateConfig) -> list[str]:
     """The keys among ``keys`` that cannot change, each with why."""
     out = [f"{k} ({why})" for k in keys for prefix, why in FROZEN.items() if k == prefix or k.startswith(prefix + ".")]
@@ -101,6 +108,12 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     recorded = config_to_dict(from_dict(IterateConfig, yaml.safe_load(path.read_text()) or {}))
     # A run may move; trackers may be added or changed (the metrics are the same, the tracked run resumes).
     changed = sorted(k for k in changed_keys(recorded, resolved) - {"run_dir"} if not k.startswith("tracking."))
+    if changed and _made_nothing(run_dir):  # nothing was made with the old config (a typo refused at once): the new one replaces it
+        if write:
+            for d in round_dirs(run_dir).values():
+                (d / CONFIG_FILE).unlink(missing_ok=True)
+            write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
+        return changed
     done = trained_rounds(run_dir)
     if cfg.rounds < done:
         raise UserError(f"run dir {run_dir} has {done} trained rounds; rounds {cfg.rounds} would drop them — set rounds >= {done}, or pass a new --run-dir")

@@ -161,3 +161,90 @@ def test_a_stale_lock_of_a_killed_run_never_blocks(tiny_model_dir, tmp_path):
     res = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--max-steps", "1", "--no-progress"])
     assert res.exit_code == 0, res.output
     assert not (tmp_path / ".policy.lock").exists()
+
+
+# -- bad input found in review: each was a traceback, a misleading line, or a run dir blocked for good ------------
+
+
+def test_brackets_in_an_error_are_text_not_markup(tmp_path):
+    """A path or pattern with [..] lost its brackets (rich markup), or crashed with a MarkupError traceback."""
+    r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / "[/foo]"), "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "[/foo]" in one_error_line(r.stderr)
+
+
+def test_a_config_that_is_not_text_or_has_a_number_for_a_key_is_one_line(tiny_model_dir, tmp_path):
+    (tmp_path / "numkey.yaml").write_text("sampling:\n  1: x\n")
+    for config, words in [(tiny_model_dir / "model.safetensors", "is not a text file"), (tmp_path / "numkey.yaml", "'sampling.1' (a key is a name, not int)")]:
+        r = CliRunner().invoke(app, ["generate", "-c", str(config), "-m", str(tiny_model_dir), "-o", str(tmp_path / "o")])
+        assert r.exit_code == 2 and words in one_error_line(r.stderr), r.output
+
+
+def test_an_output_below_a_file_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "p.yaml").write_text("rounds: 1\nwarm_start: {init_model: true}\n")
+    r = CliRunner().invoke(app, ["iterate", "-c", str(tmp_path / "p.yaml"), "--run-dir", str(tmp_path / "afile" / "run")])
+    assert r.exit_code == 2 and "a part of that path is a file" in one_error_line(r.stderr)
+
+
+def test_empty_output_names_are_refused_not_the_current_directory(tmp_path, monkeypatch):
+    """An unset "$DIR": init-model "" offered to --overwrite the current directory; iterate --run-dir "" wrote into it."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["init-model", ""])
+    assert r.exit_code == 2 and "the model directory is empty" in one_error_line(r.stderr)
+    (tmp_path.parent / "p.yaml").write_text("rounds: 1\nwarm_start: {init_model: true}\n")
+    r = CliRunner().invoke(app, ["iterate", "-c", str(tmp_path.parent / "p.yaml"), "--run-dir", ""])
+    assert r.exit_code == 2 and "bad value for 'run_dir': ''" in one_error_line(r.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_with_a_trailing_slash_is_that_directory(tiny_model_dir, tmp_path):
+    """train -o newpol/ was refused as 'newpol already exists': its log went to newpol/.log, inside it (the log
+    exists only where topr owns its process: a real command)."""
+    curated = write_curated(tmp_path / "train.parquet", n=8, policy=str(tiny_model_dir))
+    r = subprocess.run([sys.executable, "-m", "toprcli", "train", "-m", str(tiny_model_dir), "-d", str(curated), "-o", f"{tmp_path / 'newpol'}/",
+                        "--max-steps", "1", "--no-progress"], capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "newpol" / "config.json").exists() and not (tmp_path / "newpol" / ".log").exists()
+
+
+def test_a_mistyped_model_leaves_no_run_dir_and_the_fixed_rerun_runs(tiny_model_dir, tmp_path):
+    (tmp_path / "min.yaml").write_text("model: ./nomodel\nrounds: 1\n")
+    r = CliRunner().invoke(app, ["iterate", "-c", str(tmp_path / "min.yaml"), "--run-dir", str(tmp_path / "run"), "--no-report"])
+    assert r.exit_code == 2 and "model dir not found: ./nomodel" in one_error_line(r.stderr)
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_set_inside_a_mapping_adds_to_it_as_the_flag_does():
+    from toprcli.config import ScoreConfig, load_config
+
+    cfg = load_config(ScoreConfig, None, sets={"verifier_by_source.my_source": "math"})
+    assert cfg.verifier_by_source["my_source"] == "math" and cfg.verifier_by_source["openai/gsm8k"] == "gsm8k"
+
+
+def test_a_stage_command_takes_a_pipeline_configs_model_and_refuses_a_scalar_section(tmp_path):
+    from toprcli.config import ConfigError, GenerateConfig, TrainConfig, load_config
+
+    (tmp_path / "p.yaml").write_text("model: base/model\ntrain: {lr: 1.0e-6}\ngenerate: {n: 2}\n")
+    assert load_config(TrainConfig, tmp_path / "p.yaml").model == "base/model"
+    assert load_config(GenerateConfig, tmp_path / "p.yaml").model == "base/model"
+    (tmp_path / "s.yaml").write_text("train: {lr: 1.0e-6}\ngenerate: 0\n")
+    with pytest.raises(ConfigError, match="config section 'generate' must be a mapping"):
+        load_config(GenerateConfig, tmp_path / "s.yaml")
+
+
+def test_import_roll_to_a_directory_says_so_first(tmp_path):
+    (tmp_path / "roll.yaml").write_text("pretrain: m\n")
+    (tmp_path / "outdir").mkdir()
+    r = CliRunner().invoke(app, ["config", "import-roll", str(tmp_path / "roll.yaml"), "-o", str(tmp_path / "outdir")])
+    assert r.exit_code == 2 and "is a directory — give a file name" in one_error_line(r.stderr)
+
+
+def test_bad_input_to_a_multi_rank_training_is_its_own_line_before_any_rank_starts(tiny_model_dir, tmp_path):
+    """It printed torchrun's boilerplate ('To enable traceback see ...') after starting the ranks, and left
+    <out>.train.yaml and .train.log; with no --out it was a traceback."""
+    r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(tmp_path / "nodata.parquet"), "-o", str(tmp_path / "pol"),
+                                 "--nproc-per-node", "2"])
+    assert r.exit_code == 2 and "nodata.parquet" in one_error_line(r.stderr)
+    assert list(tmp_path.iterdir()) == []
+    r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(tmp_path / "nodata.parquet"), "--nproc-per-node", "2"])
+    assert r.exit_code == 2 and "--out" in one_error_line(r.stderr)

@@ -14,6 +14,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
@@ -43,7 +44,7 @@ class Stage:
     run: Callable[..., StageResult | None]  # (cfg, progress=..., **extra); None: a torchrun rank other than 0
     show: Callable[[StageResult, Any], None]  # the summary table(s)
     doc: str
-    log: Callable[[Any], str | None] = lambda cfg: f"{cfg.out}.log" if cfg.out else None  # where other libraries' output goes
+    log: Callable[[Any], str | None] = lambda cfg: f"{Path(cfg.out)}.log" if cfg.out else None  # beside the output (out/ → out.log)
     resume: str = RESUME  # the advice printed when a signal stops the command
     more: str | None = None  # a list field that also takes positional values (curate -s a b c)
     default_config: Callable[[], Any] | None = None  # the config file used when --config is not given

@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -84,7 +85,7 @@ _default_showwarning = warnings.showwarning
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """topr's own warnings stay on screen as one line; other libraries' go to the log."""
     if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parents[1]):
-        err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)
 
@@ -110,7 +111,7 @@ def fail(message: str) -> typer.Exit:
         for d in _made_for_log:  # deepest first
             with contextlib.suppress(OSError):
                 d.rmdir()
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # paths, patterns: [a-z] is text
     return typer.Exit(code=2)
 
 
@@ -133,7 +134,7 @@ def user_errors(fn: F | None = None, *, resume: str = RESUME) -> Any:
             raise fail(str(e)) from None
         except interrupt.Interrupted as e:
             detail = f" ({e.detail})" if e.detail else ""
-            err_console.print(f"[bold yellow]interrupted by {e.name}[/]{detail} — {resume}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold yellow]interrupted by {e.name}[/]{escape(detail)} — {escape(resume)}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=e.exit_code) from None
         except OSError as e:
             err = output_error(e)

@@ -92,6 +92,8 @@ def import_roll(
     from toprcli.roll.importer import LEFT_OUT, MAPPED, UNKNOWN, unknown_error, write_config
     from toprcli.roll.importer import import_roll as run_import
 
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory — give a file name, e.g. {out / 'topr.yaml'}")
     if out.exists() and not overwrite:  # before any work, so nothing is half done
         raise UserError(f"{out} already exists — pass --overwrite or choose another --out")
     result = run_import(read_yaml(file))

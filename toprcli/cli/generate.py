@@ -14,8 +14,8 @@ DOC = """Sample [bold]n[/] completions per prompt, with the behaviour log-probs 
 
     Examples:
       [bold]topr generate --model models/tiny --dataset builtin:arith --out runs/s0 --n 8 --max-new-tokens 64[/]
-      [bold]topr generate -c configs/demo.yaml --out runs/s0[/]
-      [bold]topr generate -c configs/demo.yaml -o runs/s0 --shard-index 1 --num-shards 4[/]   (process 1 of 4, same --out)
+      [bold]topr generate -c configs/demo.yaml -m models/tiny --out runs/s0[/]
+      [bold]topr generate -c configs/demo.yaml -m models/tiny -o runs/s0 --shard-index 1 --num-shards 4[/]   (process 1 of 4, same --out)
       [bold]topr generate -m models/smollm2 -d builtin:gsm8k --split test -o runs/s1 --chat-template --n 4 --top-k 50[/]
     """
 

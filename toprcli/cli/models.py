@@ -12,9 +12,18 @@ from toprcli.cli.common import Json, Verbose, err_console, print_summary, send_n
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty directory.")]
 
 
+def _output_dir(text: str) -> Path:
+    """The model directory to write; an empty name (an unset "$DIR") is not the current directory."""
+    from toprcli.errors import UserError
+
+    if not text.strip():
+        raise UserError("the model directory is empty — give its name, e.g. models/tiny")
+    return Path(text).absolute()  # `topr init-model .`: the log goes beside the directory, not into it
+
+
 @user_errors
 def init_model(
-    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model to (HF format, safetensors).")],
+    out_dir: Annotated[str, typer.Argument(help="Directory to write the model to (HF format, safetensors).")],
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation (built-in presets); same seed, same weights.")] = 0,
     preset: Annotated[str, typer.Option(help="tiny (the demo's, 0.43M), small (3.3M), bench (85M, benchmarks), or the real pretrained smollm2-135m-instruct.")] = "tiny",
     overwrite: Overwrite = False,
@@ -34,7 +43,7 @@ def init_model(
       [bold]TOPRCLI_CACHE=/data/cache topr init-model models/smollm2 --preset smollm2-135m-instruct[/]
       [bold]topr init-model models/tiny --overwrite --json | jq .parameters[/]
     """
-    out_dir = out_dir.absolute()  # `topr init-model .`: the log goes beside the directory, not into it
+    out_dir = _output_dir(out_dir)
     send_noise_to(f"{out_dir}.log", verbose)
     from toprcli.errors import UserError
     from toprcli.models.pretrained import PRESETS, copy_preset, model_path
@@ -54,7 +63,7 @@ def init_model(
 @user_errors
 def import_gguf(
     gguf_file: Annotated[Path, typer.Argument(help="The .gguf checkpoint (any quantization transformers can read).")],
-    out_dir: Annotated[Path, typer.Argument(help="Directory to write the HF model to (safetensors + tokenizer + chat template).")],
+    out_dir: Annotated[str, typer.Argument(help="Directory to write the HF model to (safetensors + tokenizer + chat template).")],
     overwrite: Overwrite = False,
     verbose: Verbose = False,
     as_json: Json = False,
@@ -73,7 +82,7 @@ def import_gguf(
     """
     from toprcli.models.gguf import import_gguf as run_import
 
-    out_dir = out_dir.absolute()
+    out_dir = _output_dir(out_dir)
     send_noise_to(f"{out_dir}.log", verbose)
     path = run_import(gguf_file, out_dir, overwrite=overwrite, progress=status)
     print_summary(f"imported {gguf_file.name}", model_rows(path), as_json)

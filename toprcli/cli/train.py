@@ -28,20 +28,21 @@ DOC = """Train a policy on a curated training set and save it in HF format.
 def log_file(cfg: TrainConfig) -> str | None:
     from toprcli.training.distributed import env_world_size
 
-    return f"{cfg.out}.log" if cfg.out and env_world_size() == 1 else None  # a rank writes to its launcher's log
+    return f"{Path(cfg.out)}.log" if cfg.out and env_world_size() == 1 else None  # a rank writes to its launcher's log
 
 
 def run(cfg: TrainConfig, progress) -> StageResult | None:
-    from toprcli.launch import run_train, runs_in_child
+    from toprcli.launch import run_train
     from toprcli.training.distributed import env_rank
 
     if env_rank() != 0:  # under torchrun, only rank 0 talks
         err_console.quiet = console.quiet = True
         run_train(cfg)
         return None
-    if runs_in_child(cfg):  # the ranks' output goes to <out>.train.log
-        err_console.print(f"training on {cfg.nproc_per_node} ranks: log in {cfg.out}.train.log", highlight=False)
-    return run_train(cfg, progress=progress)
+    def announce(log: Path) -> None:  # the ranks' output goes to <out>.train.log
+        err_console.print(f"training on {cfg.nproc_per_node} ranks: log in {log}", highlight=False)
+
+    return run_train(cfg, progress=progress, on_launch=announce)
 
 
 def show(result: StageResult, cfg: TrainConfig) -> None:

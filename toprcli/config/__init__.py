@@ -43,6 +43,10 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {p} — check the path")
     try:
         data = yaml.safe_load(p.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p} is not a text file — pass a YAML config") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror or e} — check its permissions") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -58,9 +62,11 @@ def stage_section(data: dict[str, Any], stage: str) -> dict[str, Any]:
     """The part of a YAML document that configures ``stage``: its section of a pipeline config, or the whole file."""
     is_pipeline = any(k in data for k in STAGES if k != "iterate") or "warm_start" in data
     if stage != "iterate" and is_pipeline:
-        section = data.get(stage) or {}
+        section = {} if data.get(stage) is None else data[stage]  # `generate:` left empty is its defaults
         if not isinstance(section, dict):
             raise ConfigError(f"config section '{stage}' must be a mapping, got {section!r}")
+        if stage in ("generate", "train", "eval") and "model" in data:  # the pipeline's starting policy, unless the section names one
+            section = {"model": data["model"], **section}
         if stage in ("train", "eval") and "tracking" in data:  # the pipeline's trackers, for its stage commands too
             return {"tracking": data["tracking"], **section}
         return dict(section)
@@ -98,6 +104,9 @@ def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides
             _set_dotted(data, key, {**_current(cls, data, key), **value} if isinstance(value, dict) else value)
     for key, value in (sets or {}).items():
         path = resolve_key(cls, key)
+        mapping = next((p for p in leaf_paths(cls) if path.startswith(p + ".")), None)
+        if mapping is not None:  # a key inside a mapping (verifier_by_source.X) adds to it, as its flag does
+            _set_dotted(data, mapping, _current(cls, data, mapping))
         _set_dotted(data, path, value if not isinstance(value, str) or value == "" or _is_text(cls, path) else parse_value(value))
     return from_dict(cls, data)
 

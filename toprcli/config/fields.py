@@ -117,7 +117,9 @@ def unknown_keys(cls: type, data: dict[str, Any], prefix: str = "") -> list[str]
     """Every key of ``data`` that ``cls`` does not have, each with where it went or what was meant."""
     names, subs, problems = {f.name for f in dataclasses.fields(cls)}, sections(cls), []
     for key, value in data.items():
-        if key in subs and isinstance(value, dict):
+        if not isinstance(key, str):
+            problems.append(f"'{prefix}{key}' (a key is a name, not {type(key).__name__})")
+        elif key in subs and isinstance(value, dict):
             problems += unknown_keys(subs[key], value, f"{prefix}{key}.")
         elif key not in names:
             home = [f"{s}.{key}" for s, tp in subs.items() if key in {f.name for f in dataclasses.fields(tp)}]

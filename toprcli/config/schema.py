@@ -314,7 +314,7 @@ class WarmStartConfig:
 
 @dataclass
 class IterateConfig:
-    run_dir: str = opt("runs/topr", "Run directory; rerun the same command to resume.")
+    run_dir: str = opt("runs/topr", "Run directory; rerun the same command to resume.", check=_check(lambda v: bool(v.strip()), "a directory name"))
     model: str = opt("", "The starting policy (unless warm_start.init_model builds one).", short="-m")
     rounds: int = opt(3, "Number of rounds.", check=AT_LEAST_ONE)
     train_from: Literal["previous", "base"] = opt("previous", "Each round trains the previous round's policy, or the base policy.")

@@ -158,7 +158,7 @@ def build_tiny_model(
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise UserError(f"model output path {out} exists and is not a directory — choose another --out")
+        raise UserError(f"model output path {out} exists and is not a directory — choose another directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"model output dir {out} already exists and is not empty — pass --overwrite or choose another dir")
 

@@ -121,17 +121,20 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
 # errno values that mean "this output cannot be written here" (a user's problem, not a bug).
 _UNWRITABLE = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only file system"}
 _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+_NOT_A_DIR = {errno.ENOTDIR, errno.EEXIST}  # a path below a file: mkdir(parents=True) says EEXIST, open says ENOTDIR
 
 
 def output_error(e: OSError, path: str | os.PathLike[str] | None = None) -> UserError | None:
     """A UserError (one line: path, problem, fix) for a permission or disk error; None for other OSErrors."""
     text = str(e)
-    code = e.errno if e.errno in _UNWRITABLE or e.errno in _FULL else None
+    code = e.errno if e.errno in _UNWRITABLE or e.errno in _FULL or e.errno in _NOT_A_DIR else None
     if code is None:  # pyarrow reports some of these without errno
         code = next((c for c, words in {**_UNWRITABLE, **_FULL}.items() if words in text.lower()), None)
     if code is None:
         return None
     where = e.filename or path or "the output"
+    if code in _NOT_A_DIR:
+        return UserError(f"cannot write {where}: a part of that path is a file, not a directory — choose another output path")
     if code in _FULL:
         return UserError(f"cannot write {where}: {_FULL[code]} — free disk space or choose an output on another disk")
     return UserError(f"cannot write {where}: {_UNWRITABLE[code]} — choose a writable output path (or fix its permissions)")

@@ -90,6 +90,13 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
     return StageResult(STAGE, str(prep.out), summary, wall_time_s=summary["wall_time_s"])
 
 
+def check(cfg: TrainConfig) -> None:
+    """What :func:`run` would refuse, refused without training: a launcher checks before its ranks start."""
+    if finished_summary(cfg) is None:
+        check_installed(cfg.tracking.report_to)
+        prepare(cfg)
+
+
 @contextlib.contextmanager
 def _tracked(prep: Prepared, on_record: Callable[[dict[str, Any]], None] | None) -> Iterator[Callable[[dict[str, Any]], None] | None]:
     """Where step records go: the caller's sink, else this run's own trackers (rank 0; files in ``<out>.partial``)."""
