@@ -248,3 +248,10 @@ def test_bad_input_to_a_multi_rank_training_is_its_own_line_before_any_rank_star
     assert list(tmp_path.iterdir()) == []
     r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(tmp_path / "nodata.parquet"), "--nproc-per-node", "2"])
     assert r.exit_code == 2 and "--out" in one_error_line(r.stderr)
+
+
+def test_an_error_off_a_terminal_is_exactly_one_line(tmp_path):
+    """stderr to a file or CI log: a transient progress bar left a blank line before the error."""
+    r = subprocess.run([sys.executable, "-m", "toprcli", "score", "-s", str(tmp_path / "none"), "-o", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), repr(r.stderr)

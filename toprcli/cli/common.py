@@ -149,9 +149,10 @@ def user_errors(fn: F | None = None, *, resume: str = RESUME) -> Any:
 def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[ProgressFn | None]:
     """A :data:`toprcli.progress.ProgressFn` that draws one rich bar per task (None when disabled).
 
-    Each new ``task`` name gets a bar; ``info`` values show after it (``key value``).
+    Each new ``task`` name gets a bar; ``info`` values show after it (``key value``). Off a terminal a
+    transient bar would leave only a blank line (before an error line, too): none is drawn.
     """
-    if not enabled:
+    if not enabled or (transient and not err_console.is_terminal):
         yield None
         return
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
