@@ -22,7 +22,7 @@ from rich.table import Table
 from toprcli import interrupt
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
-from toprcli.shards import output_error
+from toprcli.shards import json_safe, output_error
 
 # Output that is not a terminal (a file, a pipe) is never wrapped: tables keep their natural width.
 console = Console(width=None if sys.stdout.isatty() else 1_000_000)
@@ -97,8 +97,9 @@ def echo(text: str) -> None:
 
 
 def echo_json(data: Any, indent: int | None = None) -> None:
-    """``--json`` output: ``data`` as one JSON document (what JSON has no type for, as text)."""
-    echo(json.dumps(data, indent=indent, default=str))
+    """``--json`` output: ``data`` as one JSON document (what JSON has no type for, as text; NaN and infinities,
+    a diverged loss, as null)."""
+    echo(json.dumps(json_safe(data), indent=indent, default=str, allow_nan=False))
 
 
 def fail(message: str) -> typer.Exit:

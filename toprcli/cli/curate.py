@@ -12,7 +12,7 @@ DOC = """Turn scored samples into a training set: baseline, advantages, positive
     Advantage A = R − c; rows with A ≥ 0 are positives. [bold]--positive-fraction P[/] picks the constant c so that positives carry the share P of Σ w·|A| (with ±1 rewards: c = (p − P)/(p + P(1 − 2p)), p the raw positive share). Output: every scored column plus `advantage` and `weight`, one Parquet file. See docs/curate.md.
 
     Examples:
-      [bold]topr curate --scored runs/x/round-1/scored --out runs/x/round-1/train.parquet --positive-fraction 0.15[/]
+      [bold]topr curate --scored runs/x/round-001/scored --out runs/x/round-001/train.parquet --positive-fraction 0.15[/]
       [bold]topr curate --scored r2/scored r1/scored --source-weights 1,0.5 --out r2/train.parquet --baseline leave-one-out[/]
       [bold]topr curate -s scored --out train.parquet --first-positive --drop-truncated --dedupe[/]
       [bold]topr curate -s scored --out pairs.parquet --pairs matched[/]   (preference pairs for --loss dpo)

@@ -18,11 +18,11 @@ DOC = """Sample k completions per test prompt, score them, and report the metric
     accuracy, invalid-verdict rate and AUC on the candidates.
 
     Examples:
-      [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/r3 --k 8[/]
+      [bold]topr eval -c configs/demo.yaml --model runs/demo/round-003/policy --out eval/r3[/]   (the demo's eval settings)
       [bold]topr eval -m models/smollm2 -d builtin:gsm8k -o eval/smollm2 --chat-template --k 4 --limit 16[/]
       [bold]topr eval --model meta-llama/Meta-Llama-3-8B-Instruct --dataset openai/gsm8k --out eval/base --chat-template[/]
-      [bold]topr eval --model runs/demo/round-003/policy --dataset builtin:arith --out eval/v --k 8 --verifier-model runs/verifier/round-002/policy[/]
-      [bold]topr eval --model runs/verifier/round-002/policy --dataset verify/test.parquet --out eval/judge --candidates runs/demo/round-003/eval/scored[/]
+      [bold]topr eval -c configs/demo.yaml -m runs/demo/round-003/policy -o eval/v --verifier-model runs/verifier-demo/topr/round-003/policy[/]
+      [bold]topr eval -c configs/verifier-demo.yaml -m runs/verifier-demo/topr/round-003/policy -o eval/judge[/]   (judges its eval.candidates)
     """
 
 

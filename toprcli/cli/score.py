@@ -15,7 +15,7 @@ DOC = """Verify every completion and write its reward: the [bold]score[/] stage.
     `reward`, `correct`, `extracted_answer`, `verdict`. A re-run skips shards already scored.
 
     Examples:
-      [bold]topr score --samples runs/x/round-1/samples --out runs/x/round-1/scored[/]
+      [bold]topr score --samples runs/x/round-001/samples --out runs/x/round-001/scored[/]
       [bold]topr score -s samples -o scored --verifier math --workers 8 --timeout 10[/]
       [bold]topr score -s samples -o scored --verifier 'regex:ANSWER: (\\S+)'[/]
       [bold]topr score -s samples -o scored --verifier python:my_checks:reward --reward-no-answer 0[/]

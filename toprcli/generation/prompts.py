@@ -56,7 +56,7 @@ def drop_long(prompts: list[Prompt], context: int | None, skip_long: bool) -> tu
         more = f" and {len(long) - 5} more" if len(long) > 5 else ""
         raise UserError(
             f"{len(long)} of {len(prompts)} prompts do not fit the model's context of {context} tokens: {named}{more} "
-            "— pass --skip-long to drop them, or raise --max-model-len if the model allows"
+            "— drop them (topr generate --skip-long), or raise --max-model-len if the model allows"
         )
     keep = [p for p in prompts if len(p.token_ids) < context]
     if not keep:
@@ -80,8 +80,8 @@ def check_room(prompts: list[Prompt], context: int | None, max_new_tokens: int, 
         raise UserError(
             f"max_new_tokens {max_new_tokens} does not fit the model's context of {context} tokens after "
             f"{len(short)} of {len(prompts)} prompts (longest: {longest.prompt_id}, {len(longest.token_ids)} tokens, "
-            f"leaves {context - len(longest.token_ids)}) — lower --max-new-tokens, or pass --clip-to-context to cut "
-            "those completions at the context"
+            f"leaves {context - len(longest.token_ids)}) — lower --max-new-tokens (or, with topr generate, pass --clip-to-context "
+            "to cut those completions at the context)"
         )
     return {
         "prompts_clipped": len(short),

@@ -21,6 +21,7 @@ from toprcli.shards.files import (
     swap_dir_into_place,
     write_atomic,
     write_json_atomic,
+    json_safe,
     write_text_atomic,
 )
 from toprcli.shards.schema import (
@@ -67,6 +68,6 @@ __all__ = [
     "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "build_dir_beside", "changed_keys", "check_finished", "check_nulls", "check_writable", "complete_shards", "conform",
     "fingerprint", "fsync_dir", "model_identity", "same_model", "iter_shards", "made_from", "output_error", "output_lock", "parquet_files", "read_file_metadata", "read_manifest",
     "read_schema", "read_table", "remove_stale_temporaries", "sampling_of", "shard_name", "swap_dir_into_place",
-    "validate_columns", "versions", "write_atomic", "write_json_atomic", "write_manifest", "write_shard", "write_table_atomic",
+    "validate_columns", "versions", "write_atomic", "write_json_atomic", "json_safe", "write_manifest", "write_shard", "write_table_atomic",
     "write_table_stream", "write_text_atomic",
 ]

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -110,6 +111,13 @@ def _settle(tmp: Path) -> None:
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` so that the file either exists whole or not at all."""
     return write_atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as None: JSON has no such numbers (a parser such as JavaScript's refuses them)."""
+    if isinstance(obj, (dict, list, tuple)):
+        return {k: json_safe(v) for k, v in obj.items()} if isinstance(obj, dict) else [json_safe(v) for v in obj]
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:

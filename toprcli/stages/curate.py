@@ -102,14 +102,7 @@ class CurateCounts:
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["sources"] = [s.__dict__ for s in self.sources]
-        return _json_safe(d)
-
-
-def _json_safe(obj: Any) -> Any:
-    """``obj`` with NaN and infinities as None (JSON has none)."""
-    if isinstance(obj, (dict, list)):
-        return {k: _json_safe(v) for k, v in obj.items()} if isinstance(obj, dict) else [_json_safe(v) for v in obj]
-    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
+        return shards.json_safe(d)
 
 
 # -- options ------------------------------------------------------------------
