@@ -121,3 +121,19 @@ def test_a_stopped_launcher_is_asked_to_stop_with_sigterm(tmp_path):
         time.sleep(0.05)
     _stop_child(proc, grace_s=30)
     assert proc.returncode == 0 and got.read_text().strip() == "TERM"
+
+
+def test_data_parallel_engines_take_their_gpus_from_the_jobs_visible_devices(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=4,5,6,7 gave the engines 0, 1, 2, 3: GPUs of another job on a shared node."""
+    import torch
+
+    from toprcli.launch import device_groups
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert device_groups(2, 2) == ["4,5", "6,7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a1,GPU-b2,GPU-c3,GPU-d4")
+    assert device_groups(4, 1) == ["GPU-a1", "GPU-b2", "GPU-c3", "GPU-d4"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert device_groups(2, 1) == ["0", "1"]

@@ -184,16 +184,18 @@ def _single_process_view(cfg: TrainConfig) -> TrainConfig:
 
 
 def device_groups(processes: int, per_process: int) -> list[str | None]:
-    """CUDA_VISIBLE_DEVICES of each process (consecutive groups of ``per_process`` GPUs); None on CPU."""
+    """CUDA_VISIBLE_DEVICES of each process (consecutive groups of ``per_process`` of the GPUs this process sees:
+    of its own CUDA_VISIBLE_DEVICES when set, a job's GPUs on a shared node); None on CPU."""
     import torch
 
     if not torch.cuda.is_available():
         return [None] * processes
-    have = torch.cuda.device_count()
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    devices = visible[: torch.cuda.device_count()] if visible else [str(d) for d in range(torch.cuda.device_count())]
     need = processes * per_process
-    if need > have:
-        raise UserError(f"data_parallel_size {processes} × tensor_parallel_size {per_process} needs {need} GPUs, {have} are visible — lower them")
-    return [",".join(str(d) for d in range(i * per_process, (i + 1) * per_process)) for i in range(processes)]
+    if need > len(devices):
+        raise UserError(f"data_parallel_size {processes} × tensor_parallel_size {per_process} needs {need} GPUs, {len(devices)} are visible — lower them")
+    return [",".join(devices[i * per_process : (i + 1) * per_process]) for i in range(processes)]
 
 
 def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = None) -> StageResult:

@@ -181,3 +181,16 @@ def test_cpu_step_budget_holds_a_context_declared_in_a_text_config(tmp_path):
     backend = object.__new__(VLLMBackend)  # the engine's arguments only: nothing is started
     backend.options, backend.on_gpu, backend._vllm = BackendOptions(model=str(tmp_path)), False, vllm
     assert backend._engine_kwargs(str(tmp_path))["max_num_batched_tokens"] == 8192
+
+
+def test_a_shard_reseed_also_seeds_numpy_which_vllms_gpu_runner_draws_unseeded_requests_from():
+    """per_request_seed: false reseeds per shard; on GPU, vLLM's V2 runner seeds such requests from numpy's global RNG,
+    which the reseed left alone: a resumed shard drew other completions there."""
+    import numpy as np
+
+    from toprcli.generation.vllm_backend import ToprWorkerExtension
+
+    ToprWorkerExtension.topr_reseed(None, 2**40 + 5)
+    drawn = np.random.randint(2**31)
+    np.random.seed((2**40 + 5) % 2**32)
+    assert drawn == np.random.randint(2**31)

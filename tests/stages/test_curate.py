@@ -602,3 +602,17 @@ def test_a_null_in_a_hand_made_scored_file_is_one_line_naming_it(tmp_path):
     pq.write_table(t, tmp_path / "scored" / "shard-00000.parquet")
     with pytest.raises(UserError, match="column 'correct' has a null in row 1"):
         run(tmp_path, str(tmp_path / "scored"))
+
+
+def test_a_killed_curates_half_written_set_is_removed_by_the_next_run(tmp_path):
+    """A SIGKILL mid-write left .train.parquet.<pid>.tmp, as large as the set, and no run ever removed it."""
+    from toprcli.shards.files import temporary_name
+
+    scored = pm1_data(tmp_path, 0.5, n_prompts=10, n=4)
+    mine = temporary_name(tmp_path / "train.parquet").name  # .train.parquet.<pid>-<host>.tmp
+    stale = tmp_path / mine.replace(f".{os.getpid()}-", ".999999999-")  # a writer of this machine that is gone
+    stale.write_bytes(b"half a set")
+    other = tmp_path / ".another.parquet.999999999-elsewhere.tmp"
+    other.write_bytes(b"not ours")
+    run(tmp_path, scored)
+    assert not stale.exists() and other.exists()

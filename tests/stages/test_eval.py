@@ -100,3 +100,14 @@ def test_a_moved_eval_of_a_moved_model_is_still_its_eval(tiny_model_dir, tmp_pat
     shutil.copy(tmp_path / "other" / "model.safetensors", after / "policy" / "model.safetensors")
     refused = CliRunner().invoke(app, args(after))
     assert refused.exit_code == 2 and "other settings (changed: model)" in refused.output
+
+
+def test_a_killed_eval_rerun_with_another_verifier_scores_its_samples_again(tiny_model_dir, tmp_path):
+    """It was refused with '... or --overwrite to rescore', a flag eval does not have."""
+    args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--split", "test", "--limit", "2", "--k", "2", "--max-new-tokens", "4",
+            "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e")]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    (tmp_path / "e" / "eval.json").unlink()  # killed before the result was written
+    r = CliRunner().invoke(app, [*args, "--strict"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "e" / "scored" / "_manifest.json").read_text())["config"]["strict"] is True

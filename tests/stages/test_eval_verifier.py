@@ -110,3 +110,23 @@ def test_a_verifier_that_is_not_a_model_is_one_line(tiny_model_dir, tmp_path):
                                  "--verifier-model", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "missing" in r.output and len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "e").exists()  # refused before anything was generated
+
+
+def test_a_killed_eval_rerun_with_another_verifier_does_not_report_the_old_judgement(tiny_model_dir, hf_backend, tmp_path):
+    """verified/ was reused whatever judged it: a kill after judging (before eval.json), then a rerun with another
+    --verifier-model, reported the first verifier's best-of-k under the second one's name."""
+    import shutil
+
+    from toprcli.errors import UserError
+    from toprcli.models.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", seed=3)
+    out = tmp_path / "eval"
+    run(eval_config(tiny_model_dir, out, verifier_model=str(tiny_model_dir)), backend=hf_backend)
+    (out / "eval.json").unlink()  # killed after the judgement was written
+    with pytest.raises(UserError, match=r"verified holds a judgement begun with other settings \(changed: .*verifier_model\)"):
+        run(eval_config(tiny_model_dir, out, verifier_model=str(other)), backend=hf_backend)
+    shutil.rmtree(out / "verified")  # as the message says: judged again, by the other model
+    res = run(eval_config(tiny_model_dir, out, verifier_model=str(other)), backend=hf_backend)
+    assert res["metrics"]["verifier_model"] == str(other)
+    assert pq.read_metadata(out / "verified" / "shard-00000.parquet").metadata is not None

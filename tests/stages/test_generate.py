@@ -259,3 +259,23 @@ def test_sigkill_mid_run_then_rerun_has_exactly_n_per_prompt(tiny_model_dir, tmp
     assert read_table(clean, ["prompt_id", "sample_index", "completion_token_ids"]).to_pylist() == table.to_pylist()
     assert read_manifest(out)["counts"]["completions"] == n * limit
     assert pq.read_metadata(complete_shards(out)[0]).num_rows == 2 * n
+
+
+def test_a_resume_with_another_precision_is_refused_and_a_regeneration_drops_the_old_manifest(tiny_model_dir, tmp_path, monkeypatch):
+    """A killed generate resumed with --dtype bfloat16 mixed shards of two precisions; and while shards were added
+    to a finished directory its old _manifest.json still said 'finished', so score took the partial set."""
+    from toprcli.stages import generate as stage
+
+    out = tmp_path / "samples"
+    stage.run(_cfg(tiny_model_dir, out))
+    complete_shards(out)[2].unlink()
+    with pytest.raises(UserError, match=r"other settings \(dtype='float32' there vs 'bfloat16' now\)"):
+        stage.run(_cfg(tiny_model_dir, out, dtype="bfloat16"))
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stage, "_run_shards", killed)
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(_cfg(tiny_model_dir, out))
+    assert read_manifest(out) is None

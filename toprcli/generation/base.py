@@ -173,6 +173,15 @@ def resolve_dtype(dtype: str, on_gpu: bool) -> str:
     return "bfloat16" if on_gpu else "float32"
 
 
+def release_cuda_cache() -> None:
+    """Give the GPU memory torch's caching allocator keeps for this process back to the device: another process
+    (a vLLM engine waking or starting) cannot use what this one has reserved."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def cuda_available() -> bool:
     try:
         import torch

@@ -40,6 +40,7 @@ from toprcli.generation.base import (
     SamplingParams,
     cuda_available,
     derive_seed,
+    release_cuda_cache,
     resolve_dtype,
 )
 from toprcli.generation.model_info import config_context_length, first_line, same_architecture, stop_token_ids
@@ -106,6 +107,7 @@ class HFBackend:
         if getattr(self, "net", None) is not None:
             self.net = None
             gc.collect()
+            release_cuda_cache()
 
     def __enter__(self) -> HFBackend:
         return self

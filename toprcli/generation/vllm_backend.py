@@ -77,9 +77,11 @@ class ToprWorkerExtension:
         """Reset the global RNGs the sampler draws from for requests without a seed."""
         import random
 
+        import numpy as np
         import torch
 
         random.seed(seed)
+        np.random.seed(seed % 2**32)  # vLLM's V2 GPU runner seeds an unseeded request from numpy's global RNG
         torch.manual_seed(seed)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(seed)

@@ -47,11 +47,17 @@ def fsync_dir(directory: Path) -> None:
 _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 
 
+def temporary_name(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place: ``.<name>.<pid>-<host>.tmp`` beside it, so that
+    :func:`remove_stale_temporaries` can tell a killed writer's from a live one's, on any machine."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{_HOST}.tmp")
+
+
 def write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
     """``write(tmp)`` fills a temporary file next to ``path``; fsync, rename: ``path`` is whole or absent."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{_HOST}.tmp")
+    tmp = temporary_name(path)
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
@@ -225,16 +231,16 @@ def build_dir_beside(out: str | os.PathLike[str]) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=f".{os.getpid()}-{_HOST}.tmp", dir=out.parent))
 
 
-def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
-    """Delete ``.tmp`` files a killed writer of this machine left behind; returns how many. A temporary
-    of a live process (``write_atomic`` names it ``.<name>.<pid>-<host>.tmp``) or of another machine
-    is kept: data-parallel writers share a directory."""
+def remove_stale_temporaries(directory: str | os.PathLike[str], of: str | None = None) -> int:
+    """Delete ``.tmp`` files a killed writer of this machine left behind (only ``of``'s, when given: a file's
+    name in ``directory``); returns how many. A temporary of a live process (:func:`temporary_name`) or of
+    another machine is kept: data-parallel writers share a directory."""
     directory = Path(directory)
     if not directory.is_dir():
         return 0
     n = 0
     for entry in directory.iterdir():
-        if entry.name.endswith(".tmp") and not _writer_alive(entry.name):
+        if entry.name.endswith(".tmp") and (of is None or entry.name.startswith(f".{of}.")) and not _writer_alive(entry.name):
             entry.unlink(missing_ok=True)
             n += 1
     return n

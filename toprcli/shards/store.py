@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from toprcli.errors import UserError
-from toprcli.shards.files import fsync_dir, write_atomic, write_json_atomic
+from toprcli.shards.files import fsync_dir, temporary_name, write_atomic, write_json_atomic
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{5,})\.parquet$")
 MANIFEST_NAME = "_manifest.json"
@@ -89,7 +89,7 @@ def write_table_stream(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temporary_name(path)
     handoff: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
     done = object()

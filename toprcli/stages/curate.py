@@ -179,6 +179,7 @@ def run(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> StageResult
     out = Path(cfg.out)
     shards.check_writable(out)
     with shards.output_lock(out):  # one writer per output
+        shards.remove_stale_temporaries(out.parent, of=out.name)  # a killed curate's half-written set, as large as the set
         return _curate(cfg, kind, c_const, weights, progress)
 
 

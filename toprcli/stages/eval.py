@@ -68,8 +68,10 @@ def generation_passes(cfg: EvalConfig) -> list[GenerateConfig]:
 
 
 def score_config(cfg: EvalConfig, samples: Path, out: Path) -> ScoreConfig:
+    """An unfinished eval's scores are its own intermediate: scored otherwise (a killed eval rerun with another
+    verifier) they are scored again with this eval's verifier (``overwrite``), not refused with advice eval has no flag for."""
     return ScoreConfig(samples=str(samples), out=str(out), verifier=cfg.verifier, verifier_by_source=cfg.verifier_by_source,
-                       strict=cfg.strict, workers=cfg.workers, timeout=cfg.timeout)
+                       strict=cfg.strict, workers=cfg.workers, timeout=cfg.timeout, overwrite=True)
 
 
 def read_eval(out: str | Path) -> dict[str, Any] | None:

@@ -56,15 +56,16 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     source = Path(cfg.candidates) if cfg.candidates else out / "scored"
     verifier = cfg.verifier_model or cfg.model
     answer_checker = _answer_checker(cfg, source)
+    info = _judgement(cfg, verifier, source)
+    _check_judgement(out, info)
     if shards.read_manifest(verified) is None:
         table = _candidates(source)
         if cfg.verifier_mode == "p-yes":
             scores, valid = _p_yes(cfg, verifier, table, backend, progress)
         else:
-            scores, valid = _sampled(cfg, verifier, table, backend, out, progress)
+            scores, valid = _sampled(cfg, verifier, table, backend, out, progress, info)
         table = table.append_column(pa.field("verifier_score", pa.float32()), pa.array(scores, pa.float32()))
         table = table.append_column(pa.field("verifier_valid", pa.float32()), pa.array(valid, pa.float32()))
-        info = {"verifier_model": verifier, "verifier_mode": cfg.verifier_mode, "candidates": str(source)}
         shards.write_shard(verified, 0, table, metadata={"stage": "eval-judge", **info})
         shards.write_manifest(verified, stage="eval-judge", config=info, inputs={"candidates": str(source)}, counts={"rows": table.num_rows})
     else:  # judged by an earlier, interrupted run of this eval
@@ -143,8 +144,27 @@ def _p_yes(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, progre
     return scores, mass
 
 
+def _judgement(cfg: EvalConfig, verifier: str, source: Path) -> dict[str, Any]:
+    """What decides a judgement, recorded with it: a killed eval rerun with other settings must not report it as its own."""
+    return {"verifier_model": verifier, "verifier_files": shards.model_identity(verifier), "verifier_mode": cfg.verifier_mode,
+            "verifier_chat_template": cfg.verifier_chat_template, "verifier_samples": cfg.verifier_samples,
+            "verifier_max_new_tokens": cfg.verifier_max_new_tokens, "candidates": str(source), "candidates_files": shards.fingerprint(source)}
+
+
+def _check_judgement(out: Path, info: dict[str, Any]) -> None:
+    """Refuse the judgement (or the verification prompts) of an interrupted run with other settings; a key an older
+    toprcli did not record is taken as today's."""
+    prompts = out / "judge" / "prompts.parquet"
+    for where, had in ((out / VERIFIED, (shards.read_manifest(out / VERIFIED) or {}).get("config")),
+                       (prompts, shards.read_file_metadata(prompts).get("judgement") if prompts.exists() else None)):
+        changed = sorted(k for k in info if had is not None and k in had and had[k] != info[k])
+        if changed:
+            raise UserError(f"{where} holds a judgement begun with other settings (changed: {', '.join(changed)}) — delete "
+                            f"{out / VERIFIED} and {out / 'judge'} to judge again, or choose another --out")
+
+
 def _sampled(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, out: Path,
-             progress: ProgressFn | None) -> tuple[np.ndarray, np.ndarray]:
+             progress: ProgressFn | None, judgement: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """``verifier_samples`` verdicts per candidate through the generate and score stages (resumable)."""
     texts = _texts(table)
     ids = [f"{verification_id(t)}-{pid}-{i}" for t, pid, i in zip(texts, table.column("prompt_id").to_pylist(),
@@ -153,7 +173,7 @@ def _sampled(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, out:
     if not prompts_file.exists():
         labels = [label_word(bool(c)) for c in table.column("correct").to_pylist()]
         data = pa.table({"id": ids, "question": texts, "answer": labels})
-        shards.write_table_atomic(prompts_file, data, {"stage": "verifier-data", "source": "eval candidates"})
+        shards.write_table_atomic(prompts_file, data, {"stage": "verifier-data", "source": "eval candidates", "judgement": judgement})
     gcfg = GenerateConfig(
         model=verifier, dataset=_spec(cfg, str(prompts_file)), out=str(out / "judge" / "samples"), n=cfg.verifier_samples,
         sampling=SamplingConfig(temperature=1.0, max_new_tokens=cfg.verifier_max_new_tokens, seed=cfg.sampling.seed),

@@ -57,7 +57,7 @@ from toprcli import shards
 from toprcli.config import GenerateConfig, SamplingConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.generation import open_backend, resolve_backend_name
-from toprcli.generation.base import GenerationBackend, ProgressEvent, PromptRequest, SamplingParams, derive_seed
+from toprcli.generation.base import GenerationBackend, ProgressEvent, PromptRequest, SamplingParams, cuda_available, derive_seed, resolve_dtype
 from toprcli.generation.model_info import check_model, context_length, load_tokenizer
 from toprcli.generation.prompts import Prompt, build_prompts, check_room, drop_long
 from toprcli.progress import ProgressFn, report
@@ -87,6 +87,8 @@ def _run_key(cfg: GenerateConfig, backend_name: str) -> dict[str, Any]:
         "skip_long": cfg.skip_long,
         "clip_to_context": cfg.clip_to_context,
         "max_model_len": cfg.engine.max_model_len,
+        "dtype": resolve_dtype(cfg.engine.dtype, cuda_available()),  # a resume on other hardware must not mix precisions
+        "engine_kwargs": cfg.engine.engine_kwargs,
         "n": cfg.n,
         **sampling_record(cfg.sampling),
         "iteration": cfg.iteration,
@@ -104,8 +106,8 @@ def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], block
     for index, path in done.items():
         meta = shards.read_file_metadata(path)
         old = meta.get("run_key")
-        if isinstance(old, dict) and old.get("model") == model:  # written before keys held a model by its files
-            old = {**old, "model": key["model"]}
+        if isinstance(old, dict):  # written by an older toprcli: a key it had no word for is today's, its model held by path
+            old = {**{k: v for k, v in key.items() if k not in old}, **old, **({"model": key["model"]} if old.get("model") == model else {})}
         if old != key:
             diff = [k for k in key if (old or {}).get(k) != key[k]] if isinstance(old, dict) else ["(no run key)"]
             what = ", ".join(f"{k}={(old or {}).get(k)!r} there vs {key[k]!r} now" for k in diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
@@ -231,6 +233,7 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
     if plan.todo:
         out.mkdir(parents=True, exist_ok=True)
         shards.remove_stale_temporaries(out)
+        (out / shards.MANIFEST_NAME).unlink(missing_ok=True)  # it marks a finished directory, which this no longer is
         if backend is None:
             backend = open_backend(cfg.engine, str(cfg.model), seed=cfg.sampling.seed)
             own_backend = True

@@ -269,7 +269,8 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     fingerprints = {i: shards.fingerprint(p) for i, p in files.items()}
 
     existing = shards.complete_shards(out)
-    todo = [i for i in files if i not in existing or (cfg.overwrite and i in existing)]
+    # --overwrite rescores what was scored otherwise; a shard already scored with these settings (a killed rescoring) is kept
+    todo = [i for i in files if i not in existing or (cfg.overwrite and not _reusable(existing[i], settings, fingerprints[i]))]
     if not cfg.overwrite:
         orphans = sorted(set(existing) - set(files))  # scored from an input shard that is gone: curate would mix it in
         if orphans:
@@ -284,6 +285,10 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     shards.check_writable(out)
     with shards.output_lock(out):  # one writer per output
         shards.remove_stale_temporaries(out)  # a killed scorer's half-written shard
+        if cfg.overwrite and (orphans := [i for i in existing if i not in files]):  # not part of this input: would mix into the output
+            (out / shards.MANIFEST_NAME).unlink(missing_ok=True)
+            for i in orphans:
+                existing[i].unlink(missing_ok=True)
         return _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0)
 
 
@@ -302,9 +307,6 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
             ) as pool:
                 # The manifest marks a finished directory: drop a stale one before the first write.
                 (out / shards.MANIFEST_NAME).unlink(missing_ok=True)
-                if cfg.overwrite:
-                    for i in [i for i in existing if i not in files]:
-                        existing[i].unlink(missing_ok=True)  # not part of this input: would mix into the output
                 done = skipped_rows
                 t1 = time.monotonic()
                 for i in todo:

@@ -32,6 +32,7 @@ itself is :func:`toprcli.training.trainer.train_loop`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -42,6 +43,7 @@ import torch
 
 from toprcli import interrupt, shards
 from toprcli.config import TrainConfig, config_to_dict
+from toprcli.generation.base import release_cuda_cache
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.tracking import TRACKER_FILES, check_installed, open_tracker, replay
@@ -87,6 +89,8 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
         finally:
             torch.set_num_threads(threads_before)
             shutdown(ctx)
+            gc.collect()  # the model, its gradients and optimizer state are garbage now:
+            release_cuda_cache()  # a vLLM engine waking next in this process's pipeline needs that memory
     return StageResult(STAGE, str(prep.out), summary, wall_time_s=summary["wall_time_s"])
 
 

@@ -71,6 +71,7 @@ def run(cfg: VerifierDataConfig, *, progress: ProgressFn | None = None) -> Stage
         raise UserError(f"the scored inputs hold no rows ({', '.join(cfg.scored)}) — check that `topr score` finished")
     shards.check_writable(out)
     with shards.output_lock(out):
+        shards.remove_stale_temporaries(out.parent, of=out.name)  # a killed run's half-written file
         table, summary = _build(cfg, inputs, progress)
         shards.write_table_atomic(out, table, {"stage": STAGE, "config": config, "inputs": fingerprints, "counts": summary})
     return StageResult(STAGE, str(out), summary, wall_time_s=time.perf_counter() - t0)
