@@ -308,8 +308,8 @@ class Pipeline:
         config the run cannot take (runs.reconcile). Makes the branch (once) and records the config the run
         can take. Returns a branch's lineage (its parent run and round), else None."""
         check_installed(self.cfg.tracking.report_to)
-        if not self.cfg.warm_start.init_model:
-            check_model(self.initial_model())  # a mistyped model is refused before the run dir records it
+        if not self.cfg.warm_start.init_model and not (self.run_dir / runs.CONFIG_FILE).exists():
+            check_model(self.initial_model())  # a first run with a mistyped model is refused before the run dir records it
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
         return lineage

@@ -207,11 +207,12 @@ def test_an_out_with_a_trailing_slash_is_that_directory(tiny_model_dir, tmp_path
     assert (tmp_path / "newpol" / "config.json").exists() and not (tmp_path / "newpol" / ".log").exists()
 
 
-def test_a_mistyped_model_leaves_no_run_dir_and_the_fixed_rerun_runs(tiny_model_dir, tmp_path):
+def test_a_mistyped_model_leaves_no_run_dir(tiny_model_dir, tmp_path):
+    """(A run dir a refused first run left behind takes the corrected config: tests/test_runs.py.)"""
     (tmp_path / "min.yaml").write_text("model: ./nomodel\nrounds: 1\n")
     r = CliRunner().invoke(app, ["iterate", "-c", str(tmp_path / "min.yaml"), "--run-dir", str(tmp_path / "run"), "--no-report"])
     assert r.exit_code == 2 and "model dir not found: ./nomodel" in one_error_line(r.stderr)
-    assert not (tmp_path / "run" / "config.yaml").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_set_inside_a_mapping_adds_to_it_as_the_flag_does():

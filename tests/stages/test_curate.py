@@ -612,7 +612,7 @@ def test_a_killed_curates_half_written_set_is_removed_by_the_next_run(tmp_path):
     mine = temporary_name(tmp_path / "train.parquet").name  # .train.parquet.<pid>-<host>.tmp
     stale = tmp_path / mine.replace(f".{os.getpid()}-", ".999999999-")  # a writer of this machine that is gone
     stale.write_bytes(b"half a set")
-    other = tmp_path / ".another.parquet.999999999-elsewhere.tmp"
+    other = tmp_path / mine.replace(f".{os.getpid()}-", ".999999999-").replace(".train.parquet.", ".another.parquet.")  # dead, not ours
     other.write_bytes(b"not ours")
     run(tmp_path, scored)
     assert not stale.exists() and other.exists()

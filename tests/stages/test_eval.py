@@ -102,12 +102,18 @@ def test_a_moved_eval_of_a_moved_model_is_still_its_eval(tiny_model_dir, tmp_pat
     assert refused.exit_code == 2 and "other settings (changed: model)" in refused.output
 
 
-def test_a_killed_eval_rerun_with_another_verifier_scores_its_samples_again(tiny_model_dir, tmp_path):
+def test_a_killed_eval_rerun_with_another_verifier_is_told_what_to_delete(tiny_model_dir, tmp_path):
     """It was refused with '... or --overwrite to rescore', a flag eval does not have."""
     args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--split", "test", "--limit", "2", "--k", "2", "--max-new-tokens", "4",
             "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e")]
     assert CliRunner().invoke(app, args).exit_code == 0
     (tmp_path / "e" / "eval.json").unlink()  # killed before the result was written
     r = CliRunner().invoke(app, [*args, "--strict"])
-    assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "e" / "scored" / "_manifest.json").read_text())["config"]["strict"] is True
+    assert r.exit_code == 2 and "scored was scored with other verifier settings by an interrupted eval — delete it" in r.output
+    import shutil
+
+    shutil.rmtree(tmp_path / "e" / "scored")
+    assert CliRunner().invoke(app, [*args, "--strict"]).exit_code == 0
+    from toprcli.shards import complete_shards, read_file_metadata
+
+    assert all(read_file_metadata(p)["score"]["settings"]["strict"] is True for p in complete_shards(tmp_path / "e" / "scored").values())

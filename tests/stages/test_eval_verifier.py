@@ -118,13 +118,13 @@ def test_a_killed_eval_rerun_with_another_verifier_does_not_report_the_old_judge
     import shutil
 
     from toprcli.errors import UserError
-    from toprcli.models.tiny import build_tiny_model
+    from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 
-    other = build_tiny_model(tmp_path / "other", seed=3)
+    other = build_tiny_model(tmp_path / "other", seed=3, **TINY_PRESETS["small"])  # other files (sizes), whenever it was built
     out = tmp_path / "eval"
     run(eval_config(tiny_model_dir, out, verifier_model=str(tiny_model_dir)), backend=hf_backend)
     (out / "eval.json").unlink()  # killed after the judgement was written
-    with pytest.raises(UserError, match=r"verified holds a judgement begun with other settings \(changed: .*verifier_model\)"):
+    with pytest.raises(UserError, match=r"verified holds a judgement begun with other settings \(changed: verifier_files\)"):
         run(eval_config(tiny_model_dir, out, verifier_model=str(other)), backend=hf_backend)
     shutil.rmtree(out / "verified")  # as the message says: judged again, by the other model
     res = run(eval_config(tiny_model_dir, out, verifier_model=str(other)), backend=hf_backend)

@@ -68,10 +68,8 @@ def generation_passes(cfg: EvalConfig) -> list[GenerateConfig]:
 
 
 def score_config(cfg: EvalConfig, samples: Path, out: Path) -> ScoreConfig:
-    """An unfinished eval's scores are its own intermediate: scored otherwise (a killed eval rerun with another
-    verifier) they are scored again with this eval's verifier (``overwrite``), not refused with advice eval has no flag for."""
     return ScoreConfig(samples=str(samples), out=str(out), verifier=cfg.verifier, verifier_by_source=cfg.verifier_by_source,
-                       strict=cfg.strict, workers=cfg.workers, timeout=cfg.timeout, overwrite=True)
+                       strict=cfg.strict, workers=cfg.workers, timeout=cfg.timeout)
 
 
 def read_eval(out: str | Path) -> dict[str, Any] | None:
@@ -184,7 +182,11 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
             generate_stage.run(generate_config(cfg, where / "samples", greedy=greedy), backend=backend, examples=examples, progress=progress)
             with warnings.catch_warnings():  # eval reports these itself, as its error_rate
                 warnings.simplefilter("ignore", score_stage.ChecksFailed)
-                score_stage.run(score_config(cfg, where / "samples", where / "scored"), progress=progress)
+                try:
+                    score_stage.run(score_config(cfg, where / "samples", where / "scored"), progress=progress)
+                except score_stage.ScoredOtherwise:  # an interrupted eval rerun with another verifier: eval has no --overwrite
+                    raise UserError(f"{where / 'scored'} was scored with other verifier settings by an interrupted eval — delete it to "
+                                    "score again, or choose another --out") from None
             columns = ["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"]
             tables[name] = shards.read_table(where / "scored", columns=columns + (["data_source"] if cfg.verifier == "data_source" else []))
         judged = judge(cfg, out, backend, progress) if judging else {}

@@ -56,14 +56,15 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     source = Path(cfg.candidates) if cfg.candidates else out / "scored"
     verifier = cfg.verifier_model or cfg.model
     answer_checker = _answer_checker(cfg, source)
-    info = _judgement(cfg, verifier, source)
-    _check_judgement(out, info)
+    decides = _judgement(cfg, verifier, source)
+    _check_judgement(out, decides)
+    info = {"verifier_model": verifier, "candidates": str(source), **decides}
     if shards.read_manifest(verified) is None:
         table = _candidates(source)
         if cfg.verifier_mode == "p-yes":
             scores, valid = _p_yes(cfg, verifier, table, backend, progress)
         else:
-            scores, valid = _sampled(cfg, verifier, table, backend, out, progress, info)
+            scores, valid = _sampled(cfg, verifier, table, backend, out, progress, decides)
         table = table.append_column(pa.field("verifier_score", pa.float32()), pa.array(scores, pa.float32()))
         table = table.append_column(pa.field("verifier_valid", pa.float32()), pa.array(valid, pa.float32()))
         shards.write_shard(verified, 0, table, metadata={"stage": "eval-judge", **info})
@@ -145,10 +146,11 @@ def _p_yes(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, progre
 
 
 def _judgement(cfg: EvalConfig, verifier: str, source: Path) -> dict[str, Any]:
-    """What decides a judgement, recorded with it: a killed eval rerun with other settings must not report it as its own."""
-    return {"verifier_model": verifier, "verifier_files": shards.model_identity(verifier), "verifier_mode": cfg.verifier_mode,
-            "verifier_chat_template": cfg.verifier_chat_template, "verifier_samples": cfg.verifier_samples,
-            "verifier_max_new_tokens": cfg.verifier_max_new_tokens, "candidates": str(source), "candidates_files": shards.fingerprint(source)}
+    """What decides a judgement, recorded with it: a killed eval rerun with other settings must not report it as its own.
+    Models and candidates by their files (a moved run dir resumes); the paths are recorded, not compared."""
+    sampled = {"verifier_samples": cfg.verifier_samples, "verifier_max_new_tokens": cfg.verifier_max_new_tokens} if cfg.verifier_mode == "sampled" else {}
+    return {"verifier_files": shards.model_identity(verifier), "verifier_mode": cfg.verifier_mode,
+            "verifier_chat_template": cfg.verifier_chat_template, **sampled, "candidates_files": shards.fingerprint(source)}
 
 
 def _check_judgement(out: Path, info: dict[str, Any]) -> None:

@@ -110,7 +110,8 @@ def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], block
             old = {**{k: v for k, v in key.items() if k not in old}, **old, **({"model": key["model"]} if old.get("model") == model else {})}
         if old != key:
             diff = [k for k in key if (old or {}).get(k) != key[k]] if isinstance(old, dict) else ["(no run key)"]
-            what = ", ".join(f"{k}={(old or {}).get(k)!r} there vs {key[k]!r} now" for k in diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
+            said = {"model": f"the files of the model at {model} are not those the shards were made with"}
+            what = ", ".join(said.get(k) or f"{k}={(old or {}).get(k)!r} there vs {key[k]!r} now" for k in diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
             raise UserError(
                 f"{out} already holds shards generated with other settings ({what}) — use a new --out or delete that directory"
             )

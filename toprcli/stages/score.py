@@ -24,6 +24,8 @@ and error; a plugin returning a float sets the reward itself.
 from __future__ import annotations
 
 import collections
+import json
+import secrets
 import time
 import warnings
 from collections.abc import Callable
@@ -47,6 +49,11 @@ STAGE = "score"
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
 VERIFY_SLICE = 8192  # rows turned into Python strings at a time (bounds memory on huge shards)
 MAX_ERROR_EXAMPLES = 5
+RESCORING_FILE = "_rescoring.json"  # an --overwrite run under way (its token)
+
+
+class ScoredOtherwise(UserError):
+    """The output holds shards scored from other samples or with other settings."""
 
 
 class ChecksFailed(UserWarning):
@@ -269,30 +276,51 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     fingerprints = {i: shards.fingerprint(p) for i, p in files.items()}
 
     existing = shards.complete_shards(out)
-    # --overwrite rescores what was scored otherwise; a shard already scored with these settings (a killed rescoring) is kept
-    todo = [i for i in files if i not in existing or (cfg.overwrite and not _reusable(existing[i], settings, fingerprints[i]))]
     if not cfg.overwrite:
-        orphans = sorted(set(existing) - set(files))  # scored from an input shard that is gone: curate would mix it in
-        if orphans:
-            raise UserError(f"{existing[orphans[0]]} has no input shard in {samples} any more — "
-                            "use a new --out, or --overwrite to rescore (it removes such shards)")
-        stale = [i for i in files if i in existing and not _reusable(existing[i], settings, fingerprints[i])]
-        if stale:
-            raise UserError(
-                f"{existing[stale[0]]} was scored from other samples or with other settings — "
-                "use a new --out, or --overwrite to rescore"
-            )
+        _refuse_mixing(samples, files, existing, settings, fingerprints)
     shards.check_writable(out)
     with shards.output_lock(out):  # one writer per output
         shards.remove_stale_temporaries(out)  # a killed scorer's half-written shard
-        if cfg.overwrite and (orphans := [i for i in existing if i not in files]):  # not part of this input: would mix into the output
-            (out / shards.MANIFEST_NAME).unlink(missing_ok=True)
-            for i in orphans:
-                existing[i].unlink(missing_ok=True)
-        return _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0)
+        token = _rescoring(cfg, out, files, existing) if cfg.overwrite else None
+        todo = [i for i in files if i not in existing or (token and not _rescored(existing[i], token, settings, fingerprints[i]))]
+        return _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0, token)
 
 
-def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0) -> StageResult:
+def _refuse_mixing(samples: Path, files: dict[int, Path], existing: dict[int, Path], settings: dict[str, Any], fingerprints: dict[int, str]) -> None:
+    """Without --overwrite, an output scored from other input or with other settings is refused, not mixed into."""
+    orphans = sorted(set(existing) - set(files))  # scored from an input shard that is gone: curate would mix it in
+    if orphans:
+        raise UserError(f"{existing[orphans[0]]} has no input shard in {samples} any more — "
+                        "use a new --out, or --overwrite to rescore (it removes such shards)")
+    stale = [i for i in files if i in existing and not _reusable(existing[i], settings, fingerprints[i])]
+    if stale:
+        raise ScoredOtherwise(f"{existing[stale[0]]} was scored from other samples or with other settings — use a new --out, or --overwrite to rescore")
+
+
+def _rescoring(cfg: ScoreConfig, out: Path, files: dict[int, Path], existing: dict[int, Path]) -> str:
+    """--overwrite rescores every shard. Its token stays in ``_rescoring.json`` until the manifest is written and
+    stamps each shard it rescored: the same command rerun after a kill keeps those. Shards of no input go first."""
+    config = {k: v for k, v in config_to_dict(cfg).items() if k != "workers"}
+    path = out / RESCORING_FILE
+    try:
+        had = json.loads(path.read_text())
+    except (OSError, ValueError):
+        had = None
+    if isinstance(had, dict) and had.get("config") == config:
+        return had["token"]
+    (out / shards.MANIFEST_NAME).unlink(missing_ok=True)  # the directory is no longer finished
+    for i in [i for i in existing if i not in files]:  # not part of this input: would mix into the output
+        existing[i].unlink(missing_ok=True)
+    token = secrets.token_hex(8)
+    shards.write_json_atomic(path, {"config": config, "token": token})
+    return token
+
+
+def _rescored(path: Path, token: str, settings: dict[str, Any], input_fp: str) -> bool:
+    return _reusable(path, settings, input_fp) and (shards.read_file_metadata(path).get("score") or {}).get("rescoring") == token
+
+
+def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, settings, fingerprints, progress, t0, token=None) -> StageResult:
     result = ScoreCounts(out=str(out), shards_skipped=len(files) - len(todo))
     skipped_rows = sum(pq.read_metadata(files[i]).num_rows for i in files if i not in todo)
 
@@ -320,7 +348,8 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
 
                     scored = score_table(table, pool, rewards, progress=tick, error_examples=result.error_examples)
                     meta = dict(input_meta)
-                    meta["score"] = {"settings": settings, "input_fingerprint": fingerprints[i], "verifier": verifier.name}
+                    meta["score"] = {"settings": settings, "input_fingerprint": fingerprints[i], "verifier": verifier.name,
+                                     **({"rescoring": token} if token else {})}
                     shards.write_shard(out, i, scored, metadata=meta)
                     scored_rows += scored.num_rows
                     result.shards_scored += 1
@@ -346,6 +375,7 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
         wall_time_s=result.wall_time_s,
         summary=result.summary(),
     )
+    (out / RESCORING_FILE).unlink(missing_ok=True)  # finished: a later --overwrite rescores again
     return StageResult(STAGE, str(out), result.summary(), skipped=not todo, wall_time_s=result.wall_time_s)
 
 
