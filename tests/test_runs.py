@@ -383,3 +383,19 @@ def test_a_run_that_made_nothing_takes_a_corrected_config(tmp_path):
     (run / "round-000" / "eval" / "eval.json").write_text("{}")  # made with ./models/tiny: now it is frozen
     with pytest.raises(UserError, match=r"model \(the model\) cannot change"):
         reconcile(run, typo, apply_from_next_round=True)
+
+
+def test_the_base_model_is_checked_on_a_first_run_only(tmp_path):
+    """A mistyped model is refused before the run dir records anything; a run already under way whose base model
+    has since been removed (later rounds train from their own policies) is not refused for it."""
+    from toprcli.config import IterateConfig
+    from toprcli.errors import UserError
+    from toprcli.pipeline import Pipeline
+    from toprcli.runs import reconcile
+
+    cfg = IterateConfig(run_dir=str(tmp_path / "run"), model=str(tmp_path / "gone"))
+    with pytest.raises(UserError, match="model dir not found"):
+        Pipeline(cfg).prepare()
+    assert not (tmp_path / "run").exists()
+    reconcile(tmp_path / "run", cfg, apply_from_next_round=False)  # the run as it was recorded when its model existed
+    Pipeline(cfg).prepare()
