@@ -260,12 +260,10 @@ def test_an_error_off_a_terminal_is_exactly_one_line(tmp_path):
 
 def test_json_output_is_json_when_a_number_is_not_finite(monkeypatch):
     """A training that ended on a skipped non-finite step printed NaN/Infinity under --json: not JSON (JSON.parse refuses it)."""
-    import io
-
     from toprcli.cli import common
 
-    out = io.StringIO()
-    monkeypatch.setattr(common.console, "file", out)
+    printed: list[str] = []
+    monkeypatch.setattr(common, "echo", printed.append)  # (not console.file: monkeypatch would pin the stdout of this moment)
     common.echo_json({"final_loss": float("nan"), "final_grad_norm": float("inf"), "steps": [1.5, float("-inf")], "name": "x"})
-    assert json.loads(out.getvalue(), parse_constant=lambda c: pytest.fail(f"not JSON: {c}")) == {
+    assert json.loads(printed[0], parse_constant=lambda c: pytest.fail(f"not JSON: {c}")) == {
         "final_loss": None, "final_grad_norm": None, "steps": [1.5, None], "name": "x"}
