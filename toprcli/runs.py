@@ -33,6 +33,7 @@ from toprcli.shards import changed_keys, write_json_atomic, write_text_atomic
 
 CONFIG_FILE = "config.yaml"
 LINEAGE_FILE = "lineage.json"
+BEFORE_ROUNDS = ("base", "warmstart")  # what a run makes before its rounds: the built model, the warm start
 # Keys whose change would make completed rounds inconsistent with the ones to come, and why.
 FROZEN = {"model": "the model", "warm_start": "the starting policy", "generate.dataset": "the training data",
           "score.verifier": "the verifier", "score.strict": "the verifier", "score.verifier_by_source": "the verifier",
@@ -70,7 +71,7 @@ def trained_rounds(run_dir: Path) -> int:
 def _made_nothing(run_dir: Path) -> bool:
     """No step has made anything yet (a first invocation refused or stopped before its first output): the run
     holds its config and the rounds' records of it, nothing made with them."""
-    return not any((run_dir / d).exists() for d in ("base", "warmstart")) and not any(
+    return not any((run_dir / d).exists() for d in BEFORE_ROUNDS) and not any(
         p.name != CONFIG_FILE for d in round_dirs(run_dir).values() for p in d.iterdir())
 
 
@@ -194,7 +195,7 @@ def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | N
     tmp = run_dir.with_name(run_dir.name + ".branching")
     shutil.rmtree(tmp, ignore_errors=True)  # a killed branch starts over: nothing in it is the run yet
     how = {"hardlink"}
-    for name in ["base", "warmstart", *(f"round-{r:03d}" for r in range(k + 1))]:
+    for name in [*BEFORE_ROUNDS, *(f"round-{r:03d}" for r in range(k + 1))]:
         if (parent / name).exists():
             _link_tree(parent / name, tmp / name, how)
     for r in range(k + 1):  # rounds of runs older than per-round records ran with the parent's config
