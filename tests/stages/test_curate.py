@@ -616,3 +616,33 @@ def test_a_killed_curates_half_written_set_is_removed_by_the_next_run(tmp_path):
     other.write_bytes(b"not ours")
     run(tmp_path, scored)
     assert not stale.exists() and other.exists()
+
+
+def test_a_curate_killed_before_its_manifest_is_kept_by_the_rerun(tmp_path):
+    """A SIGKILL between the rename and the manifest's write left a whole set the rerun refused as "from other inputs"."""
+    import signal
+    import subprocess
+    import sys
+
+    scored = pm1_data(tmp_path, 0.3, n_prompts=10, n=4)
+    out = tmp_path / "train.parquet"
+    killed = (  # the real stage, killed by SIGKILL as it starts to write the manifest
+        "import os, signal\nfrom toprcli import shards\nfrom toprcli.config import CurateConfig\nfrom toprcli.stages import curate\n"
+        "write = shards.write_json_atomic\n"
+        "shards.write_json_atomic = lambda p, o: os.kill(os.getpid(), signal.SIGKILL) if str(p).endswith('.manifest.json') else write(p, o)\n"
+        f"curate.run(CurateConfig(scored=[{scored!r}], out={str(out)!r}, positive_fraction=0.15))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", killed], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert out.is_file() and not manifest_path(out).exists()
+    mtime = out.stat().st_mtime_ns
+    again = curate(CurateConfig(scored=[scored], out=str(out), positive_fraction=0.15))
+    assert again.skipped and again["rows_out"] == 40 and again["p_effective"] == pytest.approx(0.15, abs=1e-6)
+    assert out.stat().st_mtime_ns == mtime  # kept, not remade
+    manifest = json.loads(manifest_path(out).read_text())
+    assert manifest["counts"]["rows_out"] == 40 and scored in manifest["inputs"]
+    # the file's own record vouches only for its own inputs and settings
+    manifest_path(out).unlink()
+    with pytest.raises(UserError, match="already exists"):
+        curate(CurateConfig(scored=[scored], out=str(out), positive_fraction=0.2))
+    assert not manifest_path(out).exists()

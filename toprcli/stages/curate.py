@@ -123,9 +123,7 @@ def parse_baseline(value: float | str | None) -> tuple[str, float | None]:
         try:
             c = float(text)
         except ValueError:
-            raise UserError(
-                f"bad --baseline {value!r} — give a number (the constant c), 'batch-mean', 'group-mean' or 'leave-one-out'"
-            ) from None
+            raise UserError(f"bad --baseline {value!r} — give a number (the constant c), 'batch-mean', 'group-mean' or 'leave-one-out'") from None
     if not math.isfinite(c):
         raise UserError(f"bad --baseline {value!r} — the constant baseline must be a finite number")
     return "constant", c
@@ -139,9 +137,7 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
     if not str(cfg.out).endswith(".parquet"):
         raise UserError(f"--out {cfg.out}: the training set is one Parquet file — name it *.parquet")
     if cfg.positive_fraction is not None and cfg.baseline is not None:
-        raise UserError(
-            "--baseline and --positive-fraction both given — choose one: the positive fraction solves the constant baseline"
-        )
+        raise UserError("--baseline and --positive-fraction both given — choose one: the positive fraction solves the constant baseline")
     inside = [s for s in cfg.scored if Path(s).is_dir() and Path(cfg.out).resolve().is_relative_to(Path(s).resolve())]
     if inside:  # its files would count as the input's: a rerun would find other inputs and refuse its own output
         raise UserError(f"--out {cfg.out} is inside the scored input {inside[0]} — write it beside, e.g. {Path(inside[0]).parent / 'train.parquet'}")
@@ -150,17 +146,13 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
         # p̃ is solved for the constant c; a per-prompt std or a clip would move it off the target.
         for name, on in (("std_normalize: group", cfg.std_normalize == "group"), ("reward_clip", cfg.reward_clip is not None)):
             if on:
-                raise UserError(
-                    f"positive_fraction and {name} both given — {name} changes |A| after c is solved, so p̃ would miss "
-                    "the target; drop one of them"
-                )
+                raise UserError(f"positive_fraction and {name} both given — {name} changes |A| after c is solved, "
+                                "so p̃ would miss the target; drop one of them")
     else:
         kind, c = parse_baseline(cfg.baseline)
     weights = cfg.source_weights if cfg.source_weights is not None else [1.0] * len(cfg.scored)
     if len(weights) != len(cfg.scored):
-        raise UserError(
-            f"{len(weights)} source weights for {len(cfg.scored)} scored inputs — give one weight per --scored, in the same order"
-        )
+        raise UserError(f"{len(weights)} source weights for {len(cfg.scored)} scored inputs — give one weight per --scored, in the same order")
     for w in weights:
         if not (math.isfinite(w) and w >= 0):
             raise UserError(f"bad source weight {w} — source weights are finite numbers >= 0")
@@ -233,7 +225,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     advantage_full[kept] = adv
     weight_full[kept] = w32
     summary = counts.as_dict()
-    meta = {"stage": STAGE, **summary, "config": config, "sampling": sampling, "generation": generation}
+    meta = {"stage": STAGE, **summary, "config": config, "inputs": fingerprints, "sampling": sampling, "generation": generation}
     # An old manifest must never vouch for a new file (a kill between the two writes).
     manifest_path(out).unlink(missing_ok=True)
     schema = inputs.output_schema(ADDED, meta)
@@ -243,11 +235,15 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         schema, tables = cu.as_pair_rows(schema, tables, pair_order, ROW_GROUP)
     shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=dictionary_columns(schema))
     wall = time.perf_counter() - t0
+    _write_manifest(out, config, fingerprints, summary, wall)
+    return StageResult(STAGE, str(out), {**summary, "manifest": str(manifest_path(out))}, wall_time_s=wall)
+
+
+def _write_manifest(out: Path, config: dict[str, Any], fingerprints: dict[str, str], counts: dict[str, Any], wall: float | None) -> None:
     shards.write_json_atomic(manifest_path(out), {
-        "stage": STAGE, "config": config, "inputs": fingerprints, "counts": summary, "output": str(out), "wall_time_s": wall,
+        "stage": STAGE, "config": config, "inputs": fingerprints, "counts": counts, "output": str(out), "wall_time_s": wall,
         "versions": shards.versions(), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })
-    return StageResult(STAGE, str(out), {**summary, "manifest": str(manifest_path(out))}, wall_time_s=wall)
 
 
 def _previous_or_refuse(cfg: CurateConfig, out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> StageResult | None:
@@ -295,10 +291,8 @@ def _solve_positive_fraction(cfg: CurateConfig, reward: np.ndarray, weight: np.n
         if cfg.unreachable_baseline is None:
             weighted = reward[weight > 0]
             what = f"every curated row has reward {float(weighted[0]):g}" if len(weighted) else "every curated row has weight 0"
-            raise UserError(
-                f"--positive-fraction {cfg.positive_fraction} is unreachable: {what}, "
-                "so no baseline makes both positives and negatives — add data with both outcomes or use --baseline"
-            ) from None
+            raise UserError(f"--positive-fraction {cfg.positive_fraction} is unreachable: {what}, so no baseline makes both positives "
+                            "and negatives — add data with both outcomes or use --baseline") from None
         # A round with one outcome only (all wrong early on, all right late) must not
         # stop a multi-round run: fall back to the configured constant, and say so.
         return target, float(cfg.unreachable_baseline), "constant (positive fraction unreachable)"
@@ -309,10 +303,8 @@ def _pair_order(cfg: CurateConfig, correct: np.ndarray, groups: np.ndarray, samp
     chosen, rejected = cu.preference_pairs(correct, groups, sample_index, mode=cfg.pairs,
                                            max_per_group=cfg.max_pairs_per_prompt, seed=cfg.seed)
     if len(chosen) == 0:
-        raise UserError(
-            f"--pairs {cfg.pairs}: no prompt kept both a correct and an incorrect sample, so there is no preference pair — "
-            "sample more completions per prompt (--n) or relax the filters"
-        )
+        raise UserError(f"--pairs {cfg.pairs}: no prompt kept both a correct and an incorrect sample, so there is no preference pair — "
+                        "sample more completions per prompt (--n) or relax the filters")
     return np.stack([chosen, rejected], axis=1).reshape(-1)
 
 
@@ -429,14 +421,30 @@ def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correc
 
 
 def _previous_result(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> StageResult | None:
-    """The earlier result when ``out`` was made from these exact inputs and settings (a resumed run)."""
+    """The earlier result when ``out`` was made from these exact inputs and settings (a resumed run). A file a kill
+    left without its manifest (between the rename and the manifest's write) is whole: its own metadata records
+    its inputs, settings and counts, and the manifest is written now."""
     mpath = manifest_path(out)
-    if not (out.is_file() and mpath.is_file()):
+    if not out.is_file():
         return None
     try:
         manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError):
-        return None
-    if not shards.made_from(manifest, config, fingerprints):
+    except (OSError, ValueError):  # none (or torn): the file's own record
+        manifest = _record_in_file(out)
+        if manifest is not None and shards.made_from(manifest, config, fingerprints):
+            _write_manifest(out, config, fingerprints, manifest["counts"], None)
+    if manifest is None or not shards.made_from(manifest, config, fingerprints):
         return None
     return StageResult(STAGE, str(out), {**manifest["counts"], "manifest": str(mpath)}, skipped=True)
+
+
+def _record_in_file(out: Path) -> dict[str, Any] | None:
+    """A curated file's own record in the manifest's shape (its metadata holds settings, inputs and counts for this); None for another file."""
+    try:
+        meta = shards.read_file_metadata(out)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    if meta.get("stage") != STAGE or "inputs" not in meta:  # not a curated set, or one from before inputs were recorded
+        return None
+    counts = {k: v for k, v in meta.items() if k not in ("stage", "config", "inputs", "sampling", "generation")}
+    return {"config": meta["config"], "inputs": meta["inputs"], "counts": counts}
