@@ -273,6 +273,13 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
+def models_of(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The policies a curated file's rows came from (its ``policy`` column's paths), each with its files as recorded
+    when it generated (``model_files``; absent before toprcli recorded them)."""
+    records = [r.get("generation") for r in (meta.get("generation") or {}).values() if isinstance(r, Mapping)]
+    return {r["model"]: r["model_files"] for r in records if isinstance(r, Mapping) and "model_files" in r}
+
+
 def sampling_of(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     """The sampling settings recorded in a file's toprcli metadata (None when absent).
 
@@ -324,9 +331,12 @@ def model_identity(model: str) -> str:
     return fingerprint(model) if model and Path(model).is_dir() else model
 
 
-def same_model(a: str, b: str) -> bool:
-    """Whether two model paths (or hub ids) name one model: the same place on disk, or the same text."""
+def same_model(a: str, b: str, files_of_a: str | None = None) -> bool:
+    """Whether two model paths (or hub ids) name one model: the same place on disk, or the same text; or, given
+    ``files_of_a`` (a's :func:`model_identity` as recorded when it was used), the same files (a run dir that moved)."""
     pa_, pb = Path(a), Path(b)
+    if files_of_a is not None and files_of_a == model_identity(b):
+        return True
     if pa_.exists() and pb.exists():
         return pa_.resolve() == pb.resolve()
     return a.rstrip("/") == b.rstrip("/")

@@ -300,6 +300,7 @@ def _run_shards(
         "backend": backend.name,
         "engine_version": backend.engine_version,
         "model": str(cfg.model),
+        "model_files": shards.model_identity(str(cfg.model)),  # the `policy` column's model, should its path move
         "sampling": sampling_record(cfg.sampling),
         "n": cfg.n,
         "iteration": cfg.iteration,
