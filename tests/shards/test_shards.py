@@ -180,3 +180,20 @@ def test_a_killed_builds_directory_is_removed_by_the_next_build_and_a_live_ones_
         assert new.is_dir() and not leftovers[dead.pid].exists() and leftovers[alive.pid].exists()
         assert not (tmp_path / "model").exists()  # only the build directory is made
         alive.kill()
+
+
+def test_a_models_files_name_it_after_its_path_is_gone(tmp_path):
+    """A curated file records each source's policy by path and by files; `same_model` accepts a gone path by its files."""
+    from toprcli.shards import model_identity, models_of, same_model
+
+    model = tmp_path / "new" / "policy"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    files = model_identity(str(model))
+    curated = {"generation": {"round-1/scored": {"generation": {"model": "/old/policy", "model_files": files}}, "round-0/scored": {}}}
+    assert models_of(curated) == {"/old/policy": files}
+    assert models_of({"generation": {"model": "/old/policy", "model_files": files, "n": 4}}) == {"/old/policy": files}  # a shard's own
+    assert models_of({"generation": {"model": "/old/policy"}}) == {}  # written before model_files
+    assert same_model("/old/policy", str(model), files) and not same_model("/old/policy", str(model))
+    (model / "config.json").write_text('{"changed": 1}')  # other files at that path: another model
+    assert not same_model("/old/policy", str(model), files)

@@ -274,9 +274,10 @@ def read_file_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def models_of(meta: Mapping[str, Any]) -> dict[str, str]:
-    """The policies a curated file's rows came from (its ``policy`` column's paths), each with its files as recorded
-    when it generated (``model_files``; absent before toprcli recorded them)."""
-    records = [r.get("generation") for r in (meta.get("generation") or {}).values() if isinstance(r, Mapping)]
+    """The policies a file's rows came from (its ``policy`` column's paths), each with its files as recorded when it
+    generated (``model_files``; absent before toprcli recorded them). A curated file keeps a record per source."""
+    generation = meta.get("generation") or {}
+    records = [generation] if "model" in generation else [r.get("generation") for r in generation.values() if isinstance(r, Mapping)]
     return {r["model"]: r["model_files"] for r in records if isinstance(r, Mapping) and "model_files" in r}
 
 
