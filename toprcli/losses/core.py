@@ -29,7 +29,7 @@ AGGREGATIONS = (
     "seq-mean-token-sum-norm",
 )
 KL_ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+")
-KL_VALUE_CLAMP = 10.0  # k3's value (and so its gradient) is bounded here, as verl bounds it
+KL_VALUE_CLAMP = 10.0  # k3's value and its slope are bounded here (verl clamps the value, which zeroes the slope beyond)
 RATIO_LEVELS = ("sequence", "token")
 
 
@@ -260,7 +260,8 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     As a loss term the gradient matters, not the value: ∇k1 = ∇log π, whose mean
     on-policy is 0 (no pull toward ref at all); ∇k3 = (1 − ref/π) ∇log π follows
     KL(ref ‖ π); ∇k2 = d ∇log π follows KL(π ‖ ref), which the ``+`` forms keep while
-    logging the unbiased value. d is clamped to ±20 inside exp and k3 to ≤ 10. Here
+    logging the unbiased value. d is clamped to ±20 inside exp, k3's value to ≤ 10 and its slope
+    1 − ref/π to ±10 (bounded, not zeroed, where the value is capped). Here
     tokens come from μ, not π, so all are off-policy estimates. Shapes: (B, T), (B, T) → (B, T).
     """
     if estimator not in KL_ESTIMATORS:
@@ -273,8 +274,11 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     if estimator.endswith("+"):
         value, k2 = kl_penalty(logprobs, ref_logprobs, estimator[:-1]), 0.5 * d * d
         return value.detach() + k2 - k2.detach()
-    d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return (torch.exp(-d) - 1.0 + d).clamp(max=KL_VALUE_CLAMP)
+    value = (torch.exp(-d.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) - 1.0 + d.detach()).clamp(max=KL_VALUE_CLAMP)
+    # The slope (1 − ref/π) is bounded as the value is, not zeroed past the bound (a clamp's gradient): a token
+    # pushed far below ref is still pulled back, at most at that rate.
+    slope = (1.0 - torch.exp(-d.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))).clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
+    return value + slope * (d - d.detach())
 
 
 # --------------------------------------------------------------------------- #
