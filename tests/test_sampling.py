@@ -127,3 +127,23 @@ def test_a_temperature_vllm_decodes_greedily_is_greedy_here_too():
     assert tiny.greedy and not tiny.truncates
     torch.testing.assert_close(processed_logits(logits, tiny), processed_logits(logits, Processing(temperature=0.0)))
     assert not Processing(temperature=1e-5).greedy
+
+
+def test_logits_tied_at_the_top_p_cut_keep_vllms_count_with_the_sampled_token_among_them():
+    """The shortcut kept every logit tied at the cut; vLLM keeps as many as its sort's positions allow. With bf16
+    logits (ties are common) the normaliser was too large and log π biased low at step 0."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    z = torch.zeros(2, 300)
+    z[:, 0] = 3.0  # one likely token, then 299 tied ones straddling the cut
+    torch.manual_seed(4)
+    z[1] = (torch.randn(300) * 2).to(torch.bfloat16).float()  # bf16-rounded logits: many small ties
+    for top_p in (0.5, 0.9):
+        theirs = torch.isfinite(apply_top_k_top_p_pytorch(z.clone(), None, torch.full((2,), top_p), allow_cpu_sync=True))
+        ours = kept_mask(z, Processing(top_p=top_p))
+        assert torch.equal(ours.sum(-1), theirs.sum(-1)), top_p  # the count sets the normaliser
+        for row in range(2):  # a token vLLM sampled, tied at the cut, is kept and the count stays vLLM's
+            sampled = int(torch.nonzero(theirs[row]).flatten()[-1])
+            lp, _ = token_logprobs(z[row:row + 1], torch.tensor([sampled]), Processing(top_p=top_p))
+            assert lp.item() == pytest.approx(torch.log_softmax(z[row].masked_fill(~theirs[row], float("-inf")), -1)[sampled].item(), abs=1e-6)
+    assert kept_mask(z[:1], Processing(top_p=0.5)).sum().item() == 141

@@ -84,10 +84,11 @@ class Processing:
         )
 
 
-def kept_mask(z: torch.Tensor, p: Processing) -> Optional[torch.Tensor]:
+def kept_mask(z: torch.Tensor, p: Processing, always_keep: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """(N, V) bool, True where a token survives min-p, top-k and top-p; None if nothing is dropped.
 
-    ``z`` (N, V) are the temperature-scaled float32 logits.
+    ``z`` (N, V) are the temperature-scaled float32 logits; ``always_keep`` (N,) token ids are preferred
+    among logits tied at the top-p cut (see :func:`_top_p_keep`).
     """
     if not p.truncates:
         return None
@@ -102,42 +103,65 @@ def kept_mask(z: torch.Tensor, p: Processing) -> Optional[torch.Tensor]:
         keep &= masked >= kth
         del masked
     if p.top_p < 1:
-        keep &= _top_p_keep(z.masked_fill(~keep, float("-inf")), p.top_p)
+        keep &= _top_p_keep(z.masked_fill(~keep, float("-inf")), p.top_p, always_keep)
     return keep
 
 
 TOP_P_CANDIDATES = (256, 4096)  # the top-p cut is looked for among this many most likely tokens, in turn
 
 
-def _top_p_keep(masked: torch.Tensor, top_p: float) -> torch.Tensor:
+def _top_p_keep(masked: torch.Tensor, top_p: float, always_keep: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(N, V) bool: the smallest set of most likely tokens whose mass reaches ``top_p`` (vLLM's rule:
     sorted ascending, a token is dropped while the cumulative mass up to it is ≤ 1 − top_p).
 
     A full sort of the vocabulary costs ~25× a top-k of a few hundred, and the kept set is nearly
     always among the most likely few hundred tokens: among the top k candidates a token survives
-    iff the mass of the tokens above it is < top_p, i.e. its logit ≥ the last kept one's. Rows
-    whose candidates hold less than ``top_p`` of the mass try the next k, then the full sort.
+    iff the mass of the tokens above it is < top_p. Rows whose candidates hold less than ``top_p``
+    of the mass try the next k, then the full sort. Each row gives a count and the logit of its last
+    kept token; :func:`_most_likely` keeps exactly that many.
     """
-    keep = torch.zeros_like(masked, dtype=torch.bool)
+    n_keep = torch.zeros(masked.shape[0], dtype=torch.long, device=masked.device)  # (N,)
+    last = torch.zeros(masked.shape[0], dtype=masked.dtype, device=masked.device)  # (N,) the last kept logit
     rows = torch.arange(masked.shape[0], device=masked.device)
     lse = torch.logsumexp(masked, dim=-1, keepdim=True)  # (N, 1)
     for k in TOP_P_CANDIDATES:
         if k >= masked.shape[-1] or len(rows) == 0:
             break
-        z = masked[rows]
-        top = z.topk(k, dim=-1).values  # (n, k) descending
+        top = masked[rows].topk(k, dim=-1).values  # (n, k) descending
         probs = torch.exp(top - lse[rows])  # (n, k)
         above = probs.cumsum(dim=-1) - probs  # (n, k) mass of the more likely candidates
-        n_kept = (above < top_p).sum(dim=-1, keepdim=True).clamp(min=1)  # (n, 1) ≥ 1: the top token stays
+        count = (above < top_p).sum(dim=-1, keepdim=True).clamp(min=1)  # (n, 1) ≥ 1: the top token stays
         inside = probs.sum(dim=-1) >= top_p  # (n,) rows whose cut lies among the candidates
-        keep[rows[inside]] = z[inside] >= top.gather(-1, n_kept - 1)[inside]
+        n_keep[rows[inside]], last[rows[inside]] = count[inside, 0], top.gather(-1, count - 1)[inside, 0]
         rows = rows[~inside]
     if len(rows):
-        sorted_z, order = masked[rows].sort(dim=-1, descending=False)  # ascending, as vLLM
-        cum = torch.softmax(sorted_z, dim=-1).cumsum(dim=-1)
-        drop_sorted = cum <= 1 - top_p
+        sorted_z = masked[rows].sort(dim=-1, descending=False).values  # ascending, as vLLM
+        drop_sorted = torch.softmax(sorted_z, dim=-1).cumsum(dim=-1) <= 1 - top_p  # (n, V) a prefix
         drop_sorted[:, -1] = False  # the most likely token always survives
-        keep[rows] = ~torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        dropped = drop_sorted.sum(dim=-1)  # (n,)
+        n_keep[rows], last[rows] = masked.shape[-1] - dropped, sorted_z.gather(-1, dropped[:, None])[:, 0]
+    return _most_likely(masked, n_keep, last, always_keep)
+
+
+def _most_likely(z: torch.Tensor, n_keep: torch.Tensor, last: torch.Tensor, always_keep: Optional[torch.Tensor]) -> torch.Tensor:
+    """(N, V) bool: each row's ``n_keep`` most likely tokens, ``last`` the logit of the least likely of them.
+
+    Logits tied at ``last`` may straddle the cut (bf16 logits tie often); vLLM keeps as many of them as its
+    sort's positions allow, and only that count sets the normaliser. So exactly ``n_keep`` are kept: the
+    ``always_keep`` token first (the one sampled), then by index.
+    """
+    keep = z >= last[:, None]  # (N, V)
+    straddle = torch.nonzero(keep.sum(dim=-1) > n_keep).flatten()  # rows with a tie cut in two: rare
+    if len(straddle):
+        zs, cut = z[straddle], last[straddle, None]
+        tied = zs == cut  # (n, V)
+        first = torch.zeros_like(tied)
+        if always_keep is not None:
+            first.scatter_(-1, always_keep[straddle].view(-1, 1), True)
+            first &= tied
+        room = n_keep[straddle, None] - (zs > cut).sum(dim=-1, keepdim=True) - first.sum(dim=-1, keepdim=True)  # (n, 1)
+        others = tied & ~first
+        keep[straddle] = (zs > cut) | first | (others & (others.cumsum(dim=-1) <= room))
     return keep
 
 
@@ -153,7 +177,7 @@ def processed_logits(
     z = logits.float()
     if not p.greedy and p.temperature != 1.0:
         z = z / p.temperature
-    keep = kept_mask(z.detach(), p)
+    keep = kept_mask(z.detach(), p, always_keep)
     if keep is None:
         return z
     if always_keep is not None:
