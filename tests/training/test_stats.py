@@ -67,3 +67,36 @@ def test_token_level_fractions_average_over_tokens_not_sequences():
     out = stats.reduce(DistContext())
     assert out["clip_frac"] == pytest.approx(0.1) and out["neg_token_alpha_mean"] == pytest.approx(0.625) and out["neg_tokens"] == 4
     assert not [k for k in out if k.endswith("/over")]
+
+
+@pytest.mark.parametrize("loss, options", [("tis", {}), ("is", {"max_weight": 1.5}), ("ppo", {"dual_clip": 3.0})])
+def test_clip_fractions_over_micro_batches_are_the_single_passs(loss, options):
+    """tis and is clip whole sequences (ratio_level sequence): a step cut as [one long clipped row] + [three short
+    ones] logged 0.77 where one pass over the step gives 0.25, since each share was weighed by completion tokens."""
+    import torch
+
+    from toprcli.losses import policy_loss
+
+    lengths = [100, 10, 10, 10]
+    mask = torch.zeros(4, 100)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    lp = torch.full((4, 100), -1.0)
+    mu = lp.clone()
+    mu[0] -= 1.5  # row 0: π/μ = e^1.5 per token: its sequence ratio is clipped (tis, is), and ppo dual-clips its tokens
+    adv = torch.tensor([-1.0, 1.0, 1.0, -1.0]) if loss == "ppo" else torch.tensor([1.0, 1.0, -1.0, -1.0])
+
+    def metrics(rows):
+        return {k: float(v) for k, v in policy_loss(loss, lp[rows], mu[rows], adv[rows], mask[rows], **options)[1].items()}
+
+    whole = metrics([0, 1, 2, 3])
+    stats = StepStats()
+    for rows in ([0], [1, 2, 3]):
+        tokens = int(mask[rows].sum())
+        stats.add(metrics(rows), share=tokens / mask.sum().item(), n_active=len(rows), tokens=tokens, completion_tokens=tokens)
+    out = stats.reduce(DistContext())
+    keys = [k for k in whole if k.endswith("clip_frac")]
+    assert any(whole[k] > 0 for k in keys)
+    for key in keys:
+        assert out[key] == pytest.approx(whole[key]), key
+    assert not [k for k in out if k.endswith("_units")]

@@ -216,14 +216,15 @@ def _reinforce(coef: Tensor, logprobs: Tensor, advantages: Tensor) -> Tensor:
     return -(coef.detach() * advantages.unsqueeze(-1)) * logprobs
 
 
-def _masked_frac(flags: Tensor, mask: Tensor) -> Tensor:
-    """Share of flagged entries: over masked tokens if ``flags`` is (B, T), over
-    non-empty sequences if it is (B, 1). 0 if there are none."""
+def _masked_frac(flags: Tensor, mask: Tensor, name: str = "clip_frac") -> Dict[str, Tensor]:
+    """``{name: share of flagged entries, name_units: what it is over}``: masked tokens if ``flags`` is (B, T),
+    non-empty sequences if it is (B, 1); the share is 0 if there are none. The trainer weighs each micro-batch's
+    share by its units, so a step's share is the one a single pass gives (``StepStats``)."""
     if flags.shape[-1] == 1 and mask.shape[-1] != 1:
         m = (mask.sum(-1, keepdim=True) > 0).to(mask.dtype)  # (B, 1)
     else:
         m = mask
-    return _safe_div((flags.to(mask.dtype) * m).sum(), m.sum())
+    return {name: _safe_div((flags.to(mask.dtype) * m).sum(), m.sum()), f"{name}_units": m.sum()}
 
 
 def _as_float(value: Any) -> Optional[float]:

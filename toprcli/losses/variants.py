@@ -91,7 +91,7 @@ def is_loss(logprobs, behavior_logprobs, advantages, mask, *, max_weight=1e3, ra
     log_r = _log_ratio(logprobs, behavior_logprobs, mask, ratio_level)
     cap = math.log(float(max_weight))
     coef = torch.exp(log_r.clamp(max=cap))
-    return _reinforce(coef, logprobs, advantages), {"clip_frac": _masked_frac(log_r > cap, mask)}
+    return _reinforce(coef, logprobs, advantages), _masked_frac(log_r > cap, mask)
 
 
 @register_loss(
@@ -115,7 +115,7 @@ def tis_loss(logprobs, behavior_logprobs, advantages, mask, *, lower=0.0, upper=
     log_b = math.log(float(upper))
     coef = torch.exp(log_r.clamp(max=log_b)).clamp(min=float(lower))
     clipped = (log_r > log_b) | (torch.exp(log_r.clamp(max=log_b)) < float(lower))
-    return _reinforce(coef, logprobs, advantages), {"clip_frac": _masked_frac(clipped, mask)}
+    return _reinforce(coef, logprobs, advantages), _masked_frac(clipped, mask)
 
 
 @register_loss(
@@ -140,12 +140,12 @@ def ppo_loss(logprobs, behavior_logprobs, advantages, mask, *, clip_ratio=0.2, c
     l1 = -a * ratio
     l2 = -a * ratio.clamp(1.0 - eps_lo, 1.0 + eps_hi)
     loss = torch.maximum(l1, l2)
-    metrics = {"clip_frac": _masked_frac(l2 > l1, mask)}
+    metrics = _masked_frac(l2 > l1, mask)
     if dual_clip is not None:
         l3 = -a * float(dual_clip)
         dual = (a < 0) & (l3 < loss)
         loss = torch.where(dual, l3.expand_as(loss), loss)
-        metrics["dual_clip_frac"] = _masked_frac(dual, mask)
+        metrics.update(_masked_frac(dual, mask, "dual_clip_frac"))
     return loss, metrics
 
 
@@ -168,7 +168,7 @@ def cispo_loss(logprobs, behavior_logprobs, advantages, mask, *, clip_low=None, 
     lo = None if clip_low is None or float(clip_low) >= 1.0 else math.log1p(-float(clip_low))
     coef = torch.exp(log_r.clamp(min=lo, max=hi))
     clipped = (log_r > hi) if lo is None else (log_r > hi) | (log_r < lo)
-    return _reinforce(coef, logprobs, advantages), {"clip_frac": _masked_frac(clipped, mask)}
+    return _reinforce(coef, logprobs, advantages), _masked_frac(clipped, mask)
 
 
 @register_loss(

@@ -38,8 +38,9 @@ class StepStats:
     """
 
     EXACT = ("loss", "pg_loss", "kl", "kl_loss", "entropy")
-    # A per-token mean and what it averages over (``completion_tokens``: the micro-batch's).
-    PER_TOKEN = {"clip_frac": "completion_tokens", "neg_token_alpha_mean": "neg_tokens"}
+    # A mean over tokens or sequences, and the metric counting what it averages over (a loss's clip fractions
+    # report their units: sequences at ratio_level sequence); without it, the micro-batch's completion tokens.
+    PER_TOKEN = {"clip_frac": "clip_frac_units", "dual_clip_frac": "dual_clip_frac_units", "neg_token_alpha_mean": "neg_tokens"}
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
@@ -58,11 +59,13 @@ class StepStats:
             elif k in ("neg_alpha_mean", "neg_alpha_lt1_frac"):
                 self._add(k, v * n_neg)
             elif k in self.PER_TOKEN:
-                over = completion_tokens if self.PER_TOKEN[k] == "completion_tokens" else metrics.get(self.PER_TOKEN[k], 0)
+                over = metrics.get(self.PER_TOKEN[k], completion_tokens)
                 self._add(k, v * over)
                 self._add(f"{k}/over", over)
             elif k == "neg_tokens":
                 self._add(k, v)
+            elif k.endswith("_units"):  # counted with its fraction above
+                continue
             elif k == "log_ratio_max":
                 if n_active:
                     self.maxes["log_ratio_max"] = max(self.maxes["log_ratio_max"], v)
