@@ -17,6 +17,15 @@ def test_csv_cells_are_read_as_written(tmp_path):
     assert golds == ["5", "", "007", "NA", "None", "1e3"]
 
 
+def test_a_csv_saved_with_a_bom_reads_like_one_without(tmp_path):
+    """Excel's "CSV UTF-8" (and pandas' utf-8-sig) starts with a BOM: the first column was named '\ufeffquestion'
+    and the file was refused as "an error occurred while generating the dataset"."""
+    f = tmp_path / "qa.csv"
+    f.write_bytes("question,answer\nA?,007\n".encode("utf-8-sig"))
+    examples = load_examples(DatasetSpec(source=str(f)))
+    assert [(e.question, e.answer) for e in examples] == [("A?", "007")]
+
+
 def test_json_answers_that_are_whole_numbers_read_as_integers(tmp_path):
     """A JSON column of 5 and 2.5 is read as floats; the answer 5 was the text "5.0"."""
     f = tmp_path / "qa.jsonl"

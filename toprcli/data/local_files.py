@@ -45,7 +45,7 @@ def _as_text(datasets: Any, fmt: str, path: Path) -> dict[str, Any]:
         return {}
     import csv
 
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:  # -sig: Excel's "CSV UTF-8" starts with a BOM
         header = next(csv.reader(f), [])
     features = datasets.Features({c: datasets.Value("string") for c in header}) if len(set(header)) == len(header) else None
     return {"keep_default_na": False, **({"features": features} if features else {})}
@@ -75,7 +75,7 @@ def _diagnose_local(path: Path) -> str | None:
             except json.JSONDecodeError as e:
                 return f"not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
         elif suffix == ".csv":
-            with open(path, encoding="utf-8", newline="") as f:
+            with open(path, encoding="utf-8-sig", newline="") as f:
                 reader = csv.reader(f, strict=True)
                 header = next(reader, [])
                 for row in reader:
