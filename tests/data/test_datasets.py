@@ -194,3 +194,21 @@ def test_auto_reads_an_unnamed_file_by_its_content_and_renders_it_so(tmp_path):
     (tmp_path / "gsm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (example,) = load_examples(DatasetSpec(source=str(tmp_path / "gsm.jsonl")))
     assert example.answer == "5" and example.preset == "gsm8k"
+
+
+def test_content_is_read_from_the_columns_the_spec_names_and_from_the_rows_the_preset_is(tmp_path):
+    """The README's plain-columns example (--question-column problem --answer-column meta.solution) got the `none` preset:
+    the whole solution as gold, checked by `exact`. And a first row with a null answer gave default_verifier (one row)
+    `exact` while the examples were read as gsm8k (from the first rows, nulls filled): every right answer scored wrong."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from toprcli.data.datasets import default_verifier
+
+    pq.write_table(pa.table({"problem": ["What is 1/1?"], "meta": [{"solution": "It is \\boxed{1}."}]}), tmp_path / "problems.parquet")
+    spec = DatasetSpec(source=str(tmp_path / "problems.parquet"), question_column="problem", answer_column="meta.solution")
+    (example,) = load_examples(spec)
+    assert (example.preset, example.answer, default_verifier(spec)) == ("math", "1", "math")
+    pq.write_table(pa.table({"question": ["What is 2+2?", "What is 3+3?"], "answer": [None, "#### 6"]}), tmp_path / "nulls.parquet")
+    spec = DatasetSpec(source=str(tmp_path / "nulls.parquet"))
+    assert {e.preset for e in load_examples(spec)} == {"gsm8k"} and default_verifier(spec) == "gsm8k"

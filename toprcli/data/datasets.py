@@ -159,14 +159,19 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
         return PRESETS["gsm8k"]
     if "math" in name:
         return PRESETS["math"]
-    return _by_content(row) or PRESETS["none"]
+    return _by_content(row, spec) or PRESETS["none"]
 
 
-def _by_content(row: dict[str, Any] | None) -> Preset | None:
-    """A file named after neither: GSM8K's ``#### n`` answers, or MATH's ``problem`` with a boxed solution."""
-    if row is not None and isinstance(row.get("question"), str) and "####" in str(row.get("answer", "")):
+def _by_content(row: dict[str, Any] | None, spec: DatasetSpec) -> Preset | None:
+    """A file named after neither, by its question and answer columns (the ones the spec names, else GSM8K's
+    and MATH's): GSM8K's ``#### n`` answers, or a problem with a boxed solution."""
+    def text(column: str | None, default: str) -> str:
+        value = formats.get_path(row, column or default) if row is not None else None
+        return value if isinstance(value, str) else ""
+
+    if text(spec.question_column, "question") and "####" in text(spec.answer_column, "answer"):
         return PRESETS["gsm8k"]
-    if row is not None and isinstance(row.get("problem"), str) and any("\\boxed" in str(row.get(k, "")) for k in ("solution", "answer")):
+    if text(spec.question_column, "problem") and any("\\boxed" in text(spec.answer_column, k) for k in ("solution", "answer")):
         return PRESETS["math"]
     return None
 
@@ -372,5 +377,5 @@ def default_verifier(spec: DatasetSpec) -> str:
     """The verifier a dataset's answers are checked with (``data_source``: per row, verl's source names it)."""
     if spec.preset != "auto":
         return PRESETS[spec.preset].verifier
-    rows = _load_rows(dataclasses.replace(spec, limit=1, few_shot=0))
-    return resolve_preset(spec, rows[0] if rows else None).verifier
+    rows = _load_rows(dataclasses.replace(spec, limit=min(spec.limit or 100, 100), few_shot=0))
+    return resolve_preset(spec, _probe_row(rows) if rows else None).verifier  # the rows load_examples reads the preset from
