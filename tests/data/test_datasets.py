@@ -107,6 +107,11 @@ def test_templates_and_chat_template(tiny_model_dir):
         render_prompt(ex, DatasetSpec(template="no placeholder"))
     with pytest.raises(UserError, match="no \\{question\\} placeholder"):  # the chat instruction too (the problem was dropped)
         render_prompt(ex, DatasetSpec(template="Solve it step by step.", chat_template=True), tok)
+    # Gemma's template refuses a system turn: that was a jinja2 traceback
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(UserError, match=f"refused prompt {ex.prompt_id}: System role not supported — drop --system-prompt"):
+        render_prompt(ex, DatasetSpec(chat_template=True, system_prompt="Be brief."), tok)
+    assert ex.question in render_prompt(ex, DatasetSpec(chat_template=True), tok)
 
 
 @pytest.mark.parametrize(

@@ -358,7 +358,13 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
             messages = [{"role": "user", "content": instruction.replace("{question}", example.question)}]
             shots = [(instruction.replace("{question}", s.question), s.solution) for s in example.shots]
         messages = formats.with_shots(formats.with_system(messages, spec.system_prompt), shots)
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # jinja2.TemplateError: a template's own raise_exception, e.g. Gemma's "System role not supported"
+            if type(e).__module__.split(".")[0] != "jinja2":
+                raise
+            system = " — drop --system-prompt (or the rows' system turns)" if any(m["role"] == "system" for m in messages) else ""
+            raise UserError(f"the tokenizer's chat template refused prompt {example.prompt_id}: {e}{system}") from None
     template = spec.template or _preset_of(example, spec).template
     shots = "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in example.shots)
     return shots + template.replace("{question}", example.question)
