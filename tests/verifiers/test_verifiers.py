@@ -53,6 +53,9 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("18", "18.000", "correct", "18"),
         ("1e999999999", "#### 1", "incorrect", "999999999"),  # no exponent notation, ever
         ("#### 1. Eggs per day\n16-3-4=9\n#### 2. Money\n9*2=18\n#### 18", "18", "correct", "18"),  # headings are not answers
+        ("#### 1. Eggs per day\n16-3-4=9 eggs\nThe answer is 18.", "18", "correct", "18"),  # no "#### n" line: not the heading
+        ("#### 12. Money\n9*2=18\n**Final answer:** $\\boxed{18}$", "18", "correct", "18"),  # (was 1, then 12's "1")
+        ("#### 18 dollars in all", "18", "correct", "18"),  # words after the number: still the answer
         ("The answer is **18**.\nCheck: 9*2 = 18 > 3.", "18", "correct", "18"),  # bold (was the last number, 3)
         ("The final answer is: $\\boxed{18}$. Note 3 eggs.", "18", "correct", "18"),
         ("So the answer is \\(18\\), not 3", "18", "correct", "18"),
@@ -67,6 +70,7 @@ def test_gsm8k_strict_requires_hashes():
     assert gsm8k.check("The answer is 4", "#### 4", strict=True).verdict == "no_answer"
     assert gsm8k.check("blah 4", "#### 4", strict=True).verdict == "no_answer"
     assert gsm8k.check("so #### 4", "#### 4", strict=True).verdict == "correct"
+    assert gsm8k.check("#### 1. Eggs\nThe answer is 4", "#### 4", strict=True).verdict == "no_answer"  # a heading is no answer
     assert resolve_verifier("gsm8k", strict=True).check("The answer is 4", "4").verdict == "no_answer"
 
 

@@ -7,7 +7,7 @@ Prediction, in order (flexible mode, the default):
 
 1. the number after the first ``####`` that ends its line (what GSM8K solutions
    end with; text after it is the model rambling on; ``#### 1. Step one`` is a
-   markdown heading), else after the first ``####``,
+   markdown heading), else after the first ``####`` that is not such a heading,
 2. the number after the first "the answer is" / "the final answer is", also
    in bold, ``$\\boxed{}$`` or ``\\( \\)``,
 3. the last number in the completion.
@@ -34,8 +34,8 @@ from toprcli.verifiers.base import ERROR, NO_ANSWER, Verdict, clip_text, judged
 # after a word or a ")" is subtraction or a range (8-3, 2023-2024), not a sign.
 _NUMBER = r"(?:(?<![\w)])[-−]\$?|\$[-−]?)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
 _NUMBER_RE = re.compile(_NUMBER)
-_HASH_RE = re.compile(r"####\s*(" + _NUMBER + r")")
-# "#### 18" ending its line: a markdown heading "#### 1. Eggs laid per day" is not the answer.
+# "#### 18" ending its line; else "#### 18 dollars", but a markdown heading "#### 1. Eggs laid per day" is not the answer.
+_HASH_RE = re.compile(r"####\s*(" + _NUMBER + r")(?![\d,]|\.\s*[^\W\d_])")
 _HASH_LINE_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")[ \t]*\.?[ \t*]*$", re.M)
 # "The answer is 18", also bold, boxed or in \( \): "The answer is **18**", "is: $\boxed{18}$".
 _ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?[\s*_]*(?:(?:\$+\s*)?(?:\\\(|\\\[|\\(?:boxed|fbox)\{)[\s*_]*)?("
