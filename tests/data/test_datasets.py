@@ -148,6 +148,12 @@ def test_bad_columns_and_empty(tmp_path):
     u.write_text("x")
     with pytest.raises(UserError, match="unsupported file type"):
         load_examples(DatasetSpec(source=str(u)))
+    # no answer column (a header " answer" with a space): said at load, not after a whole generation as 100% check errors
+    s = tmp_path / "spaced.csv"
+    s.write_text("question, answer\n1+1?,2\n")
+    with pytest.warns(UserWarning, match="no answer column .*columns are: question,  answer\\): every gold answer is empty"):
+        (example,) = load_examples(DatasetSpec(source=str(s)))
+    assert example.answer is None
 
 
 @pytest.mark.integration  # waits for the hub's connection attempts to fail

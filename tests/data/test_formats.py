@@ -218,7 +218,7 @@ def test_columns_are_found_when_the_first_rows_value_is_null(tmp_path):
     rows = [{"q": "A?", "meta": None}, {"q": "B?", "meta": {"sol": "#### 4"}}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "st.parquet")
     golds = [e.answer for e in load_examples(DatasetSpec(source=str(tmp_path / "st.parquet"), question_column="q", answer_column="meta.sol"))]
-    assert golds == [None, "#### 4"]
+    assert golds == [None, "4"]  # and its "#### n" content, in the named column, reads as gsm8k
 
 
 def test_few_shot_draws_on_when_the_problem_is_in_the_pool_twice():

@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,9 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
     a_col = _pick_column(probe, spec.answer_column, preset.answer_columns, "answer", spec)
     id_col = _pick_column(probe, spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec)
     parts = [_question(r, q_col, preset, f"dataset {spec.source!r} row {n}, column {q_col!r}") for n, r in enumerate(rows)]
+    if a_col is None and all(reference is None for _, _, reference in parts):  # caught before hours of generation, not at scoring
+        warnings.warn(f"dataset {spec.source!r} has no answer column (looked for {', '.join(preset.answer_columns)}; columns are: "
+                      f"{', '.join(probe)}): every gold answer is empty and a verifier that needs one will fail — set dataset.answer_column")
     keys = [json.dumps(m) if m else q for q, m, _ in parts]  # a conversation is identified by all of it
     ids = [str(formats.get_path(r, id_col)) for r in rows] if id_col else prompt_ids(keys, spec.split)
     if id_col and len(set(ids)) != len(ids):
