@@ -399,3 +399,23 @@ def test_the_base_model_is_checked_on_a_first_run_only(tmp_path):
     assert not (tmp_path / "run").exists()
     reconcile(tmp_path / "run", cfg, apply_from_next_round=False)  # the run as it was recorded when its model existed
     Pipeline(cfg).prepare()
+
+
+def test_an_unmapped_data_source_is_refused_before_round_0_generates(tmp_path, tiny_model_dir):
+    """score.verifier data_source with a verl source the map lacks failed at round 0's scoring, after its generation."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from toprcli.config import DatasetSpec, GenerateConfig, IterateConfig, ScoreConfig
+    from toprcli.errors import UserError
+    from toprcli.pipeline import Pipeline
+
+    rows = [{"data_source": "my_math", "prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "verl.parquet")
+    cfg = IterateConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), score=ScoreConfig(verifier="data_source"),
+                        generate=GenerateConfig(dataset=DatasetSpec(source=str(tmp_path / "verl.parquet"), chat_template=True)))
+    with pytest.raises(UserError, match="no verifier for data_source my_math — add it: --verifier-by-source my_math=math"):
+        Pipeline(cfg).prepare()
+    assert not (tmp_path / "run").exists()
+    mapped = IterateConfig(**{**cfg.__dict__, "score": ScoreConfig(verifier="data_source", verifier_by_source={"my_math": "math"})})
+    Pipeline(mapped).prepare()

@@ -35,7 +35,7 @@ from typing import Any
 
 from toprcli import run_tracking, runs
 from toprcli.config import EngineConfig, EvalConfig, IterateConfig, TrainConfig
-from toprcli.data.datasets import default_verifier
+from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
 from toprcli.generation import open_backend
 from toprcli.generation.base import cuda_available
@@ -308,8 +308,11 @@ class Pipeline:
         config the run cannot take (runs.reconcile). Makes the branch (once) and records the config the run
         can take. Returns a branch's lineage (its parent run and round), else None."""
         check_installed(self.cfg.tracking.report_to)
-        if not self.cfg.warm_start.init_model and not (self.run_dir / runs.CONFIG_FILE).exists():
+        first = not (self.run_dir / runs.CONFIG_FILE).exists()
+        if first and not self.cfg.warm_start.init_model:
             check_model(self.initial_model())  # a first run with a mistyped model is refused before the run dir records it
+        if first and self.verifier() == "data_source":  # an unmapped verl source: refused before round 0 generates
+            score.check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
         return lineage

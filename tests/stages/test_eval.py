@@ -39,9 +39,11 @@ def test_eval_scores_verl_data_by_its_own_data_sources(tiny_model_dir, tmp_path)
     rows = [{"data_source": "my_math", "prompt": [{"role": "user", "content": f"What is {i}+1?"}],
              "reward_model": {"style": "rule", "ground_truth": str(i + 1)}} for i in range(3)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "verl.parquet")
-    r = CliRunner().invoke(app, ["eval", "-m", str(tiny_model_dir), "-d", str(tmp_path / "verl.parquet"), "--chat-template", "--k", "2",
-                                 "--max-new-tokens", "4", "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e"),
-                                 "--verifier-by-source", "my_math=math", "--json"])
+    args = ["eval", "-m", str(tiny_model_dir), "-d", str(tmp_path / "verl.parquet"), "--chat-template", "--k", "2",
+            "--max-new-tokens", "4", "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e")]
+    r = CliRunner().invoke(app, args)  # an unmapped source is refused before any sample is generated
+    assert r.exit_code == 2 and "no verifier for data_source my_math" in r.output and not (tmp_path / "e" / "samples").exists()
+    r = CliRunner().invoke(app, [*args, "--verifier-by-source", "my_math=math", "--json"])
     assert r.exit_code == 0, r.output
     done = json.loads((tmp_path / "e" / "eval.json").read_text())
     assert done["config"]["verifier"] == "data_source" and done["config"]["verifier_by_source"]["my_math"] == "math"

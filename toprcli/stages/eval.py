@@ -166,6 +166,8 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         cfg = replace(cfg, verifier=default_verifier(cfg.dataset))
     if examples is None:
         examples = load_examples(cfg.dataset)
+    if cfg.verifier == "data_source":  # refused now, not after the samples are generated
+        score_stage.check_sources({e.data_source for e in examples}, cfg.verifier_by_source)
     t0 = time.perf_counter()
     runs = [("sampled", out, False)]
     if cfg.greedy:

@@ -160,6 +160,11 @@ def _check_sources(files: dict[int, Path], mapping: dict[str, str]) -> None:
         if "data_source" not in pq.read_schema(path).names:
             raise UserError(f"{path} has no data_source column — --verifier data_source is for verl-format datasets; pick a verifier")
         sources |= set(pq.read_table(path, columns=["data_source"]).column(0).to_pylist())
+    check_sources(sources, mapping)
+
+
+def check_sources(sources: set[str | None], mapping: dict[str, str]) -> None:
+    """Every data_source has a verifier in ``mapping`` (eval checks its examples' before it generates)."""
     unknown = sorted(str(s) for s in sources - set(mapping))
     if unknown:
         raise UserError(f"no verifier for data_source {', '.join(unknown)} — add it: --verifier-by-source {unknown[0]}=math (or gsm8k, exact)")
