@@ -60,8 +60,11 @@ def run_train(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record
     ``on_launch(log)`` is called once the input is checked, as the ranks start)."""
     if runs_in_child(cfg):
         summary = train_in_child(cfg, on_launch)
-        return StageResult(train_stage.STAGE, cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
-    return train_stage.run(cfg, progress=progress, on_record=on_record)
+        result = StageResult(train_stage.STAGE, cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
+    else:
+        result = train_stage.run(cfg, progress=progress, on_record=on_record)
+    train_stage.warn_skipped_steps(result)
+    return result
 
 
 def write_stage_config(cfg: Any, path: Path) -> Path:

@@ -11,6 +11,7 @@ compared on shared axes (:func:`write_comparison`), each named by what differs i
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ def loss_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
         for line in f.read_text().splitlines():
             rec = json.loads(line)
             if "loss" in rec and "step" in rec:
-                points.append((int(rec["step"]), float(rec["loss"])))
+                points.append((int(rec["step"]), math.nan if rec["loss"] is None else float(rec["loss"])))  # null: a diverged step
         if points:
             curves[policy.parent.name] = points
     return curves

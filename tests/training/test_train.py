@@ -614,3 +614,26 @@ def test_mixed_precision_autocast_keeps_no_cast_copy_of_the_weights():
 
     with Precision("bfloat16", "cpu").autocast(distributed=False):
         assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_cache_enabled()
+
+
+def test_steps_skipped_for_a_gradient_that_is_not_finite_are_said_and_its_files_are_strict_json(tiny_model_dir, data_path, tmp_path):
+    """A diverged run (lr 1e8) skipped 5 of 6 steps in silence: exit 0, no word in the table, `skipped_steps` only in
+    train_summary.json, which (like metrics.jsonl) held bare NaN, which strict JSON parsers refuse."""
+    from toprcli.cli.main import app
+    from toprcli.launch import run_train
+    from toprcli.stages.train import SkippedSteps
+
+    def strict(text: str) -> object:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in a JSON file"))
+
+    cfg = _cfg(tiny_model_dir, data_path, tmp_path / "p", lr=1e8, loss="reinforce", max_steps=4)
+    with pytest.warns(SkippedSteps, match=r"of 4 optimizer steps were skipped: their gradient was not finite"):
+        summary = run_train(cfg).summary
+    assert summary["skipped_steps"] >= 1
+    assert strict((tmp_path / "p" / "train_summary.json").read_text())["skipped_steps"] == summary["skipped_steps"]
+    lines = [strict(line) for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    assert None in [r["grad_norm"] for r in lines]  # NaN written as null
+    with pytest.warns(SkippedSteps):
+        out = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(tmp_path / "q"), "--optimizer", "adamw",
+                                       "--lr", "1e8", "--loss", "reinforce", "--batch-size", "16", "--max-steps", "4"])
+    assert out.exit_code == 0 and "skipped steps (gradient not finite)" in out.output

@@ -57,6 +57,8 @@ def show(result: StageResult, cfg: TrainConfig) -> None:
     rows.append(("precision / saved as", f"{s.get('precision')} / {s.get('save_dtype')}"))
     if "behavior_gap_mean" in s:
         rows.append((f"|log π − log μ| mean/max ({s.get('behavior_gap_source')})", f"{s['behavior_gap_mean']:.3g} / {s['behavior_gap_max']:.3g}"))
+    if s.get("skipped_steps"):
+        rows.append(("skipped steps (gradient not finite)", s["skipped_steps"]))
     if s.get("resumed_from_step"):
         rows.append(("resumed from step", s["resumed_from_step"]))
     if s.get("world_size", 1) > 1:

@@ -35,6 +35,7 @@ import contextlib
 import gc
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,18 @@ def _tracked(prep: Prepared, on_record: Callable[[dict[str, Any]], None] | None)
         yield sink
 
 
+class SkippedSteps(UserWarning):
+    """Optimizer steps skipped because their gradient was not finite: the policy lacks their updates."""
+
+
+def warn_skipped_steps(result: StageResult) -> None:
+    """A run that skipped steps (NaN or inf gradients) says so: its policy saved as trained lacks those updates."""
+    n, steps = result.summary.get("skipped_steps") or 0, result.summary.get("steps") or 0
+    if n and not result.skipped:
+        warnings.warn(SkippedSteps(f"{n} of {steps} optimizer steps were skipped: their gradient was not finite (NaN or inf: a learning "
+                                   f"rate too high, or a bf16 overflow), so {result.out} lacks their updates — lower --lr or train in float32"))
+
+
 def _finish(prep: Prepared, summary: dict) -> None:
     """Record the run in <out>.partial, rename it to <out>, then drop the training state.
 
@@ -128,7 +141,7 @@ def _finish(prep: Prepared, summary: dict) -> None:
     it, <out> is complete and a resume removes what is left of the training state. (Deleting
     first could leave a half-deleted checkpoint for --resume to load, or none: training anew.)"""
     partial = prep.partial
-    shards.write_json_atomic(partial / SUMMARY_NAME, summary)
+    shards.write_json_atomic(partial / SUMMARY_NAME, shards.json_safe(summary))
     shards.write_manifest(
         partial,
         stage=STAGE,

@@ -39,7 +39,7 @@ from toprcli.config import TrainConfig
 from toprcli.errors import UserError
 from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
-from toprcli.shards import same_model, write_atomic, write_text_atomic
+from toprcli.shards import json_safe, same_model, write_atomic, write_text_atomic
 from toprcli.tracking import TRACKER_FILES
 from toprcli.training import checkpoint as ckpt
 from toprcli.training.batching import TokenData, collate, collate_shared, loss_denominator, plan_micro_batches
@@ -113,7 +113,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
             last = _step_record(prep, state, stats.reduce(ctx), step, grad_norm, lr, time.perf_counter() - t0, time.process_time() - c0)
             if ctx.is_main:
                 if (step + 1) % cfg.log_every == 0 or step + 1 == prep.steps:
-                    metrics_file.write(json.dumps(last) + "\n")
+                    metrics_file.write(json.dumps(json_safe(last)) + "\n")  # a diverged step's NaN as null: strict JSON
                     metrics_file.flush()
                     if on_record is not None:
                         on_record(last)
