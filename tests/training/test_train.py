@@ -425,6 +425,8 @@ def test_lora_is_saved_merged(tiny_model_dir, data_path, tmp_path):
     summary = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, lr=1e-2, lora_rank=4, lora_target_modules=["q_proj", "v_proj"]))
     assert summary["trainable_parameters"] < summary["parameters"] / 10
     w, base = _weights(out), _weights(tiny_model_dir)
+    # counted with the adapters, as under FSDP (counted after the merge in one process, it differed by run mode)
+    assert summary["parameters"] == sum(t.numel() for t in base.values()) + summary["trainable_parameters"]
     assert w.keys() == base.keys()  # plain HF weights: no adapter keys
     moved = {k for k in w if (w[k] - base[k]).abs().max() > 0}
     assert moved and all(("q_proj" in k or "v_proj" in k) for k in moved)
@@ -637,3 +639,21 @@ def test_steps_skipped_for_a_gradient_that_is_not_finite_are_said_and_its_files_
         out = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(tmp_path / "q"), "--optimizer", "adamw",
                                        "--lr", "1e8", "--loss", "reinforce", "--batch-size", "16", "--max-steps", "4"])
     assert out.exit_code == 0 and "skipped steps (gradient not finite)" in out.output
+
+
+def test_the_mu_gap_is_on_the_first_line_written_whatever_log_every(tiny_model_dir, data_path, tmp_path):
+    """With --log-every 2 the step-1 record holding the gap was never written: metrics.jsonl (and so the trackers) had no gap."""
+    summary = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", log_every=2))
+    records = [json.loads(line) for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 3]
+    assert records[0]["behavior_gap_mean"] == summary["behavior_gap_mean"] and "behavior_gap_mean" not in records[1]
+
+
+def test_resume_into_a_dir_that_is_not_a_training_output_says_so(tiny_model_dir, data_path):
+    """`topr train -m M -o M --resume` advised "(or --resume to keep a finished run)" to a command that had --resume."""
+    from toprcli.errors import UserError
+
+    with pytest.raises(UserError, match=r"exists and is not a finished training output \(no train_summary.json\) — pass --overwrite to replace it$"):
+        train_policy(_cfg(tiny_model_dir, data_path, tiny_model_dir, resume=True))
+    with pytest.raises(UserError, match=r"already exists — pass --overwrite to replace it \(or --resume to keep a finished run\)"):
+        train_policy(_cfg(tiny_model_dir, data_path, tiny_model_dir))

@@ -131,11 +131,12 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
             metrics_file.close()
 
     # The policy, then the run's record, then the rename that makes <out> exist.
+    state["parameters"] = int(sum(p.numel() for p in model.policy.parameters()))  # before a LoRA merge (one process) changes it
     ckpt.save_policy(partial, model.policy, ctx, source=cfg.model, save_dtype=getattr(torch, cfg.save_dtype),
                      lora=bool(cfg.lora_rank), lora_config=model.lora_config)
     resumed = None if resume_from is None else int(resume_from.name.split("-")[1])
     state["peak_memory"] = _peak_memory(ctx)
-    return _summary(prep, ctx, state, last, model.policy, model.params, model.precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
+    return _summary(prep, ctx, state, last, model.params, model.precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
 
 
 def _build_model(prep: Prepared, ctx: DistContext) -> _Learner:
@@ -376,7 +377,7 @@ def _step_record(prep: Prepared, state: dict[str, Any], record: dict[str, Any], 
         "step_time_s": elapsed,
         "step_cpu_s": cpu_s,  # CPU seconds of this process (all threads)
     }
-    if step == 0 and state["gap"] is not None:
+    if step + 1 == min(prep.cfg.log_every, prep.steps) and state["gap"] is not None:  # on the first line written (measured at step 1)
         out.update({k: v for k, v in state["gap"].items() if k != "behavior_gap_source"})
     if state["first_loss"] is None:
         state["first_loss"] = out["loss"]
@@ -386,9 +387,8 @@ def _step_record(prep: Prepared, state: dict[str, Any], record: dict[str, Any], 
 # -- after the last step -----------------------------------------------------------------
 
 
-def _summary(prep: Prepared, ctx: DistContext, state: dict[str, Any], last: dict[str, Any], policy, params, precision: Precision, *, resumed_from, wall: float) -> dict[str, Any]:
+def _summary(prep: Prepared, ctx: DistContext, state: dict[str, Any], last: dict[str, Any], params, precision: Precision, *, resumed_from, wall: float) -> dict[str, Any]:
     cfg = prep.cfg
-    n_params = sum(p.numel() for p in policy.parameters())
     n_train = sum(p.numel() for p in params)
     train_time = state["train_time_s"]
     gap = state.get("gap") or {}
@@ -422,7 +422,7 @@ def _summary(prep: Prepared, ctx: DistContext, state: dict[str, Any], last: dict
         **state.get("peak_memory", {}),
         "resumed_from_step": resumed_from,
         "world_size": ctx.world_size,
-        "parameters": int(n_params),  # DTensor.numel() is the global size under FSDP
+        "parameters": state["parameters"],  # with LoRA adapters; DTensor.numel() is the global size under FSDP
         "trainable_parameters": int(n_train),
         "lora_rank": cfg.lora_rank,
     }
