@@ -329,6 +329,49 @@ def test_a_rounds_eval_that_comes_after_the_round_was_logged_is_logged(tmp_path,
         assert [v != v for _, v in _mlflow_history(tracker, "round/train_final_loss")] == [True]
 
 
+def test_evals_that_come_out_of_order_are_each_logged_once(tmp_path, monkeypatch):
+    """eval_every 2, then lowered to 1: round 1's eval came after round 2's and never reached the trackers (a mark held
+    the last eval's round); and a W&B offline rerun logged every round's eval again (its marks from the files had no
+    round:eval)."""
+    from toprcli.pipeline import EVAL_KEYS
+    from toprcli.run_tracking import log_round
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    cfg, run = TrackingConfig(report_to=["mlflow", "wandb"]), tmp_path / "run"
+
+    def rounds(evaluated):
+        with open_tracker(cfg, run, config={}) as tracker:
+            for r in range(4):
+                log_round(tracker, run, r, {"round": r, "p_effective": 0.5, **({"pass@1": r / 10} if r in evaluated else {})}, {}, EVAL_KEYS)
+        return tracker
+
+    rounds({0, 2})
+    tracker = rounds({0, 1, 2, 3})  # eval_every lowered: rounds 1 and 3 evaluated now
+    assert _mlflow_history(tracker, "round/pass_at_1") == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.3)]
+    rounds({0, 1, 2, 3})  # a rerun: nothing new
+    from toprcli.tracking.wandb_run import offline_history
+
+    files = sorted((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    logged = sorted(int(row["round/step"]) for row in offline_history(files) if "round/pass_at_1" in row)
+    assert logged == [0, 1, 2, 3]
+
+
+def test_a_changed_project_keeps_tensorboards_series_once(tmp_path):
+    """TensorBoard's files are <run>/tb whatever the project: a project change wrote every series a second time."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    for project in ("a", "b"):
+        with open_tracker(TrackingConfig(report_to=["tensorboard"], project=project), run, config={}) as tracker:
+            for step in (1, 2):
+                tracker.log("train", {"loss": step / 10}, step)
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2]
+
+
 def test_a_signal_while_a_backend_logs_does_not_log_the_step_twice(tmp_path, monkeypatch):
     """A Ctrl-C after a backend stored a step but before tracking.json said so: the resumed run logged it again."""
     import signal

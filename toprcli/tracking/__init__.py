@@ -121,6 +121,25 @@ def check_installed(report_to: list[str]) -> None:
         raise UserError(f"--report-to needs {', '.join(missing)} — `{EXTRA}` (or `pip install {' '.join(missing)}`)")
 
 
+def _sparse(mark: str) -> bool:
+    """Marks whose steps may come out of order (an eval after its round, ``eval_every`` lowered; a round's table):
+    the steps logged, not the last one, which is enough for an axis logged in order (``train``, ``round``)."""
+    return mark == "round:eval" or mark.startswith("table:")
+
+
+def has_logged(marks: dict[str, Any], mark: str, step: int) -> bool:
+    got = marks.get(mark, -1)
+    return step in got if isinstance(got, list) else step <= got  # an int: every step up to it (as older runs recorded)
+
+
+def mark_logged(marks: dict[str, Any], mark: str, step: int) -> None:
+    got = marks.get(mark, -1)
+    if not _sparse(mark):
+        marks[mark] = max(step, got if isinstance(got, int) else max(got, default=-1))
+        return
+    marks[mark] = sorted({step, *(got if isinstance(got, list) else range(got + 1))})
+
+
 class Tracker:
     """The backends of one run directory; a step a backend has is not logged to it again."""
 
@@ -133,7 +152,8 @@ class Tracker:
         for name in dict.fromkeys(cfg.report_to):  # in order, once each
             module = importlib.import_module(f"toprcli.tracking.{BACKENDS[name][0]}")
             own = self.state["backends"].setdefault(name, {})  # the backend's run id and marks, kept across resumes
-            if own.get("tracked_project", info.project) != info.project:  # a run cannot move: a new one there, given everything
+            moved = own.get("tracked_project", info.project) != info.project and getattr(module, "PER_PROJECT", True)
+            if moved:  # a run cannot move: a new one there, given everything (TensorBoard's <run>/tb has no project)
                 warnings.warn(f"{name}: tracking.project changed ({own['tracked_project']} → {info.project}): a new tracked run there, "
                               "with this run's whole history", stacklevel=2)
                 own.clear()
@@ -156,14 +176,14 @@ class Tracker:
             return None
 
     def _each(self, mark: str, step: int, call) -> None:
-        """``call(backend)`` for each backend whose last step of ``mark`` is before ``step``; the marks are saved."""
+        """``call(backend)`` for each backend that has not logged ``step`` of ``mark``; the marks are saved."""
         for name, backend in list(self.backends.items()):
             marks = self.state["backends"][name].setdefault("logged", {})
-            if step > marks.get(mark, -1):
+            if not has_logged(marks, mark, step):
                 with deferred():  # a step the backend took is marked before a signal stops the run: never logged twice
                     self._call(name, lambda b=backend: call(b))
                     if name in self.backends:  # a failure dropped it: the step stays to log on the next run
-                        marks[mark] = step
+                        mark_logged(marks, mark, step)
                         self._save()
 
     def log(self, axis: str, metrics: dict[str, Any], step: int, *, mark: str | None = None) -> None:

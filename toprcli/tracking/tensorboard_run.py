@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+PER_PROJECT = False  # its event files are <run>/tb whatever tracking.project says: a project change keeps them
+
 
 class TensorBoardRun:
     def __init__(self, log_dir: Path):

@@ -37,7 +37,7 @@ class WandbRun:
         files = [f for f in sorted(Path(self.run.settings.wandb_dir).glob(f"offline-run-*-{state['id']}*/run-{state['id']}.wandb"))
                  if f.parent != Path(self.run.settings.sync_dir)]  # the earlier sessions' files, not this one's
         if state.get("mode") == "offline" and files:  # (mode: recorded once a start succeeded)  # what the killed process's buffer never wrote is logged again
-            state["logged"] = offline_marks(files)  # (none there: synced and cleaned, or another WANDB_DIR; the marks stand)
+            state["logged"] = with_offline_marks(state.get("logged") or {}, offline_marks(files))  # (none there: synced and cleaned, or another WANDB_DIR; the marks stand)
         state["mode"] = self.run.settings.mode
 
     def _next_step(self) -> int:
@@ -105,6 +105,17 @@ def offline_history(run_files: list[Path]) -> Iterator[dict[str, Any]]:
         for record in offline_records(run_file):
             if record.WhichOneof("record_type") == "history":
                 yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+
+
+def with_offline_marks(saved: dict[str, Any], offline: dict[str, int]) -> dict[str, Any]:
+    """The marks the offline files hold (what a killed process's buffer never wrote is logged again). A round's eval
+    part is not told apart in them: its saved steps are kept up to the last round the files hold (dropping them
+    logged every eval again on each rerun)."""
+    marks = dict(offline)
+    if "round:eval" in saved:
+        got, last = saved["round:eval"], offline.get("round", -1)
+        marks["round:eval"] = [s for s in got if s <= last] if isinstance(got, list) else min(got, last)
+    return marks
 
 
 def offline_marks(run_files: list[Path]) -> dict[str, int]:
