@@ -100,3 +100,21 @@ def test_collect_reads_round_configs_through_the_schema_and_only_finished_scores
     assert rows[1]["config_changed"] == ["eval.workers"] and "reward_mean" not in rows[1] and rows[2]["reward_mean"] == 0.0
     (run / "config.yaml").write_text(yaml.safe_dump({**full, "train": {**full["train"], "lr": 1e-6}, "tracking": {**full["tracking"], "run_name": "x"}}))
     assert run_label(run, full) == "run (train.lr=1e-06)"  # a sweep's tracked names are not what differs
+
+
+def test_the_headline_compares_only_rounds_evaluated_alike():
+    """Round 3 evaluated with another k: the report said so, then quoted "pass@1 went from round 0 to round 3"."""
+    from toprcli.report import markdown
+
+    rows = [{"round": 0, "pass@1": 0.2}, {"round": 1, "pass@1": 0.3}, {"round": 3, "pass@1": 0.5, "eval_comparable": False}]
+    text = markdown(rows, Path("runs/x"))
+    assert "pass@1 went from 20.0% (round 0) to 30.0% (round 1): +10.0 points." in text and "(round 3):" not in text
+
+
+def test_runs_with_one_directory_name_are_told_apart(tmp_path):
+    """Comparing a/demo with b/demo labelled both "demo", and the paired difference read "demo − demo"."""
+    from toprcli.report import run_names
+
+    a, b = tmp_path / "a" / "demo", tmp_path / "b" / "demo"
+    assert run_names([a, b]) == ["a/demo", "b/demo"]
+    assert run_names([a, tmp_path / "other"]) == ["demo", "other"]

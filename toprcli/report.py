@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +127,9 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     if boot:
         lines += ["", f"[low, high]: 95% percentile bootstrap interval over prompts ({boot['resamples']} resamples, seed {boot['seed']})."]
     lines += _changes(rows, run_dir)
-    first = next((r for r in rows if r.get("pass@1") is not None), None)
-    last = next((r for r in reversed(rows) if r.get("pass@1") is not None), None)
-    if first is not None and last is not None and last is not first:
+    comparable = [r for r in rows if r.get("pass@1") is not None and r.get("eval_comparable") is not False]  # same eval settings
+    first, last = (comparable[0], comparable[-1]) if comparable else (None, None)
+    if first is not None and last is not first:
         delta = 100 * (last["pass@1"] - first["pass@1"])
         lines += ["", f"pass@1 went from {100 * first['pass@1']:.1f}% (round {first['round']}) to "
                   f"{100 * last['pass@1']:.1f}% (round {last['round']}): {delta:+.1f} points."]
@@ -231,8 +232,8 @@ COMPARED = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("p", "p (raw positive sha
             ("train_final_loss", "training loss (final step)"))
 
 
-def run_label(run_dir: Path, reference: dict[str, Any] | None) -> str:
-    """A run's name in a comparison: its directory, and what differs in its config from the first run's."""
+def run_label(run_dir: Path, reference: dict[str, Any] | None, name: str | None = None) -> str:
+    """A run's name in a comparison: its directory (``name``), and what differs in its config from the first run's."""
     cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {} if (run_dir / CONFIG_FILE).exists() else {}
     keys = sorted(k for k in changed_keys(reference, cfg) - {"run_dir", "rounds"} if not k.startswith("tracking.")) if reference is not None else []
 
@@ -243,7 +244,17 @@ def run_label(run_dir: Path, reference: dict[str, Any] | None) -> str:
         return node
 
     diff = ", ".join(f"{k}={value(k)}" for k in keys[:3]) + (" ..." if len(keys) > 3 else "")
-    return f"{run_dir.name} ({diff})" if diff else run_dir.name
+    name = name or run_dir.name
+    return f"{name} ({diff})" if diff else name
+
+
+def run_names(dirs: list[Path]) -> list[str]:
+    """Each run's directory name; where two share one (a/demo, b/demo), their paths below the common parent."""
+    names = [d.name for d in dirs]
+    if len(set(names)) == len(names):
+        return names
+    common = Path(os.path.commonpath([d.resolve() for d in dirs]))
+    return [str(d.resolve().relative_to(common)) if d.resolve() != common else str(d) for d in dirs]
 
 
 def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[dict[str, Any]], Path]:
@@ -257,8 +268,8 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[
     dirs = [Path(d) for d in run_dirs]
     first_cfg = dirs[0] / CONFIG_FILE
     reference = yaml.safe_load(first_cfg.read_text()) or {} if first_cfg.exists() else None
-    runs = [{"run_dir": str(d), "label": run_label(d, reference if i else None), "lineage": lineage(d), "rounds": collect(d)}
-            for i, d in enumerate(dirs)]
+    runs = [{"run_dir": str(d), "label": run_label(d, reference if i else None, name), "lineage": lineage(d), "rounds": collect(d)}
+            for i, (d, name) in enumerate(zip(dirs, run_names(dirs)))]
     for run in runs[1:]:
         run["paired_vs_first"] = paired_difference(dirs[0], Path(run["run_dir"]))
     out = Path(out)

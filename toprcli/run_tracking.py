@@ -19,7 +19,8 @@ from toprcli.runs import LINEAGE_FILE, round_dir
 from toprcli.tracking import Tracker, open_tracker, replay, sample_rows
 
 def open_run_tracker(cfg: IterateConfig, run_dir: Path) -> Tracker | None:
-    """The run's tracker; a branch is grouped with its parent run unless ``tracking.group`` says otherwise."""
+    """The run's tracker; a branch's group is its parent run's name unless ``tracking.group`` says otherwise (the parent
+    itself has no group unless its config names one)."""
     lineage = run_dir / LINEAGE_FILE
     parent = Path(json.loads(lineage.read_text())["parent"]).name if lineage.exists() else None
     return open_tracker(cfg.tracking, run_dir, config=config_to_dict(cfg), group=parent)

@@ -175,7 +175,7 @@ class TrackingConfig:
                                check=_check(lambda v: set(v) <= set(TRACKERS), f"a list of {', '.join(TRACKERS)}"))
     project: str | None = opt(None, "W&B or trackio project, MLflow experiment; unset: WANDB_PROJECT or MLFLOW_EXPERIMENT_NAME, else toprcli.")
     run_name: str | None = opt(None, "The tracked run's name; unset: the run directory's name.")
-    group: str | None = opt(None, "Group of runs (W&B and trackio group, MLflow tag); unset: a branch's parent run.")
+    group: str | None = opt(None, "Group of runs (W&B and trackio group, MLflow tag); unset: a branch's parent run's name.")
     tags: dict[str, Any] = opt(factory=dict, help="A tag as KEY=VALUE (repeatable), e.g. variant=topr.", flag="--tag")
 
 
