@@ -130,3 +130,41 @@ def test_a_killed_eval_rerun_with_another_verifier_does_not_report_the_old_judge
     res = run(eval_config(tiny_model_dir, out, verifier_model=str(other)), backend=hf_backend)
     assert res["metrics"]["verifier_model"] == str(other)
     assert pq.read_metadata(out / "verified" / "shard-00000.parquet").metadata is not None
+
+
+def test_a_verifier_with_another_tokenizer_gets_its_own_engine(tiny_model_dir, hf_backend, tmp_path):
+    """Same architecture, another chat template: the sampled verdicts were rendered with the policy's (the shared
+    engine's) tokenizer while the `policy` column named the verifier."""
+    import shutil
+
+    verifier = tmp_path / "tinyv"
+    shutil.copytree(tiny_model_dir, verifier)
+    (verifier / "chat_template.jinja").write_text("{% for m in messages %}VERIFY: {{ m['content'] }}{% endfor %}\nVerdict:")
+    cfg = eval_config(tiny_model_dir, tmp_path / "eval", verifier_model=str(verifier), verifier_mode="sampled", verifier_samples=1,
+                      verifier_max_new_tokens=4, verifier_chat_template=True)
+    run(cfg, backend=hf_backend)
+    assert str(hf_backend.model) == str(tiny_model_dir)  # not swapped: the verifier had an engine of its own
+    prompts = pq.read_table(tmp_path / "eval" / "judge" / "samples").column("prompt").to_pylist()
+    assert prompts and all(p.startswith("VERIFY: ") for p in prompts)
+
+
+def test_verification_prompts_past_the_verifiers_context_are_refused(tiny_model_dir, hf_backend, tmp_path):
+    """P(Yes) read positions past the verifier's context with transformers (and vLLM raised a traceback)."""
+    from toprcli.errors import UserError
+
+    questions = [{"question": "What is " + " + ".join(["1"] * 120) + "?", "answer": "120"}]
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
+    cfg = eval_config(tiny_model_dir, tmp_path / "eval", verifier_model=str(tiny_model_dir), k=2,
+                      dataset=DatasetSpec(source=str(tmp_path / "long.jsonl")), sampling=SamplingConfig(max_new_tokens=8, seed=1))
+    with pytest.raises(UserError, match=r"2 of 2 verification prompts do not fit the verifier's context of 512 tokens"):
+        run(cfg, backend=hf_backend)
+
+
+def test_the_verifier_groups_votes_as_maj_at_k_does_under_data_source():
+    """--verifier data_source on MATH rows: maj@k voted \\frac{1}{2} with 0.5 (math), the verifier's candidates_maj@k
+    by their text (the literal data_source spec has no equivalence)."""
+    from toprcli.verifiers.voting import voting_verifier
+
+    assert voting_verifier("data_source", ["lighteval/MATH", "lighteval/MATH"], {"lighteval/MATH": "math"}) == "math"
+    assert voting_verifier("data_source", ["a", "b"], {"a": "math", "b": "gsm8k"}) == "data_source"
+    assert voting_verifier("gsm8k", [], {}) == "gsm8k"

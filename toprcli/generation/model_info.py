@@ -101,6 +101,20 @@ def stop_token_ids(*sources: Any) -> frozenset[int]:
 
 
 
+# What renders prompts and stops completions, besides the weights: a verifier of one architecture may differ in them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def same_tokenizer(a: str, b: str) -> bool:
+    """Whether two model dirs tokenize, template and stop alike: their tokenizer and generation-config files are the same bytes."""
+    pa_, pb = Path(a), Path(b)
+    if not (pa_.is_dir() and pb.is_dir()):
+        return a == b
+    return all((pa_ / f).is_file() == (pb / f).is_file() and (not (pa_ / f).is_file() or (pa_ / f).read_bytes() == (pb / f).read_bytes())
+               for f in TOKENIZER_FILES)
+
+
 def same_architecture(a: str, b: str) -> bool:
     """Whether two model dirs have the same architecture and shapes (in-place reload is valid).
 

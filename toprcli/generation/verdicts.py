@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from toprcli.data.verification import NO, YES
+from toprcli.errors import UserError
 from toprcli.generation.base import GenerationBackend
 
 SPELLINGS = {YES: ("Yes", " Yes"), NO: ("No", " No")}
@@ -55,6 +56,7 @@ def _known(tokenizer: Any, token_id: Any) -> bool:
 def verdict_scores(backend: GenerationBackend, tokenizer: Any, prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """(score, verdict mass) of each verification prompt, both (N,) float64, from ``backend``'s model."""
     spellings = spelling_ids(tokenizer)
+    _check_context(prompts, max(len(ids) for variants in spellings.values() for ids in variants), getattr(backend, "max_model_len", None))
     owners: list[tuple[int, str]] = []  # (prompt index, verdict) of each scored continuation
     heads: list[list[int]] = []
     tails: list[list[int]] = []
@@ -71,3 +73,13 @@ def verdict_scores(backend: GenerationBackend, tokenizer: Any, prompts: list[lis
     total = mass[YES] + mass[NO]
     score = np.divide(mass[YES], total, out=np.full(len(prompts), 0.5), where=total > 0)
     return score, total
+
+
+def _check_context(prompts: list[list[int]], verdict_tokens: int, context: int | None) -> None:
+    """A verification prompt and its verdict must fit the verifier's context: past it, a transformers forward reads
+    positions the model never had and vLLM refuses the request."""
+    long = [len(p) for p in prompts if context is not None and len(p) + verdict_tokens >= context]  # vLLM keeps one position free
+    if long:
+        raise UserError(f"{len(long)} of {len(prompts)} verification prompts do not fit the verifier's context of {context} tokens with "
+                        f"a verdict (the longest: {max(long)} tokens) — judge shorter candidates (a lower --max-new-tokens) or use a "
+                        "verifier with a longer context")

@@ -34,7 +34,7 @@ from toprcli.stages import score as score_stage
 from toprcli.stages.eval_judge import VERIFIED, judge
 from toprcli.tracking import check_installed, open_tracker, sample_rows
 from toprcli.verifiers import ERROR, NO_ANSWER, TIMEOUT
-from toprcli.verifiers.voting import vote_keys
+from toprcli.verifiers.voting import vote_keys, voting_verifier
 
 STAGE = "eval"
 EVAL_FILE = "eval.json"
@@ -226,20 +226,14 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
     return result
 
 
-def _voting_verifier(cfg: EvalConfig, t: Any) -> str:
-    """The verifier whose equivalence groups votes: under data_source, the one verifier every row's source names."""
-    if cfg.verifier != "data_source" or "data_source" not in t.column_names:
-        return cfg.verifier
-    named = {cfg.verifier_by_source.get(s) for s in pc.unique(t.column("data_source")).to_pylist()}
-    return named.pop() if len(named) == 1 and None not in named else cfg.verifier
-
-
 def _sampled_metrics(cfg: EvalConfig, t: Any) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """pass@1/pass@k/maj@k of the sampled pass, and pass@1 and maj@k per prompt; answers vote together when
     the verifier finds them equivalent."""
     prompt_ids, correct = t.column("prompt_id").to_pylist(), t.column("correct").to_pylist()
     extracted = t.column("extracted_answer").to_pylist()
-    keys = vote_keys(_voting_verifier(cfg, t), prompt_ids, extracted, correct, cfg.k, workers=cfg.workers, timeout=cfg.timeout)
+    sources = t.column("data_source").to_pylist() if "data_source" in t.column_names else []
+    keys = vote_keys(voting_verifier(cfg.verifier, sources, cfg.verifier_by_source), prompt_ids, extracted, correct, cfg.k,
+                     workers=cfg.workers, timeout=cfg.timeout)
     verdicts = t.column("verdict").to_pylist()
     invalid = [v == NO_ANSWER for v in verdicts]
     scores, short = prompt_scores(prompt_ids, correct, cfg.k, keys)  # grouped once: the means and the intervals' inputs

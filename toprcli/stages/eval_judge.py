@@ -39,13 +39,13 @@ from toprcli.data.verification import NO, YES, label_word, verification_id, veri
 from toprcli.errors import UserError
 from toprcli.evaluation import verifier_metrics
 from toprcli.generation import open_backend
-from toprcli.generation.model_info import same_architecture
+from toprcli.generation.model_info import same_architecture, same_tokenizer
 from toprcli.generation.model_info import check_model, load_tokenizer
 from toprcli.generation.verdicts import verdict_scores
 from toprcli.progress import ProgressFn, report
 from toprcli.stages import generate as generate_stage
 from toprcli.stages import score as score_stage
-from toprcli.verifiers.voting import vote_keys
+from toprcli.verifiers.voting import vote_keys, voting_verifier
 
 VERIFIED = "verified"
 
@@ -75,8 +75,9 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     # This eval's own samples: its k. Another run's (candidates): all of each problem's, however many it drew;
     # cfg.k is then this eval's verdicts per prompt, not the candidates' (it once cut best-of-8 to best-of-4).
     k = max(Counter(prompt_ids).values()) if cfg.candidates else cfg.k
-    keys = vote_keys(answer_checker, prompt_ids, table.column("extracted_answer").to_pylist(), correct, k,
-                     workers=cfg.workers, timeout=cfg.timeout)
+    sources = table.column("data_source").to_pylist() if "data_source" in table.column_names else []  # votes grouped as maj@k's
+    keys = vote_keys(voting_verifier(answer_checker, sources, cfg.verifier_by_source), prompt_ids, table.column("extracted_answer").to_pylist(),
+                     correct, k, workers=cfg.workers, timeout=cfg.timeout)
     scores = table.column("verifier_score").to_numpy().astype(np.float64)
     m = verifier_metrics(prompt_ids, correct, keys, scores, k)
     if m["verifier_auc"] != m["verifier_auc"]:  # NaN: every candidate right, or every one wrong
@@ -181,9 +182,10 @@ def _sampled(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, out:
         sampling=SamplingConfig(temperature=1.0, max_new_tokens=cfg.verifier_max_new_tokens, seed=cfg.sampling.seed),
         engine=cfg.engine, shard_size=cfg.shard_size, iteration=cfg.iteration,
     )
-    # The run's engine serves the verifier only if it shares the policy's architecture (and so its tokenizer and
-    # context); else the generate stage opens the verifier's own, which renders and decodes with its tokenizer.
-    shared = backend is not None and same_architecture(str(backend.model), verifier)
+    # The run's engine serves the verifier only if it shares the policy's architecture (and so its context) and its
+    # tokenizer files (prompts, chat template and stop tokens are the engine's); else the generate stage opens the
+    # verifier's own, which renders and decodes with its tokenizer.
+    shared = backend is not None and same_architecture(str(backend.model), verifier) and same_tokenizer(str(backend.model), verifier)
     generate_stage.run(gcfg, backend=backend if shared else None, progress=progress)
     scfg = ScoreConfig(samples=gcfg.out, out=str(out / "judge" / "scored"), verifier="judge", workers=cfg.workers, timeout=cfg.timeout)
     score_stage.run(scfg, progress=progress)

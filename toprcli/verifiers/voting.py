@@ -61,6 +61,15 @@ class _Prompt:
         return self.unplaced[0]
 
 
+def voting_verifier(spec: str, sources: Sequence[str | None], by_source: dict[str, str]) -> str:
+    """The verifier whose equivalence groups votes: ``spec``; under ``data_source``, the one verifier every row's
+    source names (rows of several verifiers vote by their text)."""
+    if spec != "data_source":
+        return spec
+    named = {by_source.get(s) for s in set(sources)}
+    return named.pop() if len(named) == 1 and None not in named else spec
+
+
 def vote_keys(
     verifier: Verifier | str,
     prompt_ids: Sequence[str],
