@@ -275,10 +275,9 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     if estimator.endswith("+"):
         value, k2 = kl_penalty(logprobs, ref_logprobs, estimator[:-1]), 0.5 * d * d
         return value.detach() + k2 - k2.detach()
-    value = (torch.exp(-d.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) - 1.0 + d.detach()).clamp(max=KL_VALUE_CLAMP)
-    # The slope (1 − ref/π) is bounded as the value is, not zeroed past the bound (a clamp's gradient): a token
-    # pushed far below ref is still pulled back, at most at that rate.
-    slope = (1.0 - torch.exp(-d.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))).clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
+    r = torch.exp(-d.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # ref/π
+    # The slope 1 − ref/π is bounded as the value is, not zeroed past the bound (a clamp's gradient would be).
+    value, slope = (r - 1.0 + d.detach()).clamp(max=KL_VALUE_CLAMP), (1.0 - r).clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
     return value + slope * (d - d.detach())
 
 
