@@ -91,7 +91,7 @@ def test_extend_a_finished_run_and_change_the_lr_from_the_next_round(tmp_path):
     # What cannot change, and rounds below what is trained, are refused with the reason.
     line = refused(config, "--rounds", "2", "--set", "train.lr=5e-4", "--set", "generate.dataset.size=6", "--apply-from-next-round")
     assert "generate.dataset.size (the training data) cannot change" in line
-    assert "has 2 trained rounds; rounds 1 would drop them" in refused(config, "--rounds", "1", "--set", "train.lr=5e-4")
+    assert "has begun round 2; rounds 1 would drop it" in refused(config, "--rounds", "1", "--set", "train.lr=5e-4")
     # An eval setting may change, and report says the rounds are no longer comparable.
     iterate(config, "--rounds", "3", "--set", "eval.k=3", "--apply-from-next-round", "--set", "train.lr=5e-4")
     rows = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).stdout)
@@ -419,3 +419,56 @@ def test_an_unmapped_data_source_is_refused_before_round_0_generates(tmp_path, t
     assert not (tmp_path / "run").exists()
     mapped = IterateConfig(**{**cfg.__dict__, "score": ScoreConfig(verifier="data_source", verifier_by_source={"my_math": "math"})})
     Pipeline(mapped).prepare()
+
+
+def test_the_round_in_progress_takes_a_change_for_the_steps_it_has_not_begun(tmp_path):
+    """Round 3 generated and scored, then its curate failed on a setting (reward_clip with positive_fraction): the fix
+    was refused without --apply-from-next-round and ignored with it (the round kept its recorded config), a dead end.
+    A step it has begun keeps its settings; lowering rounds below it is refused, not a silent drop of its work."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.errors import UserError
+    from toprcli.runs import reconcile, round_config
+
+    run = tmp_path / "run"
+    _recorded_run(run, 2, **{"curate.reward_clip": 3.0})
+    (run / "round-001" / "samples").mkdir()  # round 1: generated, scored, its curate not begun
+    (run / "round-001" / "scored").mkdir()
+    (run / "round-001" / "policy" / "config.json").unlink()
+    (run / "round-001" / "policy").rmdir()
+    (run / "round-002" / "policy" / "config.json").unlink()
+    (run / "round-002" / "policy").rmdir()  # round 2: recorded, nothing begun
+    fixed = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 2, "generate.sampling.temperature": 0.5,
+                                                   "curate.reward_clip": 2.0})
+    reconcile(run, fixed, apply_from_next_round=True)
+    first, second = round_config(run, 1), round_config(run, 2)
+    assert first.curate.reward_clip == 2.0 and first.generate.sampling.temperature == 1.0  # its generate had begun
+    assert second.curate.reward_clip == 2.0 and second.generate.sampling.temperature == 0.5
+    (run / "round-002" / "samples").mkdir()  # round 2 begun, then the run is resumed with rounds lowered (the config file's)
+    with pytest.raises(UserError, match="has begun round 2; rounds 1 would drop it"):
+        reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 1}), apply_from_next_round=True, write=False)
+
+
+def test_each_round_is_evaluated_by_its_own_eval_every(tmp_path):
+    """eval_every lowered from 2 to 1 with --apply-from-next-round evaluated round 1 again, an old policy; raised, it
+    dropped the eval of the round in progress."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.pipeline import Pipeline
+
+    run = tmp_path / "run"
+    _recorded_run(run, 2, **{"eval_every": 2})
+    cfg = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 4, "eval_every": 1})
+    evals = [s.key for s in Pipeline(cfg).steps() if s.key.endswith("/eval")]
+    assert evals == ["round-000/eval", "round-002/eval", "round-003/eval", "round-004/eval"]
+
+
+def test_a_pipeline_refuses_generate_num_shards_and_resumes_past_an_unreadable_state(tmp_path):
+    """generate.num_shards 2 in a pipeline config: each round generated half its prompts, was recorded finished, and
+    score refused it on every rerun. A state.json damaged from outside stopped the resume with a traceback."""
+    from toprcli.config import ConfigError, IterateConfig, load_config
+    from toprcli.pipeline import State
+
+    with pytest.raises(ConfigError, match="generate.num_shards is set in a pipeline config .* generate.data_parallel_size"):
+        load_config(IterateConfig, None, sets={"generate.num_shards": 2})
+    (tmp_path / "state.json").write_text("")
+    with pytest.warns(UserWarning, match="state.json is unreadable"):
+        assert State(tmp_path).data == {"steps": {}}

@@ -28,6 +28,7 @@ import functools
 import json
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -134,7 +135,11 @@ class State:
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / STATE_FILE
-        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"steps": {}}
+        try:
+            self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"steps": {}}
+        except (OSError, ValueError):  # damaged from outside (topr writes it whole): bookkeeping must not stop a resume
+            warnings.warn(f"{self.path} is unreadable: the times of earlier steps are lost, the run resumes from its files", stacklevel=2)
+            self.data = {"steps": {}}
 
     def record(self, key: str, wall_time_s: float, **info: Any) -> None:
         self.data["steps"][key] = {"wall_time_s": round(wall_time_s, 3), "finished_at": time.time(), **info}
@@ -222,7 +227,7 @@ class Pipeline:
                 Step(f"{d.name}/curate", lambda d=d: (d / "train.parquet").exists(), lambda r=r: self._curate(r)),
                 Step(f"{d.name}/train", lambda d=d: (d / "policy" / "config.json").exists(), lambda r=r: self._train(r)),
             ]
-            if r % cfg.eval_every == 0 or r == cfg.rounds:
+            if r % self.round_cfg(r).eval_every == 0 or r == cfg.rounds:  # a round started under another eval_every keeps it
                 steps.append(self._eval_step(r))
         return steps
 
@@ -351,6 +356,8 @@ class Pipeline:
         if step.key.startswith(("round-", "warmstart/")):  # a round's config is recorded when it starts (the warm start's is round 0's)
             runs.record_round(self.run_dir, r, self.round_cfg(r))
         step.run()
+        if not step.is_done():  # a stage that returned without its output would be skipped on, and fail the next step
+            raise UserError(f"{step.key} ended without its output — rerun the same command to resume it")
         self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)
         if step.key.endswith("/eval") and self.on_round is not None:
             self.on_round(r, round_summary(self.run_dir, r))

@@ -6,9 +6,11 @@ is extended or changed) and each round the resolved config it ran with
 ``topr report`` and the round's own files say what changed when. A branch records where it
 came from in ``lineage.json``.
 
-* Raising ``rounds`` continues a run; lowering it below the rounds already trained is refused.
+* Raising ``rounds`` continues a run; lowering it below a round already begun is refused.
 * Any other change needs ``--apply-from-next-round`` (never a prompt: runs have no terminal
-  under CI or Slurm); rounds already started keep their recorded config. Settings that would
+  under CI or Slurm); rounds already started keep their recorded config, except that the round in
+  progress takes the change for the steps it has not begun (a setting that fails a later step of
+  it can be fixed without losing the steps it finished). Settings that would
   make the completed rounds inconsistent — the model, the training data, the verifier — stay
   refused; a changed eval setting is allowed and flagged by ``report``.
 * ``--branch-from RUN/round-00k`` starts a new run directory holding rounds 0..k of RUN as hard
@@ -68,11 +70,20 @@ def trained_rounds(run_dir: Path) -> int:
     return max((r for r, d in round_dirs(run_dir).items() if (d / "policy" / "config.json").exists()), default=0)
 
 
+def _begun(d: Path) -> bool:
+    """Whether a round directory holds anything but its config record (a step of it has begun)."""
+    return any(p.name != CONFIG_FILE for p in d.iterdir())
+
+
+def begun_rounds(run_dir: Path) -> int:
+    """The last round a step has begun in (0: none beyond round 0's eval)."""
+    return max((r for r, d in round_dirs(run_dir).items() if _begun(d)), default=0)
+
+
 def _made_nothing(run_dir: Path) -> bool:
     """No step has made anything yet (a first invocation refused or stopped before its first output): the run
     holds its config and the rounds' records of it, nothing made with them."""
-    return not any((run_dir / d).exists() for d in BEFORE_ROUNDS) and not any(
-        p.name != CONFIG_FILE for d in round_dirs(run_dir).values() for p in d.iterdir())
+    return not any((run_dir / d).exists() for d in BEFORE_ROUNDS) and not any(_begun(d) for d in round_dirs(run_dir).values())
 
 
 def _frozen(keys: list[str], cfg: IterateConfig) -> list[str]:
@@ -115,21 +126,50 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
                 (d / CONFIG_FILE).unlink(missing_ok=True)
             write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
         return changed
-    done = trained_rounds(run_dir)
-    if cfg.rounds < done:
-        raise UserError(f"run dir {run_dir} has {done} trained rounds; rounds {cfg.rounds} would drop them — set rounds >= {done}, or pass a new --run-dir")
+    begun = begun_rounds(run_dir)  # a round in progress counts: lowering rounds below it would drop its work in silence
+    if cfg.rounds < begun:
+        raise UserError(f"run dir {run_dir} has begun round {begun}; rounds {cfg.rounds} would drop it — set rounds >= {begun}, or pass a new --run-dir")
     others = [k for k in changed if k != "rounds" and k not in RESOURCE_KEYS]  # resources apply at once
     if frozen := _frozen(others, cfg):
-        raise UserError(f"run dir {run_dir}: {', '.join(frozen)} cannot change — the completed rounds were made with the old value; "
-                        "start a new --run-dir (or --branch-from a round of this one)")
-    _check_replayed_sampling(run_dir, cfg, done)
+        raise UserError(f"run dir {run_dir}: {', '.join(frozen)} cannot change — what the run made (its starting policy, rounds) used "
+                        "the old value; start a new --run-dir (or --branch-from a round of this one)")
+    _check_replayed_sampling(run_dir, cfg, trained_rounds(run_dir))
     if others and not apply_from_next_round:
         shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
         raise UserError(f"run dir {run_dir} was started with a different config (changed: {shown}) — pass --apply-from-next-round "
-                        "to use it from the next round on, rerun with the original config, or pass a new --run-dir")
+                        "to use it from the next round on (and for the steps the round in progress has not begun), rerun with the "
+                        "original config, or pass a new --run-dir")
     if changed and write:
         write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
+        for r in range(max(begun, 1), max(round_dirs(run_dir), default=0) + 1):  # the round in progress; one recorded, not begun
+            _apply_to_round_in_progress(run_dir, r, others, resolved)
     return changed
+
+
+# The step a key configures, for the keys that are not a stage's own section.
+_STEP_OF = {"replay_rounds": "curate", "replay_weight": "curate", "train_from": "train", "eval_every": "eval"}
+# What a round's step has made once it has begun (a killed step's partial output included).
+_BEGUN = {"generate": ("samples",), "score": ("scored",), "curate": ("train.parquet",), "train": ("policy", "policy.partial"), "eval": ("eval",)}
+
+
+def _apply_to_round_in_progress(run_dir: Path, r: int, keys: list[str], resolved: dict[str, Any]) -> None:
+    """Round ``r`` (begun, maybe not finished) takes the changed ``keys`` of the steps it has not begun: a setting
+    that makes a later step of it fail (refused there) can be fixed without losing the steps it finished."""
+    path, d = round_dir(run_dir, r) / CONFIG_FILE, round_dir(run_dir, r)
+    if not path.exists():
+        return
+    data, applied = yaml.safe_load(path.read_text()) or {}, False
+    for key in keys:
+        step = _STEP_OF.get(key, key.split(".")[0])
+        if step not in _BEGUN or any((d / name).exists() for name in _BEGUN[step]) or (step == "curate" and any(d.glob(".train.parquet.*"))):
+            continue
+        *parents, leaf = key.split(".")
+        node, value = data, resolved
+        for part in parents:
+            node, value = node.setdefault(part, {}), value[part]
+        node[leaf], applied = value[leaf], True
+    if applied:
+        write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def round_config(run_dir: Path, r: int, current: IterateConfig | None = None) -> IterateConfig | None:

@@ -358,6 +358,9 @@ class IterateConfig:
             if getattr(self.eval.dataset, key) != getattr(self.generate.dataset, key):
                 raise ConfigError(f"eval.dataset.{key} differs from generate.dataset.{key} — the verifier judges eval.candidates "
                                   "with the prompts it was trained on; make them equal")
+        if (self.generate.num_shards, self.generate.shard_index) != (1, 0):  # iterate generates the whole prompt set
+            raise ConfigError("generate.num_shards is set in a pipeline config — a round generates every prompt; spread it over "
+                              "processes with generate.data_parallel_size instead")
         for stage in ("train", "eval"):
             if getattr(self, stage).tracking.report_to:
                 raise ConfigError(f"{stage}.tracking is set in a pipeline config — tracking is one run per run directory: "
