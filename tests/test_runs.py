@@ -472,3 +472,22 @@ def test_a_pipeline_refuses_generate_num_shards_and_resumes_past_an_unreadable_s
     (tmp_path / "state.json").write_text("")
     with pytest.warns(UserWarning, match="state.json is unreadable"):
         assert State(tmp_path).data == {"steps": {}}
+
+
+def test_a_warm_start_stopped_before_its_output_takes_a_changed_warm_start(tmp_path):
+    """Killed while the warm start read its gold solutions (only base/ built): warm_start.enabled false was refused as
+    "the completed rounds were made with the old value", and so was the fix the warm start's own error advised."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.errors import UserError
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    sets = {"run_dir": str(run), "warm_start.enabled": True, "warm_start.init_model": True}
+    reconcile(run.mkdir() or run, load_config(IterateConfig, None, sets=sets), apply_from_next_round=False)
+    (run / "base").mkdir()
+    assert reconcile(run, load_config(IterateConfig, None, sets={**sets, "warm_start.enabled": False}), apply_from_next_round=True) == ["warm_start.enabled"]
+    with pytest.raises(UserError, match=r"warm_start.model_seed \(the starting policy\) cannot change — what the run made"):
+        reconcile(run, load_config(IterateConfig, None, sets={**sets, "warm_start.model_seed": 3}), apply_from_next_round=True)
+    (run / "warmstart").mkdir()  # its gold solutions read with the old settings
+    with pytest.raises(UserError, match=r"warm_start.examples \(the starting policy\) cannot change"):
+        reconcile(run, load_config(IterateConfig, None, sets={**sets, "warm_start.examples": 10}), apply_from_next_round=True)

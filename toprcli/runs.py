@@ -86,9 +86,22 @@ def _made_nothing(run_dir: Path) -> bool:
     return not any((run_dir / d).exists() for d in BEFORE_ROUNDS) and not any(_begun(d) for d in round_dirs(run_dir).values())
 
 
-def _frozen(keys: list[str], cfg: IterateConfig) -> list[str]:
+BASE_KEYS = ("warm_start.init_model", "warm_start.model_seed", "warm_start.model_preset")  # what base/ is built from
+
+
+def _made_with(run_dir: Path, key: str) -> bool:
+    """Whether something the run made depends on ``key``: a round begun (round 0's eval included) on all of them, the
+    warm start on all but the verifier's and rewards' (``score.*``), the built base model on the model and its own keys."""
+    if any(_begun(d) for d in round_dirs(run_dir).values()):
+        return True
+    if (run_dir / "warmstart").exists() and not key.startswith("score."):
+        return True
+    return (run_dir / "base").exists() and (key == "model" or key in BASE_KEYS)
+
+
+def _frozen(keys: list[str], cfg: IterateConfig, run_dir: Path) -> list[str]:
     """The keys among ``keys`` that cannot change, each with why."""
-    out = [f"{k} ({why})" for k in keys for prefix, why in FROZEN.items() if k == prefix or k.startswith(prefix + ".")]
+    out = [f"{k} ({why})" for k in keys for prefix, why in FROZEN.items() if (k == prefix or k.startswith(prefix + ".")) and _made_with(run_dir, k)]
     if cfg.replay_rounds > 0:  # the next round would curate its samples with an earlier round's, of another distribution
         out += [f"{k} (the sampling distribution, while replay_rounds > 0)" for k in keys if k in SAMPLING_KEYS]
     return out
@@ -130,7 +143,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     if cfg.rounds < begun:
         raise UserError(f"run dir {run_dir} has begun round {begun}; rounds {cfg.rounds} would drop it — set rounds >= {begun}, or pass a new --run-dir")
     others = [k for k in changed if k != "rounds" and k not in RESOURCE_KEYS]  # resources apply at once
-    if frozen := _frozen(others, cfg):
+    if frozen := _frozen(others, cfg, run_dir):
         raise UserError(f"run dir {run_dir}: {', '.join(frozen)} cannot change — what the run made (its starting policy, rounds) used "
                         "the old value; start a new --run-dir (or --branch-from a round of this one)")
     _check_replayed_sampling(run_dir, cfg, trained_rounds(run_dir))
