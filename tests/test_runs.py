@@ -491,3 +491,24 @@ def test_a_warm_start_stopped_before_its_output_takes_a_changed_warm_start(tmp_p
     (run / "warmstart").mkdir()  # its gold solutions read with the old settings
     with pytest.raises(UserError, match=r"warm_start.examples \(the starting policy\) cannot change"):
         reconcile(run, load_config(IterateConfig, None, sets={**sets, "warm_start.examples": 10}), apply_from_next_round=True)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("train.loss_options", {"negativ_weight": 0.5}, "option 'negativ_weight' does not apply to loss 'topr'"),
+    ("score.verifier", "regex:(unclosed", "regex"),
+])
+def test_loss_options_and_verifier_specs_are_checked_before_any_round(tmp_path, key, value, message):
+    """`config check` said ok and iterate ran round 0's eval and round 1's generation before the first use failed; the
+    run dir then refused the fix (a frozen verifier, or a recorded round)."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.errors import UserError
+    from toprcli.pipeline import Pipeline
+
+    section, leaf = key.split(".")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"model": "x", section: {leaf: value}}))
+    r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "c.yaml")])
+    assert r.exit_code == 2 and message in r.output
+    cfg = load_config(IterateConfig, tmp_path / "c.yaml", sets={"run_dir": str(tmp_path / "run")})
+    with pytest.raises(UserError, match=message):
+        Pipeline(cfg).prepare()
+    assert not (tmp_path / "run").exists()

@@ -57,8 +57,10 @@ def check(
       [bold]topr config check configs/demo.yaml[/]
     """
     from toprcli.config import IterateConfig, config_to_dict, load_config
+    from toprcli.pipeline import Pipeline
 
     cfg = load_config(IterateConfig, file)
+    Pipeline(cfg).check_settings()  # loss options and verifier specs, as `topr iterate` checks them first
     typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
     err_console.print(f"[green]ok[/]: {file} is a valid pipeline config", highlight=False)
 

@@ -49,7 +49,7 @@ from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.tracking import TRACKER_FILES, check_installed, open_tracker, replay
 from toprcli.training.distributed import barrier, env_rank, init_distributed, shutdown
-from toprcli.training.prepare import SUMMARY_NAME, Prepared, finished_summary, prepare
+from toprcli.training.prepare import SUMMARY_NAME, Prepared, finished_summary, prepare, resolve_loss
 from toprcli.training.trainer import METRICS_NAME, PRECOMPUTED_NAME, train_loop
 
 STAGE = "train"
@@ -93,6 +93,11 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
             gc.collect()  # the model, its gradients and optimizer state are garbage now:
             release_cuda_cache()  # a vLLM engine waking next in this process's pipeline needs that memory
     return StageResult(STAGE, str(prep.out), summary, wall_time_s=summary["wall_time_s"])
+
+
+def check_loss(cfg: TrainConfig) -> None:
+    """The loss, its options and the KL settings, checked on a tiny batch (a pipeline, before any round)."""
+    resolve_loss(cfg)
 
 
 def check(cfg: TrainConfig) -> None:
