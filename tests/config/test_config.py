@@ -193,6 +193,11 @@ def test_set_keeps_a_string_fields_text_as_written():
     assert load_config(ScoreConfig, None, sets=dict([split_override("verifier=regex:answer is (\\d+) # x")])).verifier == "regex:answer is (\\d+) # x"
     train = load_config(TrainConfig, None, sets=dict(split_override(t) for t in ["lr=1e-6", "max_steps=null", "lora_target_modules=[q_proj]", "loss_options.clip=0.2"]))
     assert (train.lr, train.max_steps, train.lora_target_modules, train.loss_options) == (1e-6, None, ["q_proj"], {"clip": 0.2})
+    # an optional string field takes null as None: the text "null" became a system prompt, a KL reference, a project
+    unset = dict(split_override(t) for t in ["ref_model=null", "tracking.project=~"])
+    assert (load_config(TrainConfig, None, sets=unset).ref_model, load_config(TrainConfig, None, sets=unset).tracking.project) == (None, None)
+    assert load_config(GenerateConfig, None, sets={"dataset.system_prompt": "null", "dataset.split": "null"}).dataset.system_prompt is None
+    assert load_config(GenerateConfig, None, sets={"dataset.split": "null"}).dataset.split == "null"  # a str field: its text
 
 
 def test_a_section_left_empty_is_its_defaults_everywhere(tmp_path):

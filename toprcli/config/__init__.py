@@ -107,7 +107,7 @@ def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides
         mapping = next((p for p in leaf_paths(cls) if path.startswith(p + ".")), None)
         if mapping is not None:  # a key inside a mapping (verifier_by_source.X) adds to it, as its flag does
             _set_dotted(data, mapping, _current(cls, data, mapping))
-        _set_dotted(data, path, value if not isinstance(value, str) or value == "" or _is_text(cls, path) else parse_value(value))
+        _set_dotted(data, path, _set_value(cls, path, value))
     return from_dict(cls, data)
 
 
@@ -165,12 +165,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, parse_value(raw) if raw else ""
 
 
-def _is_text(cls: type, dotted: str) -> bool:
-    """Whether the field at ``dotted`` holds a string (``str`` or ``str | None``); a key inside a mapping does not."""
+def _set_value(cls: type, dotted: str, value: Any) -> Any:
+    """A ``--set`` value for the field at ``dotted``: text read as YAML, except for a string field, which keeps it as
+    written (``split=2023``), but where the field may be None, ``null`` (or ``~``) is None."""
     tp: Any = cls
     for part in dotted.split("."):
         hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
-        if part not in hints:
-            return False
-        tp = hints[part]
-    return tp is str or typing.get_origin(tp) in (typing.Union, types.UnionType) and [a for a in typing.get_args(tp) if a is not type(None)] == [str]
+        tp = hints.get(part)  # a key inside a mapping has no type of its own
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    if not isinstance(value, str) or value == "" or args != [str]:
+        return parse_value(value) if isinstance(value, str) and value != "" else value
+    return None if tp is not str and value.strip() in ("null", "~", "Null", "NULL") else value
