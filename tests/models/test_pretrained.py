@@ -193,6 +193,13 @@ def test_import_refuses_a_non_empty_out_and_leaves_it(tiny_gguf, tmp_path):
     result = CliRunner().invoke(app, ["import-gguf", str(tiny_gguf), str(out)])
     assert result.exit_code == 2 and "--overwrite" in error_line(result)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    # OUT the GGUF's own directory: --overwrite replaced the directory and deleted the (multi-GB) checkpoint with it
+    import shutil
+
+    shutil.copy(tiny_gguf, out / "tiny.gguf")
+    result = CliRunner().invoke(app, ["import-gguf", str(out / "tiny.gguf"), str(out), "--overwrite"])
+    assert result.exit_code == 2 and "holds the GGUF file tiny.gguf itself" in error_line(result)
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "tiny.gguf"]
 
 
 def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:

@@ -91,6 +91,8 @@ def import_gguf(
     general = check_gguf(src)
     if out.exists() and not out.is_dir():
         raise UserError(f"output path {out} exists and is not a directory — choose another OUT")
+    if src.resolve().is_relative_to(out.resolve()):  # --overwrite would replace the directory, the checkpoint with it
+        raise UserError(f"OUT {out} holds the GGUF file {src.name} itself — choose another OUT (a new directory)")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"output dir {out} already exists and is not empty — pass --overwrite or choose another OUT")
     tokenizer, model = _dequantize(src, general, progress)
