@@ -72,6 +72,17 @@ def test_bad_configs_name_key_value_and_allowed(tmp_path, yaml_text, words):
         assert w in msg
 
 
+def test_a_pipeline_key_at_the_wrong_level_lists_every_section_that_has_it():
+    """A top-level `seed` was 'moved to curate.seed' (the first section with that name: a seed of --subsample only, which a
+    user then set believing the run seeded) and `temperature` 'moved to train.temperature' (a check-only key)."""
+    from toprcli.config import from_dict
+
+    with pytest.raises(ConfigError) as e:
+        from_dict(IterateConfig, {"temperature": 0.5, "lr": 1e-6})
+    assert ("'temperature' (a key of generate.sampling.temperature, train.temperature, eval.sampling.temperature: write the one you mean)"
+            in str(e.value)) and "'lr' (moved to 'train.lr')" in str(e.value)
+
+
 def test_iterate_refuses_train_sampling_that_contradicts_generate(tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("generate:\n  sampling: {temperature: 0.7}\ntrain:\n  temperature: 0.5\n")

@@ -122,10 +122,12 @@ def unknown_keys(cls: type, data: dict[str, Any], prefix: str = "") -> list[str]
         elif key in subs and isinstance(value, dict):
             problems += unknown_keys(subs[key], value, f"{prefix}{key}.")
         elif key not in names:
-            home = [f"{s}.{key}" for s, tp in subs.items() if key in {f.name for f in dataclasses.fields(tp)}]
+            homes = [p for p in leaf_paths(cls) if p.endswith("." + key)]  # the key under a section: one home, where it moved
             tails = {p.rsplit(".", 1)[-1]: p for p in reversed(leaf_paths(cls))}  # a name here wins over a section's
             close = difflib.get_close_matches(key, sorted(tails), n=1)
-            hint = f"moved to '{prefix}{home[0]}'" if home else f"did you mean '{prefix}{tails[close[0]]}'?" if close else "no such key"
+            hint = (f"moved to '{prefix}{homes[0]}'" if len(homes) == 1 else
+                    f"a key of {', '.join(prefix + h for h in homes)}: write the one you mean" if homes else
+                    f"did you mean '{prefix}{tails[close[0]]}'?" if close else "no such key")
             problems.append(f"'{prefix}{key}' ({hint})")
     return problems
 
