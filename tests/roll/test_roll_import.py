@@ -154,7 +154,8 @@ def test_offpolicy_example_with_negative_weight_imports_as_topr(tmp_path):
     assert r["actor_train.strategy_args.strategy_config.tensor_model_parallel_size"].status == LEFT_OUT
     assert "not a ROLL config field" in r["actor_train.data_args.dataset_dir"].detail
     assert all(row.detail for row in result.rows)  # every key says what it maps to, or why not
-    assert [c.split(" (")[0] for c in result.callouts] == ["the learning-rate schedule restarts every round here"]  # its warm-up
+    assert [c.split(" (")[0].split(":")[0] for c in result.callouts] == [  # no scheduler given: ROLL's linear decay; its warm-up
+        "actor_train.training_args.lr_scheduler_type is not set", "the learning-rate schedule restarts every round here"]
 
 
 def test_example_topr_calls_out_the_documented_but_unread_keys():
@@ -387,3 +388,28 @@ def test_cli_errors_and_help(tmp_path, cli):
     assert res.exit_code == 2 and "interpolation cycle" in res.output and not (tmp_path / "o.yaml").exists()
     res = cli.invoke(app, ["config", "import-roll", "--help"])
     assert res.exit_code == 0 and "Examples" in res.output and "--allow-unknown" in res.output
+
+
+def test_rolls_silent_defaults_that_change_the_algorithm_are_called_out():
+    """A file without adv_estimator (ROLL: gae, a critic) or lr_scheduler_type (ROLL: linear to 0) imported with no word;
+    gamma, which ROLL's reinforce return discounts by, was 'critic / GAE' only."""
+    callouts = " ".join(import_roll(minimal()).callouts)
+    assert "adv_estimator: not set, ROLL default gae" in callouts and "lr_scheduler_type is not set: ROLL's default is linear" in callouts
+    assert "gamma 0.9: ROLL's reinforce discounts" in " ".join(import_roll(minimal(adv_estimator="reinforce", gamma=0.9)).callouts)
+    assert not [c for c in import_roll(minimal(adv_estimator="reinforce", gamma=1.0)).callouts if "gamma" in c]
+
+
+def test_nulls_lora_forms_and_values_of_another_kind():
+    """ppo_epochs: null was a TypeError traceback (exit 1); lora_alpha null or 0 (ROLL: 2 × rank) was refused; a regex
+    lora_target became a module name that failed at the first training step; a list as a dtype crashed."""
+    lora = {"model_args": {"lora_target": "q_proj,v_proj", "lora_rank": 4, "lora_alpha": None}}
+    assert import_roll(minimal(actor_train=lora)).config["train"]["lora_alpha"] == 8
+    with pytest.raises(UserError, match="ppo_epochs: None is not a value ROLL takes there"):  # ROLL's range(None) fails too
+        import_roll(minimal(ppo_epochs=None))
+    with pytest.raises(UserError, match="lora_rank is null"):
+        import_roll(minimal(actor_train={"model_args": {**lora["model_args"], "lora_rank": None}}))
+    assert import_roll(minimal(actor_train={"model_args": {**lora["model_args"], "lora_alpha": 0}})).config["train"]["lora_alpha"] == 8
+    with pytest.raises(UserError, match=r"lora_target 'q_proj\|v_proj': ROLL reads it as a regular expression"):
+        import_roll(minimal(actor_train={"model_args": {"lora_target": "q_proj|v_proj"}}))
+    with pytest.raises(UserError, match=r"actor_train.model_args.dtype: \['bf16'\] is not a value ROLL takes there"):
+        import_roll(minimal(actor_train={"model_args": {"dtype": ["bf16"]}}))

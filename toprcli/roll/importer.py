@@ -107,6 +107,7 @@ class _Mapper:
         self.unresolved = unresolved
         self.config: dict[str, Any] = {}
         self.callouts: list[str] = []
+        self.last_key = ""  # the key read last: the one whose value a rule could not use
 
     def has(self, key: str) -> bool:
         if key in self.rows and self.rows[key].status == UNKNOWN:
@@ -119,6 +120,7 @@ class _Mapper:
         return True
 
     def get(self, key: str, default: Any = None) -> Any:
+        self.last_key = key
         if not self.has(key):
             return default
         if key in self.unresolved:
@@ -199,7 +201,10 @@ def import_roll(data: dict[str, Any]) -> ImportResult:
         status, reason = _classify(path)
         rows[dotted(path)] = KeyRow(dotted(path), value, status, reason)
     m = _Mapper(resolved.data, rows, resolved.unresolved)
-    apply_rules(m)
+    try:
+        apply_rules(m)
+    except TypeError:  # a value of another kind than ROLL takes there (a list for a dtype name, null in a count)
+        raise UserError(f"{m.last_key}: {m.get(m.last_key)!r} is not a value ROLL takes there — fix it in the file") from None
     for row in rows.values():
         if row.status == LEFT_OUT and not row.detail:
             row.detail = reason_for(row.key, row.value)

@@ -152,7 +152,10 @@ def _optimizer(m: Any) -> None:
     if m.number(f"{TRAIN_ARGS}.warmup_ratio"):
         m.left_out(f"{TRAIN_ARGS}.warmup_ratio", "topr takes warm-up in steps: set train.warmup_steps")
     sched = m.get(f"{TRAIN_ARGS}.lr_scheduler_type")
-    if sched is not None:
+    if sched is None:  # transformers' TrainingArguments default
+        m.callout(f"{TRAIN_ARGS}.lr_scheduler_type is not set: ROLL's default is linear (decay to 0 over the run); "
+                  "topr trains each round at a constant rate unless train.schedule says otherwise")
+    else:
         kind = "constant" if str(sched).startswith("constant") else "cosine" if str(sched).startswith("cosine") else None
         if kind:
             m.mapped(f"{TRAIN_ARGS}.lr_scheduler_type", ("train.schedule", kind))
@@ -203,9 +206,13 @@ def _lora(m: Any, args: str) -> None:
                 m.left_out(f"{args}.{key}", "lora_target is not set: ROLL trains the full model")
         return
     names = [t.strip() for t in str(target).split(",") if t.strip()]
+    if any(re.search(r"[|*()\[\]^$\\?+]", n) or len(names) > 1 and n.startswith("all") for n in names):  # a regex, or all-* among names
+        raise UserError(f"{args}.lora_target {target!r}: ROLL reads it as a regular expression — write module names (q_proj,v_proj) or all-linear")
     m.mapped(f"{args}.lora_target", ("train.lora_target_modules", None if names in (["all"], ["all-linear"]) else names))
     rank = m.number(f"{args}.lora_rank", ROLL_LORA_RANK, integer=True)
-    alpha = m.number(f"{args}.lora_alpha", 2 * rank)
+    if rank is None:
+        raise UserError(f"{args}.lora_rank is null — give the LoRA rank (ROLL's default is {ROLL_LORA_RANK})")
+    alpha = m.number(f"{args}.lora_alpha") or 2 * rank  # null or 0: ROLL's `lora_alpha or 2 * lora_rank`
     for key, target_key, value in (("lora_rank", "train.lora_rank", rank), ("lora_alpha", "train.lora_alpha", alpha)):
         if m.has(f"{args}.{key}"):
             m.mapped(f"{args}.{key}", (target_key, value))
@@ -361,10 +368,13 @@ def _advantages(m: Any) -> None:
                  note="ROLL's grpo forces norm_mean_type and norm_std_type to group")
     elif est is not None:
         m.left_out("adv_estimator", f"{est} needs a critic or steps topr does not have; advantages here are A = R − c")
+    if est not in ("reinforce", "grpo"):  # ROLL's default is gae
         m.callout(
-            f"adv_estimator: {est} — ROLL estimates advantages with {'a critic (value model)' if est == 'gae' else est}; "
-            "topr has no critic: A = R − c (curate's baseline), as ROLL's reinforce"
+            f"adv_estimator: {est or 'not set, ROLL default gae'} — ROLL estimates advantages with "
+            f"{'a critic (value model)' if est in (None, 'gae') else est}; topr has no critic: A = R − c (curate's baseline), as ROLL's reinforce"
         )
+    if (gamma := m.number("gamma", 1.0)) != 1.0 and est in ("reinforce", "grpo"):  # ROLL's reinforce return discounts by it
+        m.callout(f"gamma {gamma:g}: ROLL's {est} discounts each token's return by it; topr does not (every token gets the advantage)")
     mean_key = "norm_mean_type" if m.has("norm_mean_type") else None
     std_key = "norm_std_type" if m.has("norm_std_type") else None
     mean, std = m.get("norm_mean_type"), m.get("norm_std_type")
