@@ -56,7 +56,8 @@ def drop_long(prompts: list[Prompt], context: int | None, skip_long: bool) -> tu
         more = f" and {len(long) - 5} more" if len(long) > 5 else ""
         raise UserError(
             f"{len(long)} of {len(prompts)} prompts do not fit the model's context of {context} tokens: {named}{more} "
-            "— drop them (topr generate --skip-long), or raise --max-model-len if the model allows"
+            "— raise --max-model-len if the model allows, shorten the prompts, or (topr generate only: eval scores every "
+            "prompt) drop them with --skip-long"
         )
     keep = [p for p in prompts if len(p.token_ids) < context]
     if not keep:
