@@ -430,18 +430,20 @@ def test_the_round_in_progress_takes_a_change_for_the_steps_it_has_not_begun(tmp
     from toprcli.runs import reconcile, round_config
 
     run = tmp_path / "run"
-    _recorded_run(run, 2, **{"curate.reward_clip": 3.0})
+    _recorded_run(run, 2, **{"curate.reward_clip": 3.0, "train.loss_options": {"negativ_weight": 0.5}})
     (run / "round-001" / "samples").mkdir()  # round 1: generated, scored, its curate not begun
     (run / "round-001" / "scored").mkdir()
     (run / "round-001" / "policy" / "config.json").unlink()
     (run / "round-001" / "policy").rmdir()
     (run / "round-002" / "policy" / "config.json").unlink()
     (run / "round-002" / "policy").rmdir()  # round 2: recorded, nothing begun
+    (run / "config.yaml").write_text(yaml.safe_dump(yaml.safe_load((run / "round-001" / "config.yaml").read_text())))  # as the run began
     fixed = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 2, "generate.sampling.temperature": 0.5,
-                                                   "curate.reward_clip": 2.0})
+                                                   "curate.reward_clip": 2.0, "train.loss_options": {"negative_weight": 0.5}})
     reconcile(run, fixed, apply_from_next_round=True)
     first, second = round_config(run, 1), round_config(run, 2)
     assert first.curate.reward_clip == 2.0 and first.generate.sampling.temperature == 1.0  # its generate had begun
+    assert first.train.loss_options == {"negative_weight": 0.5}  # the misspelt option is gone, not kept beside the fix
     assert second.curate.reward_clip == 2.0 and second.generate.sampling.temperature == 0.5
     (run / "round-002" / "samples").mkdir()  # round 2 begun, then the run is resumed with rounds lowered (the config file's)
     with pytest.raises(UserError, match="has begun round 2; rounds 1 would drop it"):

@@ -180,7 +180,11 @@ def _apply_to_round_in_progress(run_dir: Path, r: int, keys: list[str], resolved
         node, value = data, resolved
         for part in parents:
             node, value = node.setdefault(part, {}), value[part]
-        node[leaf], applied = value[leaf], True
+        if leaf in value:
+            node[leaf] = value[leaf]
+        else:  # a key inside a mapping that the new config removed (a misspelt loss option)
+            node.pop(leaf, None)
+        applied = True
     if applied:
         write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
