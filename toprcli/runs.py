@@ -247,7 +247,7 @@ def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | N
     # What round k ran with, read through the schema (keys added since take their defaults, as in reconcile).
     parent_cfg = config_to_dict(round_config(parent, k) or from_dict(IterateConfig, yaml.safe_load((parent / CONFIG_FILE).read_text()) or {}))
     changed = sorted(key for key in changed_keys(parent_cfg, config_to_dict(cfg)) - {"run_dir", "rounds"} if not key.startswith("tracking."))
-    if frozen := _frozen(changed, cfg):
+    if frozen := _frozen(changed, cfg, parent):  # the inherited rounds were made with the parent's values
         raise UserError(f"--branch-from {source}: {', '.join(frozen)} differs from the parent's — the inherited rounds used the parent's")
     tmp = run_dir.with_name(run_dir.name + ".branching")
     shutil.rmtree(tmp, ignore_errors=True)  # a killed branch starts over: nothing in it is the run yet
