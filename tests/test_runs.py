@@ -514,3 +514,42 @@ def test_loss_options_and_verifier_specs_are_checked_before_any_round(tmp_path, 
     with pytest.raises(UserError, match=message):
         Pipeline(cfg).prepare()
     assert not (tmp_path / "run").exists()
+
+
+def test_a_change_that_holds_only_in_part_leaves_the_round_in_progress_as_recorded(tmp_path):
+    """train.loss dpo with curate.pairs matched, curate begun: round 1 took the loss and not the pairs, a config every
+    later invocation refused ('train.loss dpo trains on preference pairs but curate.pairs is none')."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.pipeline import Pipeline
+    from toprcli.runs import reconcile, round_config
+
+    run = tmp_path / "run"
+    _recorded_run(run, 1)
+    (run / "round-001" / "policy" / "config.json").unlink()
+    (run / "round-001" / "policy").rmdir()
+    (run / "round-001" / "train.parquet").write_text("curated with the old settings")
+    new = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 2, "train.loss": "dpo", "curate.pairs": "matched"})
+    with pytest.warns(UserWarning, match="round 1 keeps its recorded settings \\(the change applies from round 2\\)"):
+        reconcile(run, new, apply_from_next_round=True)
+    assert round_config(run, 1).train.loss == "topr"
+    assert [s.key for s in Pipeline(new).steps()][-2:] == ["round-002/train", "round-002/eval"]  # every round config loads
+
+
+def test_the_trackers_log_each_round_when_its_own_eval_every_says_it_ends(tmp_path, monkeypatch):
+    """Rounds recorded with eval_every 2, the config now 1: round 1 (no eval) waited for an eval step to be logged."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.pipeline import Pipeline
+
+    run = tmp_path / "run"
+    _recorded_run(run, 2, **{"eval_every": 2})
+    (run / "round-002" / "config.yaml").write_text((run / "round-001" / "config.yaml").read_text())
+    pipeline = Pipeline(load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 2, "eval_every": 1}))
+    logged = []
+    monkeypatch.setattr("toprcli.run_tracking.log_round", lambda tracker, run_dir, r, *a: logged.append(r))
+    monkeypatch.setattr("toprcli.pipeline.round_summary", lambda run_dir, r: {})
+    monkeypatch.setattr("toprcli.run_tracking.log_training", lambda *a: None)
+    pipeline.tracker = object()
+    pipeline.state = type("State", (), {"data": {"steps": {}}})()
+    for step in pipeline.steps():
+        pipeline._track(step.key)
+    assert logged == [0, 1, 2]

@@ -398,7 +398,7 @@ class Pipeline:
             run_tracking.log_training(self.tracker, policy, self._train_sink(r))
         if partial:
             return
-        last = "eval" if r == 0 or r % self.cfg.eval_every == 0 or r == self.cfg.rounds else "train"
+        last = "eval" if r == 0 or r % self.round_cfg(r).eval_every == 0 or r == self.cfg.rounds else "train"  # as steps() decides
         if where.startswith("round-") and stage == last:
             times = run_tracking.wall_times(self.state.data["steps"], r)
             run_tracking.log_round(self.tracker, self.run_dir, r, round_summary(self.run_dir, r), times, EVAL_KEYS)

@@ -24,12 +24,13 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from toprcli.config import IterateConfig, config_to_dict, from_dict
+from toprcli.config import ConfigError, IterateConfig, config_to_dict, from_dict
 from toprcli.errors import UserError
 from toprcli.shards import changed_keys, write_json_atomic, write_text_atomic
 
@@ -153,9 +154,12 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
                         "to use it from the next round on (and for the steps the round in progress has not begun), rerun with the "
                         "original config, or pass a new --run-dir")
     if changed and write:
+        # The round in progress (and one recorded, not begun) takes what its steps to come use; validated whole first.
+        updates = {r: data for r in range(max(begun, 1), max(round_dirs(run_dir), default=0) + 1)
+                   if (data := _round_in_progress(run_dir, r, others, resolved)) is not None}
         write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
-        for r in range(max(begun, 1), max(round_dirs(run_dir), default=0) + 1):  # the round in progress; one recorded, not begun
-            _apply_to_round_in_progress(run_dir, r, others, resolved)
+        for r, data in updates.items():
+            write_text_atomic(round_dir(run_dir, r) / CONFIG_FILE, yaml.safe_dump(data, sort_keys=False))
     return changed
 
 
@@ -165,12 +169,13 @@ _STEP_OF = {"replay_rounds": "curate", "replay_weight": "curate", "train_from": 
 _BEGUN = {"generate": ("samples",), "score": ("scored",), "curate": ("train.parquet",), "train": ("policy", "policy.partial"), "eval": ("eval",)}
 
 
-def _apply_to_round_in_progress(run_dir: Path, r: int, keys: list[str], resolved: dict[str, Any]) -> None:
-    """Round ``r`` (begun, maybe not finished) takes the changed ``keys`` of the steps it has not begun: a setting
-    that makes a later step of it fail (refused there) can be fixed without losing the steps it finished."""
+def _round_in_progress(run_dir: Path, r: int, keys: list[str], resolved: dict[str, Any]) -> dict[str, Any] | None:
+    """Round ``r``'s recorded config with the changed ``keys`` of the steps it has not begun (None: nothing to change): a
+    setting that makes a later step of it fail can be fixed without losing the steps it finished. A change that would
+    hold only in part (train.loss dpo where curate, begun, made no pairs) leaves the round as recorded, and says so."""
     path, d = round_dir(run_dir, r) / CONFIG_FILE, round_dir(run_dir, r)
     if not path.exists():
-        return
+        return None
     data, applied = yaml.safe_load(path.read_text()) or {}, False
     for key in keys:
         step = _STEP_OF.get(key, key.split(".")[0])
@@ -185,8 +190,15 @@ def _apply_to_round_in_progress(run_dir: Path, r: int, keys: list[str], resolved
         else:  # a key inside a mapping that the new config removed (a misspelt loss option)
             node.pop(leaf, None)
         applied = True
-    if applied:
-        write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))
+    if not applied:
+        return None
+    try:
+        from_dict(IterateConfig, data)
+    except ConfigError as e:
+        warnings.warn(f"round {r} keeps its recorded settings (the change applies from round {r + 1}): its steps that have begun "
+                      f"ran with the old ones, and the rest of the change alone does not hold — {e}", stacklevel=3)
+        return None
+    return data
 
 
 def round_config(run_dir: Path, r: int, current: IterateConfig | None = None) -> IterateConfig | None:

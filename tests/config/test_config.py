@@ -78,9 +78,10 @@ def test_a_pipeline_key_at_the_wrong_level_lists_every_section_that_has_it():
     from toprcli.config import from_dict
 
     with pytest.raises(ConfigError) as e:
-        from_dict(IterateConfig, {"temperature": 0.5, "lr": 1e-6})
-    assert ("'temperature' (a key of generate.sampling.temperature, train.temperature, eval.sampling.temperature: write the one you mean)"
+        from_dict(IterateConfig, {"temperature": 0.5, "lr": 1e-6, "sampling": {"top_p": 0.9}})
+    assert ("'temperature' (it is generate.sampling.temperature, train.temperature or eval.sampling.temperature: write the one you mean)"
             in str(e.value)) and "'lr' (moved to 'train.lr')" in str(e.value)
+    assert "'sampling' (it is generate.sampling or eval.sampling: write the one you mean)" in str(e.value)  # a section, too
 
 
 def test_iterate_refuses_train_sampling_that_contradicts_generate(tmp_path):

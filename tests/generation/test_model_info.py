@@ -23,3 +23,21 @@ def test_the_same_architecture_written_by_an_older_transformers_is_the_same(tiny
     (older / "config.json").write_text(json.dumps(config))
     assert not same_architecture(str(tiny_model_dir), str(older))
     assert not same_architecture(str(tiny_model_dir), "HuggingFaceTB/SmolLM2-135M")  # no local config to compare
+
+
+def test_same_tokenizer_reads_what_the_files_say_not_their_bytes(tiny_model_dir, tmp_path):
+    """A policy saved by toprcli (save_pretrained rewrites the files) and its verifier of one family compared unequal byte
+    for byte, so the verifier never shared the engine; another chat template is another tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from toprcli.generation.model_info import same_tokenizer
+
+    resaved = tmp_path / "resaved"
+    shutil.copytree(tiny_model_dir, resaved)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(resaved)
+    (resaved / "generation_config.json").write_text((resaved / "generation_config.json").read_text().replace("{", '{\n  "x_note": 1,', 1))
+    assert same_tokenizer(str(tiny_model_dir), str(resaved))
+    (resaved / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert not same_tokenizer(str(tiny_model_dir), str(resaved))

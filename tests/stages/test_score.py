@@ -295,3 +295,13 @@ def test_a_killed_rescoring_resumes_where_it_stopped_and_a_finished_one_rescores
     assert min(shards.read_table(out).column("reward").to_pylist()) == 0.0 and not (out / "_rescoring.json").exists()
     res = score_dir(gsm_samples, out, ScoreConfig(workers=1, reward_incorrect=0.0, overwrite=True))
     assert (res["shards_scored"], res["shards_skipped"]) == (2, 0)
+
+
+def test_data_source_on_data_without_sources_says_it_is_for_verl_data():
+    """eval and iterate check the sources before generating; on a non-verl dataset every source is None, and the advice
+    was '--verifier-by-source None=math', which can never match."""
+    from toprcli.errors import UserError
+    from toprcli.stages.score import check_sources
+
+    with pytest.raises(UserError, match="no data_source values — --verifier data_source is for verl-format datasets"):
+        check_sources({None}, {"openai/gsm8k": "gsm8k"})

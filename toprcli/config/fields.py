@@ -113,6 +113,11 @@ def leaf_paths(cls: type, prefix: str = "") -> list[str]:
     return out
 
 
+def section_paths(cls: type, prefix: str = "") -> list[str]:
+    """Every section of ``cls``, dotted (``generate.sampling``), nested ones included."""
+    return [p for name, tp in sections(cls).items() for p in (prefix + name, *section_paths(tp, f"{prefix}{name}."))]
+
+
 def unknown_keys(cls: type, data: dict[str, Any], prefix: str = "") -> list[str]:
     """Every key of ``data`` that ``cls`` does not have, each with where it went or what was meant."""
     names, subs, problems = {f.name for f in dataclasses.fields(cls)}, sections(cls), []
@@ -122,11 +127,11 @@ def unknown_keys(cls: type, data: dict[str, Any], prefix: str = "") -> list[str]
         elif key in subs and isinstance(value, dict):
             problems += unknown_keys(subs[key], value, f"{prefix}{key}.")
         elif key not in names:
-            homes = [p for p in leaf_paths(cls) if p.endswith("." + key)]  # the key under a section: one home, where it moved
+            homes = [p for p in leaf_paths(cls) + section_paths(cls) if p.endswith("." + key)]  # under a section: one home, where it moved
             tails = {p.rsplit(".", 1)[-1]: p for p in reversed(leaf_paths(cls))}  # a name here wins over a section's
             close = difflib.get_close_matches(key, sorted(tails), n=1)
             hint = (f"moved to '{prefix}{homes[0]}'" if len(homes) == 1 else
-                    f"a key of {', '.join(prefix + h for h in homes)}: write the one you mean" if homes else
+                    f"it is {', '.join(prefix + h for h in homes[:-1])} or {prefix}{homes[-1]}: write the one you mean" if homes else
                     f"did you mean '{prefix}{tails[close[0]]}'?" if close else "no such key")
             problems.append(f"'{prefix}{key}' ({hint})")
     return problems

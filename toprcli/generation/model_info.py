@@ -101,18 +101,25 @@ def stop_token_ids(*sources: Any) -> frozenset[int]:
 
 
 
-# What renders prompts and stops completions, besides the weights: a verifier of one architecture may differ in them.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-                   "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
-
-
 def same_tokenizer(a: str, b: str) -> bool:
-    """Whether two model dirs tokenize, template and stop alike: their tokenizer and generation-config files are the same bytes."""
-    pa_, pb = Path(a), Path(b)
-    if not (pa_.is_dir() and pb.is_dir()):
-        return a == b
-    return all((pa_ / f).is_file() == (pb / f).is_file() and (not (pa_ / f).is_file() or (pa_ / f).read_bytes() == (pb / f).read_bytes())
-               for f in TOKENIZER_FILES)
+    """Whether two models tokenize, template and stop alike: the same tokenizer (its serialised form, not its files'
+    bytes, which each save_pretrained rewrites), chat template, special tokens and generation stop ids."""
+    if a == b:
+        return True
+    try:
+        forms = [_tokenizer_form(m) for m in (a, b)]
+    except UserError:
+        return False
+    return forms[0] == forms[1]
+
+
+def _tokenizer_form(model: str) -> tuple:
+    tok = load_tokenizer(model)
+    backend = getattr(tok, "backend_tokenizer", None)
+    vocab = backend.to_str() if backend is not None else sorted(tok.get_vocab().items())
+    generation = Path(model) / "generation_config.json"
+    stops = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
+    return vocab, tok.chat_template, tok.all_special_ids, stops
 
 
 def same_architecture(a: str, b: str) -> bool:

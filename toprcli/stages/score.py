@@ -165,6 +165,8 @@ def _check_sources(files: dict[int, Path], mapping: dict[str, str]) -> None:
 
 def check_sources(sources: set[str | None], mapping: dict[str, str]) -> None:
     """Every data_source has a verifier in ``mapping`` (eval checks its examples' before it generates)."""
+    if sources <= {None}:
+        raise UserError("the data has no data_source values — --verifier data_source is for verl-format datasets; pick a verifier")
     unknown = sorted(str(s) for s in sources - set(mapping))
     if unknown:
         raise UserError(f"no verifier for data_source {', '.join(unknown)} — add it: --verifier-by-source {unknown[0]}=math (or gsm8k, exact)")
