@@ -646,3 +646,22 @@ def test_a_curate_killed_before_its_manifest_is_kept_by_the_rerun(tmp_path):
     with pytest.raises(UserError, match="already exists"):
         curate(CurateConfig(scored=[scored], out=str(out), positive_fraction=0.2))
     assert not manifest_path(out).exists()
+
+
+def test_scored_inputs_flagged_and_loose_in_another_order_are_refused(tmp_path):
+    """`-s r3 r2 -s r1` was [r3, r1, r2] and `r3 -s r2` was [r2, r3]: the weights of --source-weights went to other rounds."""
+    import subprocess
+    import sys
+
+    from toprcli.cli.main import app
+
+    a, b, c = (pm1_data(tmp_path, 0.5, name=n, n_prompts=4, n=2) for n in ("r3", "r2", "r1"))
+    out = str(tmp_path / "train.parquet")
+    res = CliRunner().invoke(app, ["curate", "-s", a, b, "-s", c, "--source-weights", "1,0.5,0.25", "-o", out])
+    assert res.exit_code == 2 and "their order is lost" in res.output and not os.path.exists(out)
+    loose_first = subprocess.run([sys.executable, "-m", "toprcli", "curate", a, "-s", b, "--source-weights", "1,0.5", "-o", out],
+                                 capture_output=True, text=True)
+    assert loose_first.returncode == 2 and "their order is lost" in loose_first.stderr and not os.path.exists(out)
+    res = CliRunner().invoke(app, ["curate", "--scored", a, b, c, "--source-weights", "1,0.5,0.25", "-o", out, "--json"])
+    assert res.exit_code == 0, res.output  # the documented form: in the order written
+    assert [s["path"] for s in json.loads(res.stdout.strip().splitlines()[-1])["sources"]] == [a, b, c]

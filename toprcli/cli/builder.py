@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -22,6 +23,7 @@ import typer
 from toprcli.cli.common import RESUME, Verbose, echo_json, progress_bars, send_noise_to, user_errors
 from toprcli.config import load_config, parse_override, parse_value, split_override
 from toprcli.config.fields import describe, sections
+from toprcli.errors import UserError
 from toprcli.stages import StageResult
 
 
@@ -134,7 +136,8 @@ def build(stage: Stage) -> Callable[..., None]:
     def command(**kw: Any) -> None:
         overrides = {f.key: f.parse(kw[f.param]) if kw[f.param] is not None else None for f in options}
         if stage.more and kw["more_"]:
-            overrides[stage.more] = (overrides[stage.more] or []) + list(kw["more_"])
+            short = {f.name: f for f in dataclasses.fields(stage.config)}[stage.more].metadata.get("short")
+            overrides[stage.more] = _in_given_order((f"--{stage.more}", short), overrides[stage.more] or [], list(kw["more_"]))
         sets = dict(split_override(s) for s in kw["set_"] or [])  # text: load_config reads it by the field's type
         path = kw["config_"] or (stage.default_config() if stage.default_config else None)
         cfg = load_config(stage.config, path, overrides, sets=sets)
@@ -152,6 +155,17 @@ def build(stage: Stage) -> Callable[..., None]:
     command.__name__ = stage.name.replace("-", "_")
     command.__doc__ = stage.doc
     return user_errors(resume=stage.resume)(command)
+
+
+def _in_given_order(names: tuple[str, str | None], flagged: list[str], loose: list[str]) -> list[str]:
+    """``--scored A B C``: A from the flag, then the loose values. Typer keeps no order across the two, so a flag repeated
+    around loose values, or a loose value before the flag, is refused: their order is the weights' (--source-weights)."""
+    argv = sys.argv[1:]
+    first_flag = next((i for i, a in enumerate(argv) if a in names or a.startswith(f"{names[0]}=")), None)
+    if len(flagged) > 1 or (first_flag is not None and any(v in argv[:first_flag] for v in loose)):
+        raise UserError(f"{names[0]} values both flagged and given as DIR arguments: their order is lost — write them in one "
+                        f"place: {names[0]} A B C, or {names[0]} A {names[0]} B {names[0]} C")
+    return flagged + loose
 
 
 def register(app: typer.Typer, *stages: Stage) -> None:
