@@ -665,3 +665,11 @@ def test_scored_inputs_flagged_and_loose_in_another_order_are_refused(tmp_path):
     res = CliRunner().invoke(app, ["curate", "--scored", a, b, c, "--source-weights", "1,0.5,0.25", "-o", out, "--json"])
     assert res.exit_code == 0, res.output  # the documented form: in the order written
     assert [s["path"] for s in json.loads(res.stdout.strip().splitlines()[-1])["sources"]] == [a, b, c]
+
+
+def test_options_that_would_do_nothing_are_refused_at_load():
+    """--max-pairs-per-prompt without --pairs, --positive-fraction-rule at-least-p with a --baseline: accepted, no effect."""
+    with pytest.raises(ConfigError, match="max_pairs_per_prompt is set but pairs is none"):
+        load_config(CurateConfig, None, sets={"max_pairs_per_prompt": 2})
+    with pytest.raises(ConfigError, match="positive_fraction_rule at-least-p needs positive_fraction"):
+        load_config(CurateConfig, None, sets={"positive_fraction_rule": "at-least-p", "baseline": 0.5})

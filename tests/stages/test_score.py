@@ -305,3 +305,30 @@ def test_data_source_on_data_without_sources_says_it_is_for_verl_data():
 
     with pytest.raises(UserError, match="no data_source values — --verifier data_source is for verl-format datasets"):
         check_sources({None}, {"openai/gsm8k": "gsm8k"})
+
+
+def test_a_rerun_with_another_timeout_or_an_edited_plugin_is_not_the_same_scoring(tmp_path, monkeypatch):
+    """Raising --timeout after a timeout warning reused the old verdicts in silence (and the manifest then named the new
+    timeout); an edited plugin's rewards were reused too. --strict with a verifier it does not apply to was refused later."""
+    (tmp_path / "plug.py").write_text("def reward(completion, answer, row):\n    return 0.25\n")
+    monkeypatch.chdir(tmp_path)
+    d = write_samples(tmp_path / "s", [samples_table([("a", "x", "1")])])
+    cfg = ScoreConfig(verifier="python:plug.py:reward", workers=1, timeout=5.0)
+    score_dir(d, tmp_path / "o", cfg)
+    assert score_dir(d, tmp_path / "o", cfg).skipped
+    with pytest.raises(UserError, match="other settings"):
+        score_dir(d, tmp_path / "o", replace(cfg, timeout=30.0))
+    (tmp_path / "plug.py").write_text("def reward(completion, answer, row):\n    return 0.75\n")
+    with pytest.raises(UserError, match="other settings"):
+        score_dir(d, tmp_path / "o", cfg)
+    exact = ScoreConfig(verifier="exact", workers=1)
+    score_dir(d, tmp_path / "e", replace(exact, strict=True))
+    assert score_dir(d, tmp_path / "e", exact).skipped  # strict is gsm8k's: the same scoring
+
+
+def test_rewards_are_finite_at_config_load():
+    """--reward-correct nan wrote a finished scored dir that curate then refused, and score would not rescore."""
+    from toprcli.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="'reward_correct'.*a finite number"):
+        load_config(ScoreConfig, None, sets={"reward_correct": ".nan"})

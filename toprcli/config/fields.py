@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -38,6 +39,7 @@ def choice(options, what: str = "one of") -> dict:
     return _check(lambda v: v in options, f"{what} {', '.join(repr(o) for o in options)}")
 
 
+FINITE = _check(math.isfinite, "a finite number")
 POSITIVE = _check(lambda v: v > 0, "a number > 0")
 NON_NEGATIVE = _check(lambda v: v >= 0, "a number >= 0")
 AT_LEAST_ONE = _check(lambda v: v >= 1, "an integer >= 1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toprcli.config.fields import AT_LEAST_ONE, MIN_P, NON_NEGATIVE, POSITIVE, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
+from toprcli.config.fields import AT_LEAST_ONE, FINITE, MIN_P, NON_NEGATIVE, POSITIVE, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
 from toprcli.config.fields import _check, choice, config_to_dict, from_dict, opt
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
@@ -108,9 +108,9 @@ class ScoreConfig:
     strict: bool = opt(False, _STRICT_HELP, flag="--strict/--flexible")
     workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)
     timeout: float = opt(5.0, "Hard limit per check in seconds; a check past it is killed (verdict 'timeout').", check=POSITIVE)
-    reward_correct: float = opt(1.0, "Reward of a correct completion.")
-    reward_incorrect: float = opt(-1.0, "Reward of an incorrect one (also 'timeout' and 'error').")
-    reward_no_answer: float = opt(-1.0, "Reward when no answer could be read.")
+    reward_correct: float = opt(1.0, "Reward of a correct completion.", check=FINITE)
+    reward_incorrect: float = opt(-1.0, "Reward of an incorrect one (also 'timeout' and 'error').", check=FINITE)
+    reward_no_answer: float = opt(-1.0, "Reward when no answer could be read.", check=FINITE)
     worker_memory_mb: int = opt(4096, "Address-space cap per worker in MiB; 0 = none (e.g. plugins that load CUDA).", check=NON_NEGATIVE)
     overwrite: bool = opt(False, "Rescore an --out scored from other samples or settings.")
 
@@ -149,6 +149,12 @@ class CurateConfig:
         "(every correct × incorrect combination).")
     max_pairs_per_prompt: int | None = opt(
         None, "With --pairs: at most this many pairs per prompt (matched: the first; all: a choice seeded by --seed).", check=AT_LEAST_ONE)
+
+    def check(self) -> None:  # options that would do nothing, in silence
+        if self.max_pairs_per_prompt is not None and self.pairs == "none":
+            raise ConfigError("max_pairs_per_prompt is set but pairs is none — it caps preference pairs: set pairs (matched or all) or drop it")
+        if self.positive_fraction_rule != "fixed" and self.positive_fraction is None:
+            raise ConfigError(f"positive_fraction_rule {self.positive_fraction_rule} needs positive_fraction — set it, or drop the rule")
 
 
 @dataclass

@@ -43,7 +43,7 @@ from toprcli.config import ScoreConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
-from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, resolve_verifier, reward_of
+from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, plugins, resolve_verifier, reward_of
 
 STAGE = "score"
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
@@ -59,8 +59,9 @@ class ScoredOtherwise(UserError):
 class ChecksFailed(UserWarning):
     """Some completions could not be checked (verdict error or timeout): they are rewarded as wrong."""
 
-# Settings that change the scored columns; a complete shard is reused only if they match.
-_SCORE_KEYS = ("verifier", "strict", "reward_correct", "reward_incorrect", "reward_no_answer")
+# Settings that change the scored columns; a complete shard is reused only if they match (timeout: a check past it is
+# rewarded as wrong). A plugin's source counts too (_settings).
+_SCORE_KEYS = ("verifier", "strict", "timeout", "reward_correct", "reward_incorrect", "reward_no_answer")
 
 
 @dataclass
@@ -150,7 +151,12 @@ def _validate_inputs(files: dict[int, Path]) -> int:
 
 def _settings(cfg: ScoreConfig) -> dict[str, Any]:
     d = config_to_dict(cfg)
-    return {k: d[k] for k in _SCORE_KEYS + (("verifier_by_source",) if cfg.verifier == "data_source" else ())}
+    out = {k: d[k] for k in _SCORE_KEYS + (("verifier_by_source",) if cfg.verifier == "data_source" else ())}
+    if cfg.verifier not in ("gsm8k", "data_source"):  # strict is gsm8k's alone: for another verifier it changes nothing
+        del out["strict"]
+    if cfg.verifier.startswith("python:"):
+        out["plugin_source"] = plugins.source_digest(cfg.verifier[len("python:"):])
+    return out
 
 
 def _check_sources(files: dict[int, Path], mapping: dict[str, str]) -> None:
@@ -173,8 +179,10 @@ def check_sources(sources: set[str | None], mapping: dict[str, str]) -> None:
 
 
 def _reusable(path: Path, settings: dict[str, Any], input_fp: str) -> bool:
+    """A shard scored from this input with these settings; a setting an older toprcli did not record is taken as today's."""
     meta = shards.read_file_metadata(path).get("score") or {}
-    return meta.get("settings") == settings and meta.get("input_fingerprint") == input_fp
+    had = meta.get("settings")
+    return isinstance(had, dict) and all(had.get(k, v) == v for k, v in settings.items()) and meta.get("input_fingerprint") == input_fp
 
 
 # -- scoring one table ----------------------------------------------------------

@@ -20,6 +20,7 @@ path) or a path to a ``.py`` file: ``python:checks.py:reward`` or
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -37,6 +38,21 @@ def parse_plugin_spec(target: str) -> tuple[str, str]:
     if not sep or not module or not func:
         raise UserError(f"bad plugin spec 'python:{target}' — write python:MODULE:FUNCTION, e.g. python:my_checks:is_correct")
     return module, func
+
+
+def source_digest(target: str) -> str | None:
+    """A digest of the plugin's source file (None when it is not found here): a plugin edited under the same name
+    scores otherwise, so outputs scored with it must not be reused."""
+    module_name, _ = parse_plugin_spec(target)
+    if module_name.endswith(".py") or os.sep in module_name:
+        path: Path | None = Path(module_name).resolve()
+    else:
+        try:
+            found = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError):
+            found = None
+        path = Path(found.origin) if found is not None and found.origin else None
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path is not None and path.is_file() else None
 
 
 def load_function(target: str) -> Callable:
