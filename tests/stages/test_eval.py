@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from toprcli.cli.main import app
@@ -57,8 +58,9 @@ def test_checks_that_failed_are_reported_not_hidden_in_the_rates(tiny_model_dir,
     """A dataset with no gold answers: every check is an error, counted wrong. eval printed pass@1 0 and invalid
     rate 0 with no word of it; now eval.json has error_rate and the table a warning naming where the examples are."""
     (tmp_path / "q.jsonl").write_text("".join(json.dumps({"question": f"{i}+1?"}) + "\n" for i in range(2)))
-    r = CliRunner().invoke(app, ["eval", "-m", str(tiny_model_dir), "-d", str(tmp_path / "q.jsonl"), "--k", "2", "--max-new-tokens", "4",
-                                 "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e")])
+    with pytest.warns(UserWarning, match="has no answer column"):  # said at load, before anything is generated
+        r = CliRunner().invoke(app, ["eval", "-m", str(tiny_model_dir), "-d", str(tmp_path / "q.jsonl"), "--k", "2", "--max-new-tokens", "4",
+                                     "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "e" / "eval.json").read_text())["metrics"]["error_rate"] == 1.0
     assert "100.0% of the samples could not be checked" in r.output
