@@ -159,3 +159,54 @@ def test_set_on_the_command_line_keeps_a_string_fields_text(tmp_path):
     """`--set out=010` is the file name 010 (YAML read it as the integer 8: 'expected a string')."""
     r = CliRunner().invoke(app, ["curate", "--set", "out=010", "-s", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "--out 010:" in r.output, r.output
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.name)
+def test_the_help_shows_each_choice_and_each_values_shape(stage):
+    """A Literal or a registry's names: the choices in the type column (or, when they are many, in the help);
+    a mapping: key=value; a list of numbers: comma-separated. Every choice shown is one the config takes."""
+    import typing
+
+    from toprcli.config.fields import describe
+
+    params = {p.name: p for p in click_command(stage.name).params}
+    hints = {}
+    for flag in flags(stage.config):
+        cls = stage.config
+        *parents, leaf = flag.key.split(".")
+        for part in parents:
+            cls = typing.get_type_hints(cls)[part]
+        hints[flag.param] = (cls, leaf, typing.get_type_hints(cls)[leaf])
+    for param, (cls, leaf, tp) in hints.items():
+        opt = params[param]
+        meta = {f.name: f.metadata for f in dataclasses.fields(cls)}[leaf]
+        choices = meta.get("choices") or (typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else None)
+        if choices and opt.metavar != "<name>":
+            assert opt.metavar.strip("<>").split("|") == list(choices), (param, opt.metavar)
+            assert all(meta.get("check", lambda v: True)(c) for c in choices), param  # each one the config takes
+        elif choices:
+            assert all(repr(c) in opt.help for c in choices), (param, opt.help)
+        if typing.get_origin(tp) is dict:
+            assert opt.metavar == "<key=value>", param
+        if "list of a number" in describe(tp) or "list of an integer" in describe(tp):
+            assert opt.metavar.endswith(",…>"), param
+    assert params["set_"].metavar == "<key=value>"
+
+
+def test_help_texts_render_as_written():
+    """Each command's summary is one line in `topr --help`, and its examples stay indented under 'Examples:'
+    (typer dedents a paragraph that starts the help's body)."""
+    group = typer.main.get_command(app)
+    commands = {**group.commands, **{f"config {n}": c for n, c in group.commands["config"].commands.items()}}
+    for name, cmd in commands.items():
+        if not cmd.help:
+            continue
+        assert "\n" not in cmd.help.split("\n\n")[0], name
+        out = CliRunner().invoke(app, [*name.split(), "--help"], terminal_width=200).output
+        lines = out.splitlines()
+        starts = [i for i, line in enumerate(lines) if line.strip() in ("Examples:", "Example:")]
+        if not starts:
+            continue
+        example = lines[starts[0] + 1]
+        assert example.strip().startswith(("topr", "pip", "torchrun", "TOPRCLI_CACHE")), (name, example)
+        assert len(example) - len(example.lstrip()) > len(lines[starts[0]]) - len(lines[starts[0]].lstrip()), (name, example)

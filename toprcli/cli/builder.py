@@ -79,6 +79,21 @@ def _cli_type(tp: Any) -> tuple[Any, Callable[[Any], Any]]:
     return str, parse_value  # a union such as float | str: read as YAML, checked by the config
 
 
+def _metavar(tp: Any, meta: Any) -> str | None:
+    """The value's shape in --help where typer's type name would mislead: the choices, a comma list of numbers,
+    KEY=VALUE pairs, a number or a name; None keeps typer's."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    choices = meta.get("choices") or (typing.get_args(args[0]) if len(args) == 1 and typing.get_origin(args[0]) is Literal else None)
+    if choices:
+        shown = f"<{'|'.join(choices)}>"
+        return shown if len(shown) <= 20 else "<name>"  # a long list stays in the help text, not the type column
+    if len(args) == 1 and typing.get_origin(args[0]) is list and typing.get_args(args[0])[0] is not str:
+        return f"<{typing.get_args(args[0])[0].__name__},…>"
+    if len(args) == 1 and typing.get_origin(args[0]) is dict:
+        return "<key=value>"
+    return "<number|name>" if len(args) > 1 and bool not in args else None
+
+
 def _show(value: Any) -> str:
     return "unset" if value is None or value == [] or value == {} else '""' if value == "" else str(value)
 
@@ -101,8 +116,10 @@ def flags(cls: type) -> list[Flag]:
             if kind is bool and "/" not in decl:
                 decl = f"{decl}/--no-{decl[2:]}"
             names = [decl] + ([meta["short"]] if meta.get("short") else [])
+            metavar = _metavar(hints[f.name], meta)
             allowed = f" ({describe(hints[f.name])})" if typing.get_origin(hints[f.name]) is Literal else f" ({meta['allowed']})" if kind is str and "allowed" in meta else ""
-            option = typer.Option(*names, help=f"{meta.get('help', '')}{allowed} (default: {_show(value)})", show_default=False)
+            allowed = "" if metavar and metavar.count("|") and metavar != "<number|name>" else allowed  # the choices are in the type column
+            option = typer.Option(*names, help=f"{meta.get('help', '')}{allowed} (default: {_show(value)})", show_default=False, metavar=metavar)
             out.append(Flag(prefix + f.name, (prefix + f.name).replace(".", "__"), Annotated[kind | None, option], parse))
 
     walk(cls, cls(), "")
@@ -118,9 +135,9 @@ def _common_options(stage: Stage) -> dict[str, tuple[Any, Any]]:
     found = "the built-in demo settings" if stage.default_config else "none"
     return {
         "config_": (Annotated[str | None, typer.Option("--config", "-c", help=f"YAML config: a stage's keys, or a pipeline config with a section per stage; the options here override it (default: {found}).", show_default=False)], None),
-        "set_": (Annotated[list[str] | None, typer.Option("--set", help="Set any key, KEY=VALUE (repeatable): dotted (sampling.top_p=0.9), or its last part where that is unambiguous (top_p=0.9).", show_default=False)], None),
+        "set_": (Annotated[list[str] | None, typer.Option("--set", metavar="<key=value>", help="Set any key, KEY=VALUE (repeatable): dotted (sampling.top_p=0.9), or its last part where that is unambiguous (top_p=0.9).", show_default=False)], None),
         "json_": (Annotated[bool, typer.Option("--json", help="Print the stage result as JSON on stdout instead of tables.")], False),
-        "progress_": (Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars (on stderr).")], True),
+        "progress_": (Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars (on stderr) (default: on).", show_default=False)], True),
         "verbose_": (Verbose, False),
     }
 

@@ -33,9 +33,11 @@ def commented_yaml(cfg: object, indent: str = "") -> list[str]:
 @app.command("show")
 @user_errors
 def show(
-    stage: Annotated[str | None, typer.Argument(help="generate, score, curate, verifier_data, train, eval or iterate; all when omitted.")] = None,
+    stage: Annotated[str | None, typer.Argument(metavar="STAGE", help="generate, score, curate, verifier_data, train, eval or iterate; all when omitted.")] = None,
 ) -> None:
     """Print the default config of a stage (or of the whole pipeline) as YAML, each key with its help.
+
+    The output is a valid config: save it, edit what you need, and pass it with --config.
 
     Examples:
       [bold]topr config show[/]
@@ -49,9 +51,12 @@ def show(
 @app.command("check")
 @user_errors
 def check(
-    file: Annotated[Path, typer.Argument(help="A pipeline config YAML (as used by `topr iterate`).")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A pipeline config YAML (as used by `topr iterate`).")],
 ) -> None:
     """Validate a pipeline config and print it fully resolved (defaults filled in).
+
+    Checks what `topr iterate` checks before any work (every key, value and cross-stage rule, the loss
+    options and the verifier specs); a problem is one error line and exit 2 (every unknown or moved key at once).
 
     Example:
       [bold]topr config check configs/demo.yaml[/]
@@ -68,7 +73,7 @@ def check(
 @app.command("import-roll")
 @user_errors
 def import_roll(
-    file: Annotated[Path, typer.Argument(help="A ROLL RLVR config (Hydra YAML), e.g. examples/qwen2.5-7B-rlvr-offpolicy/rlvr_config.yaml.")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A ROLL RLVR config (Hydra YAML), e.g. examples/qwen2.5-7B-rlvr-offpolicy/rlvr_config.yaml.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The topr pipeline config to write (YAML).")],
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out.")] = False,
     allow_unknown: Annotated[

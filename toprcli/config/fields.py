@@ -36,7 +36,7 @@ def _check(predicate, allowed: str) -> dict:
 def choice(options, what: str = "one of") -> dict:
     """A check: a string that must be one of ``options`` (a registry's names)."""
     options = tuple(options)
-    return _check(lambda v: v in options, f"{what} {', '.join(repr(o) for o in options)}")
+    return {**_check(lambda v: v in options, f"{what} {', '.join(repr(o) for o in options)}"), "choices": options}
 
 
 FINITE = _check(math.isfinite, "a finite number")
