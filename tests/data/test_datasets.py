@@ -172,6 +172,22 @@ def test_gold_helpers():
     assert last_boxed("x \\boxed{\\frac{1}{2}} y \\boxed{3}") == "3"
     assert last_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
     assert last_boxed("none") is None
+    # MATH writes some answers as `\boxed 5`: the argument is that token, never a later brace's content (it was 'x').
+    assert last_boxed("so $\\boxed 5$. Check {x}.") == "5" and last_boxed("$\\boxed {7}$") == "7"
+    assert last_boxed("\\boxed") is None and last_boxed("\\boxed$ then {x}") is None
+
+
+def test_the_files_own_name_names_its_dataset_before_its_folders(tmp_path):
+    """gsm8k-rl/data/math500.jsonl was read as GSM8K: refused for want of a question column, or its gold (1,2) made 12."""
+    from toprcli.data.datasets import default_verifier
+
+    folder = tmp_path / "gsm8k-rl" / "data"
+    folder.mkdir(parents=True)
+    (folder / "math500.jsonl").write_text(json.dumps({"problem": "Find the point.", "solution": "so \\boxed{(1,2)}", "answer": "(1,2)"}) + "\n")
+    spec = DatasetSpec(source=str(folder / "math500.jsonl"))
+    assert [(e.answer, e.preset) for e in load_examples(spec)] == [("(1,2)", "math")] and default_verifier(spec) == "math"
+    (folder / "train.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")  # a neutral name: the folder's
+    assert load_examples(DatasetSpec(source=str(folder / "train.jsonl")))[0].preset == "gsm8k"
 
 
 def test_cli_reports_bad_dataset_in_one_line(tmp_path):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from toprcli.config import DatasetSpec
 from toprcli.data.datasets import load_examples
+from toprcli.errors import UserError
 
 
 def test_csv_cells_are_read_as_written(tmp_path):
@@ -47,3 +50,22 @@ def test_few_shot_examples_of_a_local_file_come_from_another_file(tmp_path):
         load_examples(DatasetSpec(source=str(test), split="test", few_shot=2))
     shots = [s.question for e in load_examples(DatasetSpec(source=str(test), split="test", few_shot=2, few_shot_split=str(train))) for s in e.shots]
     assert len(shots) == 6 and all(q.endswith("+2?") for q in shots)
+
+
+def test_a_csv_with_an_unnamed_column_reads_as_pandas_names_it(tmp_path):
+    """pandas' to_csv() writes its index under an empty header; a trailing comma makes one too."""
+    (tmp_path / "index.csv").write_text(",question,answer\n0,What is 2+3?,5\n1,What is 2+4?,6\n")
+    (tmp_path / "trailing.csv").write_text("question,answer,\nWhat is 1+1?,2,\n")
+    assert [(e.question, e.answer) for e in load_examples(DatasetSpec(source=str(tmp_path / "index.csv")))] == [("What is 2+3?", "5"), ("What is 2+4?", "6")]
+    assert [(e.question, e.answer) for e in load_examples(DatasetSpec(source=str(tmp_path / "trailing.csv")))] == [("What is 1+1?", "2")]
+
+
+@pytest.mark.parametrize("table", [{"question": {"0": "What is 2+3?", "1": "What is 2+4?"}, "answer": {"0": "5", "1": "6"}},
+                                   {"question": ["What is 2+3?", "What is 2+4?"], "answer": ["5", "6"]}], ids=["pandas-default", "lists"])
+def test_a_json_table_by_columns_is_one_error_naming_the_fix(tmp_path, table):
+    """It loaded as one prompt whose question was the whole column's text."""
+    (tmp_path / "cols.json").write_text(json.dumps(table))
+    with pytest.raises(UserError, match=r"cols.json is a table by columns .* orient='records'"):
+        load_examples(DatasetSpec(source=str(tmp_path / "cols.json")))
+    (tmp_path / "one.json").write_text(json.dumps([{"question": "What is 2+3?", "answer": "5"}]))  # one record is a record
+    assert [e.answer for e in load_examples(DatasetSpec(source=str(tmp_path / "one.json")))] == ["5"]

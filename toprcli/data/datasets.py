@@ -156,7 +156,7 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
     if _written_by(spec.source) == "verifier-data":
         return PRESETS["verification"]
     name = Path(src).name if Path(spec.source).exists() else src
-    if "gsm8k" in src or "gsm8k" in name:
+    if "gsm8k" in name or "gsm8k" in src and "math" not in name:  # the file's own name first: gsm8k-rl/math500.jsonl is MATH
         return PRESETS["gsm8k"]
     if "math" in name:
         return PRESETS["math"]

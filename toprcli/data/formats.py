@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from toprcli.errors import UserError
@@ -120,13 +121,15 @@ def gsm8k_gold(raw: str) -> str:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; ``\\boxed 5`` (MATH writes it so) is ``5``."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
+    end = start + (6 if text.startswith("\\boxed", start) else 5)
+    after = re.match(r"([ \t]*)(\{?)([^\s${}]*)", text[end:])
+    if not after.group(2):  # no brace of its own (never a later, unrelated one): ``\boxed 5``, or nothing
+        return after.group(3) if after.group(1) and after.group(3) else None
+    i = end + len(after.group(1))
     depth = 0
     for j in range(i, len(text)):
         if text[j] == "{":

@@ -31,12 +31,25 @@ def read_local(datasets: Any, fmt: str, path: Path) -> Any:
     level = logger.level
     logger.setLevel(logging.CRITICAL)  # its "Failed to read file" log line would precede ours
     try:
-        return datasets.load_dataset(fmt, data_files=str(path), split="train", **_as_text(datasets, fmt, path))
+        ds = datasets.load_dataset(fmt, data_files=str(path), split="train", **_as_text(datasets, fmt, path))
     except Exception as e:
         where = _diagnose_local(path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise UserError(f"cannot read {path}: {where} — fix the file (or remove the bad rows)") from None
     finally:
         logger.setLevel(level)
+    if len(ds) == 1 and _column_oriented(ds[0]):
+        raise UserError(f"{path} is a table by columns (as pandas' to_json() writes by default), not one record per row — write it with "
+                        f"df.to_json(path, orient='records'), or as JSONL with orient='records', lines=True")
+    return ds
+
+
+def _column_oriented(row: dict[str, Any]) -> bool:
+    """A row that is a whole table: every column a {row index: value} mapping or a list of plain values of one length."""
+    values = list(row.values())
+    if values and all(isinstance(v, dict) and len(v) > 1 and all(k.isdigit() for k in v) for v in values):
+        return True
+    lengths = {len(v) if isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) else -1 for v in values}
+    return len(values) > 1 and len(lengths) == 1 and lengths.pop() > 1
 
 
 def _as_text(datasets: Any, fmt: str, path: Path) -> dict[str, Any]:
@@ -47,6 +60,7 @@ def _as_text(datasets: Any, fmt: str, path: Path) -> dict[str, Any]:
 
     with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:  # -sig: Excel's "CSV UTF-8" starts with a BOM
         header = next(csv.reader(f), [])
+    header = [c or f"Unnamed: {i}" for i, c in enumerate(header)]  # an empty name (pandas' index, a trailing comma) as pandas names it
     features = datasets.Features({c: datasets.Value("string") for c in header}) if len(set(header)) == len(header) else None
     return {"keep_default_na": False, **({"features": features} if features else {})}
 
