@@ -210,3 +210,25 @@ def test_help_texts_render_as_written():
         example = lines[starts[0] + 1]
         assert example.strip().startswith(("topr", "pip", "torchrun", "TOPRCLI_CACHE")), (name, example)
         assert len(example) - len(example.lstrip()) > len(lines[starts[0]]) - len(lines[starts[0]].lstrip()), (name, example)
+
+
+def test_click_usage_errors_are_one_line_naming_the_help():
+    """An unknown command or option, a value of the wrong type: one error line and exit 2, as for every other bad
+    input (typer drew a box of four to six lines); `topr` alone still shows the help."""
+    run = lambda *a: subprocess.run([sys.executable, "-m", "toprcli", *a], capture_output=True, text=True, timeout=120)  # noqa: E731
+    for argv, words in ((["train", "--seed", "abc"], "Invalid value for '--seed'"), (["trian"], "No such command 'trian'"),
+                        (["curate", "--bogus"], "No such option: --bogus"), (["report"], "Missing argument 'RUN_DIR'")):
+        done = run(*argv)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and words in lines[0] and lines[0].startswith("error:"), done.stderr
+        assert lines[0].endswith(f"{'' if argv[0] == 'trian' else ' ' + argv[0]} --help`"), lines[0]  # the command's own help
+    bare = run()
+    assert bare.returncode == 2 and "Usage: " in bare.stdout and "Commands" in bare.stdout
+
+
+def test_lines_on_stderr_are_not_wrapped_off_a_terminal(tmp_path):
+    deep = tmp_path / ("a_rather_long_directory_name_" * 3) / "pipeline_config_file.yaml"
+    deep.parent.mkdir(parents=True)
+    deep.write_text("rounds: 1\n")
+    done = subprocess.run([sys.executable, "-m", "toprcli", "config", "check", str(deep)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and f"ok: {deep} is a valid pipeline config" in done.stderr.splitlines(), done.stderr

@@ -250,3 +250,67 @@ def test_lora_dropout_is_refused_for_losses_that_read_mu():
     with pytest.raises(ConfigError, match="lora_dropout 0.1 with loss topr: dropout makes π random"):
         load_config(TrainConfig, None, sets={"lora_rank": 8, "lora_dropout": 0.1})
     assert load_config(TrainConfig, None, sets={"lora_rank": 8, "lora_dropout": 0.1, "loss": "sft"}).lora_dropout == 0.1
+
+
+def test_a_mappings_keys_and_values_are_of_its_types(tmp_path):
+    """verifier_by_source {foo: 5} reached score and crashed it (a traceback); a data_source with dots
+    (lighteval/MATH-v1.5) given with --set was split into nested mappings."""
+    from toprcli.config import ScoreConfig
+
+    with pytest.raises(ConfigError, match="bad value for 'verifier_by_source'.*a mapping of a string to a string"):
+        load_config(ScoreConfig, overrides={"verifier_by_source": {"foo": 5}})
+    (tmp_path / "s.yaml").write_text("verifier_by_source: {5: math}\n")
+    with pytest.raises(ConfigError, match="verifier_by_source"):
+        load_config(ScoreConfig, tmp_path / "s.yaml")
+    cfg = load_config(ScoreConfig, sets={"verifier_by_source.lighteval/MATH-v1.5": "math"})
+    assert cfg.verifier_by_source["lighteval/MATH-v1.5"] == "math" and cfg.verifier_by_source["openai/gsm8k"] == "gsm8k"
+    r = runner.invoke(app, ["score", "-s", "x", "-o", "y", "--verifier-by-source", "foo=5"])
+    assert r.exit_code == 2 and "bad value for 'verifier_by_source'" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_set_below_a_field_that_is_no_mapping_is_one_error():
+    with pytest.raises(ConfigError, match=r"--set lr.x: 'lr' is a number, not a mapping — write --set lr=VALUE"):
+        load_config(TrainConfig, sets={"lr.x": "1"})
+    with pytest.raises(ConfigError, match=r"'sampling.top_p' is a number"):
+        load_config(GenerateConfig, sets={"sampling.top_p.x": "1"})
+
+
+def test_a_flag_reaches_into_a_section_left_empty(tmp_path):
+    """`sampling:` left empty is its defaults; a flag or --set into it said 'sampling is not a mapping'."""
+    (tmp_path / "g.yaml").write_text("generate:\n  sampling:\n  n: 4\ntrain:\ntracking:\n")
+    assert load_config(GenerateConfig, tmp_path / "g.yaml", {"sampling.top_p": 0.9}).sampling.top_p == 0.9
+    assert load_config(IterateConfig, tmp_path / "g.yaml", {"tracking.tags": {"a": "b"}}, sets={"train.lr": "1e-4"}).train.lr == 1e-4
+
+
+@pytest.mark.parametrize("yaml_text, words", [
+    ("curate:\n  baseline: batch_mean\n", "bad value for 'curate.baseline': 'batch_mean'"),
+    ("curate:\n  baseline: 0.5\n  positive_fraction: 0.2\n", "both given"),
+    ("curate:\n  positive_fraction: 0.2\n  std_normalize: group\n", "std_normalize: group"),
+    ("curate:\n  source_weights: [1, -2]\n", "bad source weight -2"),
+    ("curate:\n  unreachable_baseline: .nan\n", "expected a finite number"),
+    ("train:\n  entropy_coef: .inf\n", "expected a finite number"),
+    ("train:\n  epochs: .inf\n", "expected a finite number > 0"),
+])
+def test_config_check_refuses_what_a_stage_would_refuse_later(tmp_path, yaml_text, words):
+    """These passed `topr config check`, and iterate ran round 0's generate and score before curate refused them
+    (or, for NaN, wrote NaN advantages)."""
+    (tmp_path / "p.yaml").write_text(yaml_text)
+    r = runner.invoke(app, ["config", "check", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("key, meant", [("traing", "train"), ("evals", "eval"), ("scor", "score"), ("warm_starts", "warm_start"),
+                                        ("generat", "generate"), ("tracker", "tracking")])
+def test_a_misspelt_section_is_named(key, meant):
+    with pytest.raises(ConfigError, match=f"'{key}' \\(did you mean '{meant}'\\?\\)"):
+        load_config(IterateConfig, None, {key: 1})
+
+
+def test_a_flag_without_key_value_names_itself():
+    r = runner.invoke(app, ["train", "-m", "a", "-d", "b", "-o", "c", "--loss-option", "beta"])
+    assert r.exit_code == 2 and "--loss-option 'beta': write it as KEY=VALUE, e.g. --loss-option name=value" in r.output, r.output
+
+
+def test_set_reads_an_integer_as_its_flag_does():
+    """YAML 1.1 reads 010 as 8: `--set seed=010` and `--seed 010` gave different seeds."""
+    assert load_config(CurateConfig, sets={"seed": "010"}).seed == 10 == load_config(CurateConfig, None, {"seed": 10}).seed

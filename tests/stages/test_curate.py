@@ -499,7 +499,7 @@ def test_cli_config_file(tmp_path, cli):
         (["--positive-fraction", "1.5"], "positive_fraction"),
         (["--positive-fraction", "0.2", "--baseline", "0.1"], "both given"),
         (["--source-weights", "1,x"], "bad value for 'source_weights'"),
-        (["--baseline", "median"], "bad --baseline"),
+        (["--baseline", "median"], "bad value for 'baseline'"),
     ],
 )
 def test_cli_bad_input_exit_2(tmp_path, cli, args, message):
@@ -662,6 +662,9 @@ def test_scored_inputs_flagged_and_loose_in_another_order_are_refused(tmp_path):
     loose_first = subprocess.run([sys.executable, "-m", "toprcli", "curate", a, "-s", b, "--source-weights", "1,0.5", "-o", out],
                                  capture_output=True, text=True)
     assert loose_first.returncode == 2 and "their order is lost" in loose_first.stderr and not os.path.exists(out)
+    attached = subprocess.run([sys.executable, "-m", "toprcli", "curate", a, f"-s{b}", "--source-weights", "1,0.5", "-o", out],
+                              capture_output=True, text=True)  # -sDIR is the flag too: it was taken as [b, a]
+    assert attached.returncode == 2 and "their order is lost" in attached.stderr and not os.path.exists(out)
     res = CliRunner().invoke(app, ["curate", "--scored", a, b, c, "--source-weights", "1,0.5,0.25", "-o", out, "--json"])
     assert res.exit_code == 0, res.output  # the documented form: in the order written
     assert [s["path"] for s in json.loads(res.stdout.strip().splitlines()[-1])["sources"]] == [a, b, c]

@@ -60,7 +60,7 @@ def lazy(target: str) -> Callable[..., Any]:
     return lambda *args, **kwargs: getattr(importlib.import_module(module), name)(*args, **kwargs)
 
 
-def _cli_type(tp: Any) -> tuple[Any, Callable[[Any], Any]]:
+def _cli_type(tp: Any, flag: str) -> tuple[Any, Callable[[Any], Any]]:
     """The type typer parses a field's value as, and how that becomes the config value."""
     args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
     if bool in args:  # bool, or bool | "auto": a --x/--no-x flag
@@ -75,7 +75,7 @@ def _cli_type(tp: Any) -> tuple[Any, Callable[[Any], Any]]:
     if len(args) == 1 and typing.get_origin(args[0]) is Literal:  # checked by the config: one error line naming the choices
         return str, lambda v: v
     if len(args) == 1 and typing.get_origin(args[0]) is dict:  # KEY=VALUE pairs
-        return list[str], lambda v: dict(parse_override(x) for x in v) or None
+        return list[str], lambda v: dict(parse_override(x, flag, "name=value") for x in v) or None
     return str, parse_value  # a union such as float | str: read as YAML, checked by the config
 
 
@@ -111,8 +111,8 @@ def flags(cls: type) -> list[Flag]:
             if f.name in subs:
                 walk(subs[f.name], value, f"{prefix}{f.name}.")
                 continue
-            kind, parse = _cli_type(hints[f.name])
             decl = meta.get("flag") or "--" + f.name.replace("_", "-")
+            kind, parse = _cli_type(hints[f.name], decl)
             if kind is bool and "/" not in decl:
                 decl = f"{decl}/--no-{decl[2:]}"
             names = [decl] + ([meta["short"]] if meta.get("short") else [])
@@ -178,7 +178,8 @@ def _in_given_order(names: tuple[str, str | None], flagged: list[str], loose: li
     """``--scored A B C``: A from the flag, then the loose values. Typer keeps no order across the two, so a flag repeated
     around loose values, or a loose value before the flag, is refused: their order is the weights' (--source-weights)."""
     argv = sys.argv[1:]
-    first_flag = next((i for i, a in enumerate(argv) if a in names or a.startswith(f"{names[0]}=")), None)
+    written = tuple(w for w in (f"{names[0]}=", names[1]) if w)  # --scored=A, and -sA (a short flag takes its value attached)
+    first_flag = next((i for i, a in enumerate(argv) if a in names or a.startswith(written)), None)
     if len(flagged) > 1 or (first_flag is not None and any(v in argv[:first_flag] for v in loose)):
         raise UserError(f"{names[0]} values both flagged and given as DIR arguments: their order is lost — write them in one "
                         f"place: {names[0]} A B C, or {names[0]} A {names[0]} B {names[0]} C")

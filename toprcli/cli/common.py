@@ -24,9 +24,9 @@ from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
 from toprcli.shards import json_safe, output_error
 
-# Output that is not a terminal (a file, a pipe) is never wrapped: tables keep their natural width.
+# Output that is not a terminal (a file, a pipe) is never wrapped: tables and lines keep their natural width.
 console = Console(width=None if sys.stdout.isatty() else 1_000_000)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 1_000_000)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -40,9 +40,28 @@ def main() -> None:
 
     begin_process()
     try:
-        app()
+        code = app(standalone_mode=False)  # click's usage errors come here (usage_error), to be one line like every other
+        raise SystemExit(code if isinstance(code, int) else 0)
     except Interrupted as e:  # before a command's own handler runs, or after it returned (typer does not catch it)
         err_console.print(f"[bold yellow]interrupted by {e.name}[/]", highlight=False)
         raise SystemExit(e.exit_code) from None
+    except Exception as e:
+        if not any(c.__name__ == "UsageError" for c in type(e).__mro__):  # typer carries its own copy of click
+            raise
+        raise SystemExit(usage_error(e)) from None
     finally:
         restore_output()  # a traceback (a bug) must reach the terminal, not the log
+
+
+def usage_error(e: Exception) -> int:
+    """Click's usage error (an unknown option or command, a value of the wrong type, a missing argument) as one error
+    line, like every other bad input; ``topr`` or ``topr config`` alone still show their help. The exit code."""
+    from typer import rich_utils
+
+    from toprcli.cli.common import fail
+
+    if type(e).__name__ == "NoArgsIsHelpError":
+        rich_utils.rich_format_error(e)  # typer prints the help
+        return e.exit_code
+    where = e.ctx.command_path if e.ctx is not None else "topr"
+    return fail(f"{e.format_message()} — see `{where} --help`").exit_code

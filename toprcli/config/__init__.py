@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from toprcli.config.fields import ConfigError, config_to_dict, from_dict, leaf_paths
-from toprcli.config.schema import STAGES, WARM_START_TRAIN, CurateConfig, DatasetSpec, EngineConfig, EvalConfig, GenerateConfig
+from toprcli.config.fields import ConfigError, config_to_dict, describe, from_dict, leaf_paths
+from toprcli.config.schema import BASELINES, STAGES, WARM_START_TRAIN, CurateConfig, DatasetSpec, EngineConfig, EvalConfig, GenerateConfig
 from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, TrackingConfig, TrainConfig, VerifierDataConfig, WarmStartConfig
 
-__all__ = ["STAGES", "WARM_START_TRAIN", "ConfigError", "as_now", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
+__all__ = ["BASELINES", "STAGES", "WARM_START_TRAIN", "ConfigError", "as_now", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
            "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig", "config_to_dict",
            "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "resolve_key", "split_override",
            "stage_section"]
@@ -29,7 +30,9 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = data
     for p in parents:
-        node = node.setdefault(p, {})
+        if node.get(p) is None:  # absent, or a section left empty in YAML (`sampling:`): its defaults
+            node[p] = {}
+        node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"cannot set '{dotted}': '{p}' is not a mapping")
     node[leaf] = value
@@ -80,7 +83,10 @@ def resolve_key(cls: type, key: str) -> str:
     if stage != "iterate" and key.startswith(f"{stage}."):
         key = key[len(stage) + 1:]
     paths = leaf_paths(cls)
-    if key in paths or any(key.startswith(p + ".") for p in paths):
+    inside = next((p for p in paths if key.startswith(p + ".")), None)
+    if inside is not None and _field_type(cls, inside) is not dict:
+        raise ConfigError(f"--set {key}: '{inside}' is {describe(_field_type(cls, inside, plain=False))}, not a mapping — write --set {inside}=VALUE")
+    if key in paths or inside is not None:
         return key  # a path, or a key inside a mapping field (loss_options.ratio_level)
     matches = [p for p in paths if p.endswith("." + key)]
     if len(matches) > 1:
@@ -105,9 +111,10 @@ def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides
     for key, value in (sets or {}).items():
         path = resolve_key(cls, key)
         mapping = next((p for p in leaf_paths(cls) if path.startswith(p + ".")), None)
-        if mapping is not None:  # a key inside a mapping (verifier_by_source.X) adds to it, as its flag does
-            _set_dotted(data, mapping, _current(cls, data, mapping))
-        _set_dotted(data, path, _set_value(cls, path, value))
+        if mapping is not None:  # a key inside a mapping (verifier_by_source.X, dots and all) adds to it, as its flag does
+            _set_dotted(data, mapping, {**_current(cls, data, mapping), path[len(mapping) + 1:]: _set_value(cls, path, value)})
+        else:
+            _set_dotted(data, path, _set_value(cls, path, value))
     return from_dict(cls, data)
 
 
@@ -151,28 +158,35 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def split_override(text: str) -> tuple[str, str]:
+def split_override(text: str, flag: str = "--set", example: str = "train.lr=1e-6") -> tuple[str, str]:
     """``key.sub=value`` as (key, the value's text)."""
-    if "=" not in text:
-        raise ConfigError(f"bad override {text!r} — write it as key=value, e.g. train.lr=1e-6")
+    if "=" not in text or not text.split("=", 1)[0].strip():
+        raise ConfigError(f"{flag} {text!r}: write it as KEY=VALUE, e.g. {flag} {example}")
     key, raw = text.split("=", 1)
     return key.strip(), raw
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_override(text: str, flag: str = "--set", example: str = "train.lr=1e-6") -> tuple[str, Any]:
     """``key.sub=value`` with the value parsed as YAML (``key=`` is the empty string)."""
-    key, raw = split_override(text)
+    key, raw = split_override(text, flag, example)
     return key, parse_value(raw) if raw else ""
 
 
 def _set_value(cls: type, dotted: str, value: Any) -> Any:
     """A ``--set`` value for the field at ``dotted``: text read as YAML, except for a string field, which keeps it as
     written (``split=2023``), but where the field may be None, ``null`` (or ``~``) is None."""
-    tp: Any = cls
-    for part in dotted.split("."):
-        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
-        tp = hints.get(part)  # a key inside a mapping has no type of its own
+    tp = _field_type(cls, dotted, plain=False)
     args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    if isinstance(value, str) and args == [int] and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+        return int(value)  # as its flag reads it: YAML 1.1 reads 010 as 8
     if not isinstance(value, str) or value == "" or args != [str]:
         return parse_value(value) if isinstance(value, str) and value != "" else value
     return None if tp is not str and value.strip() in ("null", "~", "Null", "NULL") else value
+
+
+def _field_type(cls: type, dotted: str, plain: bool = True) -> Any:
+    """The declared type of the field at ``dotted`` (None inside a mapping); ``plain``: its origin (``dict``)."""
+    tp: Any = cls
+    for part in dotted.split("."):
+        tp = (typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}).get(part)  # a key inside a mapping has no type of its own
+    return (typing.get_origin(tp) or tp) if plain else tp

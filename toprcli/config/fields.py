@@ -40,8 +40,8 @@ def choice(options, what: str = "one of") -> dict:
 
 
 FINITE = _check(math.isfinite, "a finite number")
-POSITIVE = _check(lambda v: v > 0, "a number > 0")
-NON_NEGATIVE = _check(lambda v: v >= 0, "a number >= 0")
+POSITIVE = _check(lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+NON_NEGATIVE = _check(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 AT_LEAST_ONE = _check(lambda v: v >= 1, "an integer >= 1")
 UNIT_OPEN = _check(lambda v: 0 < v < 1, "a number strictly between 0 and 1")
 UNIT_HALF_OPEN = _check(lambda v: 0 < v <= 1, "a number in (0, 1]")
@@ -59,6 +59,8 @@ def describe(tp: Any) -> str:
         return " or ".join(parts) + (" or null" if type(None) in typing.get_args(tp) else "")
     if origin is list:
         return f"a list of {describe(typing.get_args(tp)[0])}"
+    if origin is dict and typing.get_args(tp)[1] is not Any:
+        return f"a mapping of {describe(typing.get_args(tp)[0])} to {describe(typing.get_args(tp)[1])}"
     if origin is dict or dataclasses.is_dataclass(tp):
         return "a mapping"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
@@ -84,8 +86,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             return _MISSING
         items = [_coerce(typing.get_args(tp)[0], v, key) for v in value]
         return _MISSING if any(i is _MISSING for i in items) else items
-    if origin is dict:
-        return dict(value) if isinstance(value, dict) else _MISSING
+    if origin is dict:  # its keys and values are of its types too (a verifier name 5 crashed score)
+        if not isinstance(value, dict):
+            return _MISSING
+        pairs = [(_coerce(typing.get_args(tp)[0], k, key), _coerce(typing.get_args(tp)[1], v, key)) for k, v in value.items()]
+        return _MISSING if any(_MISSING in pair for pair in pairs) else dict(pairs)
     if dataclasses.is_dataclass(tp):
         return value if isinstance(value, tp) else _MISSING  # a mapping is built by _build, over its default
     if tp in (bool, int, str):  # that type only: a bool is no int
@@ -131,10 +136,10 @@ def unknown_keys(cls: type, data: dict[str, Any], prefix: str = "") -> list[str]
         elif key not in names:
             homes = [p for p in leaf_paths(cls) + section_paths(cls) if p.endswith("." + key)]  # under a section: one home, where it moved
             tails = {p.rsplit(".", 1)[-1]: p for p in reversed(leaf_paths(cls))}  # a name here wins over a section's
-            close = difflib.get_close_matches(key, sorted(tails), n=1)
+            close = difflib.get_close_matches(key, sorted(names), n=1) or difflib.get_close_matches(key, sorted(tails), n=1)
             hint = (f"moved to '{prefix}{homes[0]}'" if len(homes) == 1 else
                     f"it is {', '.join(prefix + h for h in homes[:-1])} or {prefix}{homes[-1]}: write the one you mean" if homes else
-                    f"did you mean '{prefix}{tails[close[0]]}'?" if close else "no such key")
+                    f"did you mean '{prefix}{close[0] if close[0] in names else tails[close[0]]}'?" if close else "no such key")
             problems.append(f"'{prefix}{key}' ({hint})")
     return problems
 

@@ -8,6 +8,7 @@ aggregations, KL estimators, optimizers).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,6 +17,8 @@ from toprcli.config.fields import _check, choice, config_to_dict, from_dict, opt
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
 
+# c in A = R − c by name (curate.baseline), and the rule each names.
+BASELINES = {"batch-mean": "batch-mean", "group-mean": "group-mean", "mean": "group-mean", "leave-one-out": "leave-one-out", "loo": "leave-one-out"}
 # verl's data_source values and the verifier each names (score.verifier_by_source adds to or overrides them).
 VERIFIER_BY_SOURCE = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "HuggingFaceH4/MATH-500": "math", "DigitalLearningGmbH/MATH-lighteval": "math",
                       "lighteval/MATH": "math", "hendrycks/competition_math": "math", "EleutherAI/hendrycks_math": "math"}
@@ -119,7 +122,9 @@ class ScoreConfig:
 class CurateConfig:
     scored: list[str] = opt(factory=list, help="`topr score` output dirs (or Parquet files): this round first, then earlier rounds to replay.", short="-s")
     out: str = opt("", "The training set to write, one Parquet file; its manifest goes to <out>.manifest.json.", short="-o")
-    baseline: float | str | None = opt(None, "c in A = R − c: a number, batch-mean (the mean reward), group-mean or leave-one-out (per prompt); unset: 0.")
+    baseline: float | str | None = opt(None, "c in A = R − c: a number, batch-mean (the mean reward), group-mean or leave-one-out (per prompt); unset: 0.",
+                                       check=_check(lambda v: math.isfinite(v) if isinstance(v, float) else v.strip().lower() in BASELINES,
+                                                    "a finite number, batch-mean, group-mean or leave-one-out"))
     positive_fraction: float | None = opt(
         None, "Target effective share of positives p̃; solves the constant c from the data (paper: 0.1–0.2). Exclusive with --baseline.",
         check=UNIT_OPEN)
@@ -135,7 +140,8 @@ class CurateConfig:
     subsample: int | None = opt(None, "Keep a uniform random subset of this many rows (after the filters).", check=AT_LEAST_ONE)
     seed: int = opt(0, "Seed of --subsample.")
     overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
-    unreachable_baseline: float | None = opt(None, "With --positive-fraction: the constant c when the data has one outcome only; unset: fail (iterate uses 0).")
+    unreachable_baseline: float | None = opt(None, "With --positive-fraction: the constant c when the data has one outcome only; unset: fail (iterate uses 0).",
+                                             check=FINITE)
     keep_accuracy: list[float] | None = opt(
         None, "Keep prompts whose accuracy lies strictly between low and high, e.g. 0.1,0.95 (ROLL's difficulty_mask; "
               "-0.1,1 also keeps accuracy 0).",
@@ -150,7 +156,18 @@ class CurateConfig:
     max_pairs_per_prompt: int | None = opt(
         None, "With --pairs: at most this many pairs per prompt (matched: the first; all: a choice seeded by --seed).", check=AT_LEAST_ONE)
 
-    def check(self) -> None:  # options that would do nothing, in silence
+    def check(self) -> None:  # options that contradict each other, or would do nothing in silence
+        if self.positive_fraction is not None and self.baseline is not None:
+            raise ConfigError("--baseline and --positive-fraction both given — choose one: the positive fraction solves the constant baseline")
+        for name, on in (("std_normalize: group", self.std_normalize == "group"), ("reward_clip", self.reward_clip is not None)):
+            if on and self.positive_fraction is not None:  # p̃ is solved for the constant c: these would move it off the target
+                raise ConfigError(f"positive_fraction and {name} both given — {name} changes |A| after c is solved, "
+                                  "so p̃ would miss the target; drop one of them")
+        for w in self.source_weights or ():
+            if not (math.isfinite(w) and w >= 0):
+                raise ConfigError(f"bad source weight {w} — source weights are finite numbers >= 0")
+        if self.source_weights is not None and not any(w > 0 for w in self.source_weights):
+            raise ConfigError("every source weight is 0 — at least one source needs a positive weight")
         if self.max_pairs_per_prompt is not None and self.pairs == "none":
             raise ConfigError("max_pairs_per_prompt is set but pairs is none — it caps preference pairs: set pairs (matched or all) or drop it")
         if self.positive_fraction_rule != "fixed" and self.positive_fraction is None:
@@ -233,7 +250,7 @@ class TrainConfig:
     ref_model: str | None = opt(None, "Reference policy of the KL penalty; unset: the starting policy.")
     kl_coef: float = opt(0.0, "KL penalty coefficient (0 = off).", check=NON_NEGATIVE)
     kl_estimator: str = opt("k3", "KL estimator (k1+, k3+: that value, k2's gradient; docs/architecture.md §4).", check=choice(KL_ESTIMATORS))
-    entropy_coef: float = opt(0.0, "Entropy bonus coefficient (0 = off).")
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient (0 = off).", check=FINITE)
     whiten_advantages: bool = opt(False, "Whiten advantages over each step's batch.")
     adv_clip: float | None = opt(None, "Clip advantages to [-c, c].", check=POSITIVE)
     log_every: int = opt(1, "Write metrics every N steps.", check=AT_LEAST_ONE)

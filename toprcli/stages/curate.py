@@ -48,14 +48,13 @@ import pyarrow.compute as pc
 
 from toprcli import curation as cu
 from toprcli import shards
-from toprcli.config import CurateConfig, config_to_dict
+from toprcli.config import BASELINES, CurateConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn, report
 from toprcli.shards.scored_inputs import ROW_GROUP, ScoredInputs, dictionary_columns
 from toprcli.stages import StageResult
 
 STAGE = "curate"
-GROUP_BASELINES = {"group-mean": "group-mean", "mean": "group-mean", "leave-one-out": "leave-one-out", "loo": "leave-one-out"}
 ADDED = [pa.field("advantage", pa.float32(), nullable=False), pa.field("weight", pa.float32(), nullable=False)]
 
 
@@ -116,10 +115,8 @@ def parse_baseline(value: float | str | None) -> tuple[str, float | None]:
         c = float(value)
     else:
         text = str(value).strip().lower()
-        if text in GROUP_BASELINES:
-            return GROUP_BASELINES[text], None
-        if text == "batch-mean":
-            return "batch-mean", None
+        if text in BASELINES:
+            return BASELINES[text], None
         try:
             c = float(text)
         except ValueError:
@@ -130,34 +127,21 @@ def parse_baseline(value: float | str | None) -> tuple[str, float | None]:
 
 
 def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
+    """The config's own rules (``CurateConfig.check``: run at load, and here for a config built in code), then the run's."""
+    cfg.check()
     if not cfg.scored:
         raise UserError("no scored data given — pass --scored DIR (one or more `topr score` output directories)")
     if not cfg.out:
         raise UserError("no output given — pass --out FILE, e.g. --out runs/x/train.parquet")
     if not str(cfg.out).endswith(".parquet"):
         raise UserError(f"--out {cfg.out}: the training set is one Parquet file — name it *.parquet")
-    if cfg.positive_fraction is not None and cfg.baseline is not None:
-        raise UserError("--baseline and --positive-fraction both given — choose one: the positive fraction solves the constant baseline")
     inside = [s for s in cfg.scored if Path(s).is_dir() and Path(cfg.out).resolve().is_relative_to(Path(s).resolve())]
     if inside:  # its files would count as the input's: a rerun would find other inputs and refuse its own output
         raise UserError(f"--out {cfg.out} is inside the scored input {inside[0]} — write it beside, e.g. {Path(inside[0]).parent / 'train.parquet'}")
-    if cfg.positive_fraction is not None:  # in (0, 1): checked at config load
-        kind, c = "positive-fraction", None
-        # p̃ is solved for the constant c; a per-prompt std or a clip would move it off the target.
-        for name, on in (("std_normalize: group", cfg.std_normalize == "group"), ("reward_clip", cfg.reward_clip is not None)):
-            if on:
-                raise UserError(f"positive_fraction and {name} both given — {name} changes |A| after c is solved, "
-                                "so p̃ would miss the target; drop one of them")
-    else:
-        kind, c = parse_baseline(cfg.baseline)
+    kind, c = ("positive-fraction", None) if cfg.positive_fraction is not None else parse_baseline(cfg.baseline)
     weights = cfg.source_weights if cfg.source_weights is not None else [1.0] * len(cfg.scored)
     if len(weights) != len(cfg.scored):
         raise UserError(f"{len(weights)} source weights for {len(cfg.scored)} scored inputs — give one weight per --scored, in the same order")
-    for w in weights:
-        if not (math.isfinite(w) and w >= 0):
-            raise UserError(f"bad source weight {w} — source weights are finite numbers >= 0")
-    if not any(w > 0 for w in weights):
-        raise UserError("every source weight is 0 — at least one source needs a positive weight")
     return kind, c, [float(w) for w in weights]
 
 
