@@ -100,6 +100,9 @@ def test_collect_reads_round_configs_through_the_schema_and_only_finished_scores
     assert rows[1]["config_changed"] == ["eval.workers"] and "reward_mean" not in rows[1] and rows[2]["reward_mean"] == 0.0
     (run / "config.yaml").write_text(yaml.safe_dump({**full, "train": {**full["train"], "lr": 1e-6}, "tracking": {**full["tracking"], "run_name": "x"}}))
     assert run_label(run, full) == "run (train.lr=1e-06)"  # a sweep's tracked names are not what differs
+    # A run written before a key existed is labelled by what differs, not by the key it lacks ('rerun (eval.bootstrap_seed=None)').
+    (run / "config.yaml").write_text(yaml.safe_dump(old))
+    assert run_label(run, full) == "run"
 
 
 def test_the_headline_compares_only_rounds_evaluated_alike():

@@ -553,3 +553,77 @@ def test_the_trackers_log_each_round_when_its_own_eval_every_says_it_ends(tmp_pa
     for step in pipeline.steps():
         pipeline._track(step.key)
     assert logged == [0, 1, 2]
+
+
+def test_round_0_takes_an_eval_change_until_its_eval_begins(tmp_path):
+    """Round 0 (the warm start, then its eval) never took --apply-from-next-round: a mistyped eval setting that failed
+    round 0's eval failed it again on every rerun. It takes eval keys now; the warm start keeps its train settings."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.runs import reconcile, round_config
+
+    run = tmp_path / "run"
+    _recorded_run(run, 1)
+    shutil.rmtree(run / "round-001" / "policy")  # round 1 recorded, not begun; the warm start done, round 0's eval failed
+    (run / "warmstart").mkdir()
+    (run / "round-000").mkdir()
+    shutil.copy(run / "round-001" / "config.yaml", run / "round-000" / "config.yaml")
+    fixed = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 1, "eval.k": 3, "train.lr": 1e-4})
+    reconcile(run, fixed, apply_from_next_round=True)
+    zero = round_config(run, 0)
+    assert zero.eval.k == 3 and zero.train.lr == IterateConfig().train.lr  # the warm start's train base is as it began
+    (run / "round-000" / "eval").mkdir()  # its eval begun: a later change waits for the next round
+    reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 1, "eval.k": 5}), apply_from_next_round=True)
+    assert round_config(run, 0).eval.k == 3
+
+
+def test_the_warm_starts_own_memory_settings_apply_at_once(tmp_path):
+    """warm_start.train.micro_batch_tokens was frozen with the warm start ('cannot change'): a warm start that ran out of
+    memory could not be rerun with less, and lowering train.micro_batch_tokens left the warm start's override in place."""
+    from toprcli.config import IterateConfig, config_to_dict, load_config
+    from toprcli.pipeline import Pipeline
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    sets = {"run_dir": str(run), "rounds": 1, "warm_start.enabled": True, "warm_start.train": {"micro_batch_tokens": 65536, "lr": 1e-3}}
+    cfg = load_config(IterateConfig, None, sets=sets)
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
+    (run / "warmstart").mkdir()
+    (run / "round-000").mkdir()
+    (run / "round-000" / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
+    less = load_config(IterateConfig, None, sets={**sets, "warm_start.train": {"micro_batch_tokens": 4096, "lr": 1e-3}})
+    assert reconcile(run, less, apply_from_next_round=False) == ["warm_start.train.micro_batch_tokens"]
+    assert Pipeline(less).round_cfg(0).warm_start_train().micro_batch_tokens == 4096
+    with pytest.raises(Exception, match=r"warm_start.train.lr \(the starting policy\) cannot change — .* start a new --run-dir$"):
+        reconcile(run, load_config(IterateConfig, None, sets={**sets, "warm_start.train": {"micro_batch_tokens": 4096, "lr": 1e-2}}),
+                  apply_from_next_round=True, write=False)
+
+
+def test_a_branch_checks_the_sampling_of_the_rounds_it_replays(tmp_path):
+    """Extending a run with replay_rounds over rounds of two temperatures is refused up front; a branch was not, and
+    its first round's curate failed after generating and scoring."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.errors import UserError
+    from toprcli.runs import branch
+
+    parent = tmp_path / "parent"
+    _recorded_run(parent, 2, **{"generate.sampling.temperature": 0.8})
+    child = load_config(IterateConfig, None, sets={"run_dir": str(tmp_path / "child"), "rounds": 3, "replay_rounds": 2})
+    with pytest.raises(UserError, match="round 1 sampled with another generate.sampling.temperature"):
+        branch(str(parent / "round-002"), tmp_path / "child", child)
+    assert not (tmp_path / "child").exists()
+
+
+def test_a_branch_does_not_need_the_parents_base_model(tmp_path):
+    """A branch trains from its round's policy: a base model removed since (a purged scratch disk) refused it, and the
+    model key cannot change, so nothing could."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.pipeline import Pipeline
+
+    parent = tmp_path / "parent"
+    _recorded_run(parent, 1)
+    (parent / "round-001" / "eval").mkdir()
+    cfg = load_config(IterateConfig, None, sets={"run_dir": str(tmp_path / "child"), "rounds": 2, "model": str(tmp_path / "gone")})
+    for r in (parent / "config.yaml", parent / "round-001" / "config.yaml"):  # the parent ran with that model, as it was then
+        r.write_text(yaml.safe_dump({**yaml.safe_load(r.read_text()), "model": str(tmp_path / "gone")}))
+    assert Pipeline(cfg, branch_from=str(parent / "round-001")).prepare()["round"] == 1

@@ -125,8 +125,9 @@ def eval_metrics(
 ) -> dict[str, float]:
     """pass@1, pass@k, maj@k and invalid rate over sampled completions.
 
-    pass@1 is the mean correctness over all samples (= the unbiased estimator
-    at k=1); pass@k uses the unbiased estimator per prompt; maj@k votes over
+    pass@1 is the mean over prompts of each prompt's share of correct samples
+    (= the unbiased estimator at k=1; the mean over all samples when every
+    prompt has as many); pass@k uses the unbiased estimator per prompt; maj@k votes over
     the first k samples of each prompt, by ``vote_keys`` (default:
     :func:`normalize_answer` of ``extracted``). A prompt with n < k samples
     can only give pass@n and maj@n: those are used for it, counted in

@@ -328,8 +328,8 @@ class Pipeline:
         check_installed(self.cfg.tracking.report_to)
         self.check_settings()
         first = not (self.run_dir / runs.CONFIG_FILE).exists()
-        if first and not self.cfg.warm_start.init_model:
-            check_model(self.initial_model())  # a first run with a mistyped model is refused before the run dir records it
+        if first and not self.cfg.warm_start.init_model and not (self.branch_from and self.cfg.train_from == "previous"):
+            check_model(self.initial_model())  # a mistyped model is refused before the run dir records it (a branch: its round's policy)
         if first and self.verifier() == "data_source":  # an unmapped verl source: refused before round 0 generates
             score.check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None

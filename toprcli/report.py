@@ -52,7 +52,12 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def _round_config(run_dir: Path, r: int) -> dict[str, Any] | None:
     """Round ``r``'s recorded config read through today's schema (a key added since is its default, not a change)."""
-    path = round_dir(run_dir, r) / CONFIG_FILE
+    return _config_in(round_dir(run_dir, r))
+
+
+def _config_in(directory: Path) -> dict[str, Any] | None:
+    """The config recorded in a run or round directory, read through today's schema; None where there is none."""
+    path = directory / CONFIG_FILE
     return as_now(IterateConfig, yaml.safe_load(path.read_text()) or {}) if path.exists() else None
 
 
@@ -234,7 +239,7 @@ COMPARED = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("p", "p (raw positive sha
 
 def run_label(run_dir: Path, reference: dict[str, Any] | None, name: str | None = None) -> str:
     """A run's name in a comparison: its directory (``name``), and what differs in its config from the first run's."""
-    cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {} if (run_dir / CONFIG_FILE).exists() else {}
+    cfg = _config_in(run_dir) or {}
     keys = sorted(k for k in changed_keys(reference, cfg) - {"run_dir", "rounds"} if not k.startswith("tracking.")) if reference is not None else []
 
     def value(key: str) -> Any:
@@ -266,8 +271,7 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[
     from matplotlib.ticker import MaxNLocator
 
     dirs = [Path(d) for d in run_dirs]
-    first_cfg = dirs[0] / CONFIG_FILE
-    reference = yaml.safe_load(first_cfg.read_text()) or {} if first_cfg.exists() else None
+    reference = _config_in(dirs[0])
     runs = [{"run_dir": str(d), "label": run_label(d, reference if i else None, name), "lineage": lineage(d), "rounds": collect(d)}
             for i, (d, name) in enumerate(zip(dirs, run_names(dirs)))]
     for run in runs[1:]:

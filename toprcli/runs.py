@@ -48,9 +48,11 @@ SAMPLING_KEYS = tuple(f"generate.sampling.{k}" for k in ("temperature", "top_p",
 
 # How a step runs on this machine, not what it makes (each stage's own resume ignores them): a change applies at
 # once, to a round already started too, so a round that ran out of memory is rerun with less.
+TRAIN_RESOURCES = ("micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size", "threads", "nproc_per_node", "launcher", "save_every")
 RESOURCE_KEYS = ("engine_handover", "generate.data_parallel_size", "score.workers", "eval.workers", "eval.data_parallel_size",
                  *(f"{stage}.engine.{k}" for stage in ("generate", "eval") for k in ("gpu_memory_utilization", "enforce_eager", "tensor_parallel_size", "batch_size")),
-                 *(f"train.{k}" for k in ("micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size", "threads", "nproc_per_node", "launcher", "save_every")))
+                 *(f"train.{k}" for k in TRAIN_RESOURCES))
+WARM_START_RESOURCES = tuple(f"warm_start.train.{k}" for k in TRAIN_RESOURCES)  # the warm start's own, where its config sets them
 
 
 def round_dir(run_dir: Path, r: int) -> Path:
@@ -143,10 +145,10 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     begun = begun_rounds(run_dir)  # a round in progress counts: lowering rounds below it would drop its work in silence
     if cfg.rounds < begun:
         raise UserError(f"run dir {run_dir} has begun round {begun}; rounds {cfg.rounds} would drop it — set rounds >= {begun}, or pass a new --run-dir")
-    others = [k for k in changed if k != "rounds" and k not in RESOURCE_KEYS]  # resources apply at once
-    if frozen := _frozen(others, cfg, run_dir):
+    others = [k for k in changed if k != "rounds" and k not in RESOURCE_KEYS + WARM_START_RESOURCES]  # resources apply at once
+    if frozen := _frozen(others, cfg, run_dir):  # a branch inherits them too: only a new run can take another value
         raise UserError(f"run dir {run_dir}: {', '.join(frozen)} cannot change — what the run made (its starting policy, rounds) used "
-                        "the old value; start a new --run-dir (or --branch-from a round of this one)")
+                        "the old value; start a new --run-dir")
     _check_replayed_sampling(run_dir, cfg, trained_rounds(run_dir))
     if others and not apply_from_next_round:
         shown = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
@@ -155,8 +157,10 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
                         "original config, or pass a new --run-dir")
     if changed and write:
         # The round in progress (and one recorded, not begun) takes what its steps to come use; validated whole first.
-        updates = {r: data for r in range(max(begun, 1), max(round_dirs(run_dir), default=0) + 1)
-                   if (data := _round_in_progress(run_dir, r, others, resolved)) is not None}
+        # Round 0 is the warm start (frozen once begun) and round 0's eval: it takes the eval keys until its eval begins.
+        updates = {r: data for r in range(begun, max(round_dirs(run_dir), default=0) + 1)
+                   if (data := _round_in_progress(run_dir, r, others if r else [k for k in others if _STEP_OF.get(k, k.split(".")[0]) == "eval"],
+                                                  resolved)) is not None}
         write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
         for r, data in updates.items():
             write_text_atomic(round_dir(run_dir, r) / CONFIG_FILE, yaml.safe_dump(data, sort_keys=False))
@@ -213,6 +217,12 @@ def round_config(run_dir: Path, r: int, current: IterateConfig | None = None) ->
         for part in parents:
             node, value = node.setdefault(part, {}), getattr(value, part)
         node[leaf] = getattr(value, leaf)
+    if current is not None:  # the warm start's resources: today's where the config sets them, else the train section's (above)
+        warm = data.setdefault("warm_start", {}).setdefault("train", {})
+        for k in TRAIN_RESOURCES:
+            warm.pop(k, None)
+            if k in current.warm_start.train:
+                warm[k] = current.warm_start.train[k]
     return from_dict(IterateConfig, data)
 
 
@@ -261,6 +271,7 @@ def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | N
     changed = sorted(key for key in changed_keys(parent_cfg, config_to_dict(cfg)) - {"run_dir", "rounds"} if not key.startswith("tracking."))
     if frozen := _frozen(changed, cfg, parent):  # the inherited rounds were made with the parent's values
         raise UserError(f"--branch-from {source}: {', '.join(frozen)} differs from the parent's — the inherited rounds used the parent's")
+    _check_replayed_sampling(parent, cfg, k)  # round k + 1 curates with the inherited rounds' samples, as an extension would
     tmp = run_dir.with_name(run_dir.name + ".branching")
     shutil.rmtree(tmp, ignore_errors=True)  # a killed branch starts over: nothing in it is the run yet
     how = {"hardlink"}

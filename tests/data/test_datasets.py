@@ -239,3 +239,21 @@ def test_content_is_read_from_the_columns_the_spec_names_and_from_the_rows_the_p
     pq.write_table(pa.table({"question": ["What is 2+2?", "What is 3+3?"], "answer": [None, "#### 6"]}), tmp_path / "nulls.parquet")
     spec = DatasetSpec(source=str(tmp_path / "nulls.parquet"))
     assert {e.preset for e in load_examples(spec)} == {"gsm8k"} and default_verifier(spec) == "gsm8k"
+
+
+@pytest.mark.parametrize("row, gold, preset", [
+    ({"instruction": "1 + 1?", "output": "1 + 1 = 2\n#### 2"}, "2", "gsm8k"),
+    ({"prompt": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}, "2", "gsm8k"),
+    ({"input": "1 + 1?", "target": "so $\\boxed{2}$"}, "2", "math"),
+    ({"question": "1 + 1?", "answer": "2"}, "2", "none"),
+])
+def test_content_is_read_from_the_columns_the_none_preset_reads_too(tmp_path, row, gold, preset):
+    """An instruction/output file with `#### n` answers got the `none` preset: the whole worked solution as gold,
+    checked by `exact`, so every answer scored wrong, in silence."""
+    from toprcli.data.datasets import PRESETS, default_verifier
+
+    (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
+    spec = DatasetSpec(source=str(tmp_path / "train.jsonl"))
+    (example,) = load_examples(spec)
+    assert (example.question, example.answer, example.preset) == ("1 + 1?", gold, preset)
+    assert default_verifier(spec) == PRESETS[preset].verifier

@@ -232,3 +232,19 @@ def test_few_shot_draws_on_when_the_problem_is_in_the_pool_twice():
     for seed in range(200):
         shots = choose_shots(pool, "p", "A?", 5, seed)
         assert len(shots) == 5 and all(s.question != "A?" for s in shots)
+
+
+def test_a_text_question_column_is_the_question_under_the_chat_presets_too(tmp_path):
+    """verl data for a base model (--question-column extra_info.question) was refused as 'expected a list of chat
+    messages'; a prompt-only conversation with --answer-column was refused as not ending with the reference answer."""
+    pq.write_table(pa.table({"data_source": ["openai/gsm8k"], "prompt": [[{"role": "user", "content": "What is 2+3? Think."}]],
+                             "reward_model": [{"ground_truth": "5", "style": "rule"}], "extra_info": [{"question": "What is 2+3?"}]}),
+                   tmp_path / "verl.parquet")
+    (e,) = load_examples(DatasetSpec(source=str(tmp_path / "verl.parquet"), question_column="extra_info.question"))
+    assert (e.question, e.answer, e.messages, e.data_source) == ("What is 2+3?", "5", None, "openai/gsm8k")
+    (tmp_path / "m.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "2+3?"}], "answer": "5"}) + "\n")
+    (e,) = load_examples(DatasetSpec(source=str(tmp_path / "m.jsonl"), answer_column="answer"))
+    assert (e.question, e.answer, e.messages) == ("2+3?", "5", ({"role": "user", "content": "2+3?"},))
+    (tmp_path / "d.jsonl").write_text(json.dumps({"question": {"text": "2+3?"}, "answer": "5"}) + "\n")  # it was the text "{'text': ...}"
+    with pytest.raises(UserError, match=r"the question is a mapping \(fields: text\) — .*\(--question-column question.FIELD\)"):
+        load_examples(DatasetSpec(source=str(tmp_path / "d.jsonl")))

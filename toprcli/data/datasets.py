@@ -73,6 +73,10 @@ class Preset:
         return raw
 
 
+# Where instruction-style files keep the question and the gold: GSM8K's and MATH's presets read them too, so a
+# file recognised by its content (`#### n`, a boxed solution) in these columns is read by the preset it was recognised as.
+OTHER_QUESTION_COLUMNS = ("prompt", "input", "instruction")
+OTHER_ANSWER_COLUMNS = ("solution", "output", "target")
 GSM8K_INSTRUCTION = (
     "Solve the math problem step by step. Give the final answer on its own line as '#### <number>'."
 )
@@ -89,16 +93,16 @@ PRESETS: dict[str, Preset] = {
     ),
     "gsm8k": Preset(
         name="gsm8k",
-        question_columns=("question",),
-        answer_columns=("answer",),
+        question_columns=("question", "problem", *OTHER_QUESTION_COLUMNS),
+        answer_columns=("answer", *OTHER_ANSWER_COLUMNS),
         template=GSM8K_INSTRUCTION + "\n\nQuestion: {question}\nAnswer:",
         chat_instruction=GSM8K_INSTRUCTION + "\n\n{question}",
         verifier="gsm8k",
     ),
     "math": Preset(
         name="math",
-        question_columns=("problem", "question"),
-        answer_columns=("answer", "solution"),
+        question_columns=("problem", "question", *OTHER_QUESTION_COLUMNS),
+        answer_columns=("answer", *OTHER_ANSWER_COLUMNS),
         template=MATH_INSTRUCTION + "\n\nProblem: {question}\nSolution:",
         chat_instruction=MATH_INSTRUCTION + "\n\n{question}",
         verifier="math",
@@ -119,8 +123,8 @@ PRESETS: dict[str, Preset] = {
     "messages": Preset("messages", ("messages",), (), "{question}", "{question}", verifier="math"),
     "none": Preset(
         name="none",
-        question_columns=("question", "problem", "prompt", "input", "instruction"),
-        answer_columns=("answer", "solution", "output", "target", "label"),
+        question_columns=("question", "problem", *OTHER_QUESTION_COLUMNS),
+        answer_columns=("answer", *OTHER_ANSWER_COLUMNS, "label"),
         template="{question}",
         chat_instruction="{question}",
         verifier="exact",
@@ -164,15 +168,19 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
 
 
 def _by_content(row: dict[str, Any] | None, spec: DatasetSpec) -> Preset | None:
-    """A file named after neither, by its question and answer columns (the ones the spec names, else GSM8K's
-    and MATH's): GSM8K's ``#### n`` answers, or a problem with a boxed solution."""
-    def text(column: str | None, default: str) -> str:
-        value = formats.get_path(row, column or default) if row is not None else None
+    """A file named after neither, by its question and answer columns (the ones the spec names, else the first of the
+    usual ones it has, as the presets read them): GSM8K's ``#### n`` answers, or a problem with a boxed solution."""
+    def text(column: str | None, candidates: tuple[str, ...]) -> str:
+        column = column or next((c for c in candidates if row is not None and formats.has_path(row, c)), None)
+        value = formats.get_path(row, column) if row is not None and column is not None else None
         return value if isinstance(value, str) else ""
 
-    if text(spec.question_column, "question") and "####" in text(spec.answer_column, "answer"):
+    if not text(spec.question_column, PRESETS["none"].question_columns):
+        return None
+    answer = text(spec.answer_column, PRESETS["none"].answer_columns)
+    if "####" in answer:
         return PRESETS["gsm8k"]
-    if text(spec.question_column, "problem") and any("\\boxed" in text(spec.answer_column, k) for k in ("solution", "answer")):
+    if "\\boxed" in answer or not spec.answer_column and "\\boxed" in text(None, ("solution",)):
         return PRESETS["math"]
     return None
 
@@ -282,7 +290,7 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         )
     a_col = _pick_column(probe, spec.answer_column, preset.answer_columns, "answer", spec)
     id_col = _pick_column(probe, spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec)
-    parts = [_question(r, q_col, preset, f"dataset {spec.source!r} row {n}, column {q_col!r}") for n, r in enumerate(rows)]
+    parts = [_question(r, q_col, preset, f"dataset {spec.source!r} row {n}, column {q_col!r}", spec.answer_column is not None) for n, r in enumerate(rows)]
     if a_col is None and all(reference is None for _, _, reference in parts):  # caught before hours of generation, not at scoring
         warnings.warn(f"dataset {spec.source!r} has no answer column (looked for {', '.join(preset.answer_columns)}; columns are: "
                       f"{', '.join(probe)}): every gold answer is empty and a verifier that needs one will fail — set dataset.answer_column")
@@ -327,15 +335,20 @@ def _answer_text(value: Any) -> str | None:
     return _text(value)
 
 
-def _question(row: dict[str, Any], column: str, preset: Preset, where: str) -> tuple[str, tuple | None, str | None]:
-    """(question, conversation or None, reference solution or None) of one row."""
+def _question(row: dict[str, Any], column: str, preset: Preset, where: str, gold_named: bool = False) -> tuple[str, tuple | None, str | None]:
+    """(question, conversation or None, reference solution or None) of one row. A text column is the question under
+    every preset (verl's extra_info.question too); ``gold_named``: the gold is --answer-column's, so a conversation
+    that ends with the user's turn is whole."""
     value = formats.get_path(row, column)
     if value is None or isinstance(value, str) and not value.strip():
         raise UserError(f"{where}: no question (empty) — fix or drop that row, or pick another --question-column")
-    if not isinstance(value, (list, tuple)) and preset.name not in ("verl", "messages"):  # trl: a text prompt too
+    if isinstance(value, dict):
+        raise UserError(f"{where}: the question is a mapping (fields: {', '.join(map(str, list(value)[:4]))}) — name the field that holds it "
+                        f"(--question-column {column}.FIELD)")
+    if not isinstance(value, (list, tuple)) and (isinstance(value, str) or preset.name not in ("verl", "messages")):
         return str(value), None, None
     messages, reference = formats.check_messages(value, where), None
-    if preset.name == "messages":
+    if preset.name == "messages" and not (gold_named and messages[-1]["role"] == "user"):
         messages, reference = formats.split_reference(messages, where)
     if not any(m["role"] == "user" for m in messages):
         raise UserError(f"{where}: the conversation has no user turn — the last user message is the question")
