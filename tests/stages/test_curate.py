@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -442,6 +443,11 @@ def test_unreachable_after_filters_and_empty_selection(tmp_path):
     with pytest.raises(UserError, match="unreachable: every curated row has weight 0"):
         run(tmp_path, [weighted, unweighted], positive_fraction=0.5, source_weights=[1.0, 0.0], drop_truncated=True)
     assert _no_output(tmp_path)
+    # rows of both outcomes, but the correct ones weigh 0: the message was 'every curated row has reward -1'
+    wrong = write_scored(tmp_path / "s5", scored_table(["a", "a"], [False, False]))
+    right = write_scored(tmp_path / "s6", scored_table(["a", "a"], [True, True]))
+    with pytest.raises(UserError, match="unreachable: every curated row of weight > 0 has reward -1"):
+        run(tmp_path, [wrong, right], positive_fraction=0.2, source_weights=[1.0, 0.0])
 
 
 def test_missing_input_and_bad_out(tmp_path):
@@ -676,3 +682,20 @@ def test_options_that_would_do_nothing_are_refused_at_load():
         load_config(CurateConfig, None, sets={"max_pairs_per_prompt": 2})
     with pytest.raises(ConfigError, match="positive_fraction_rule at-least-p needs positive_fraction"):
         load_config(CurateConfig, None, sets={"positive_fraction_rule": "at-least-p", "baseline": 0.5})
+
+
+def test_out_is_never_a_scored_input_and_a_path_spelt_otherwise_is_the_same_input(tmp_path):
+    """`-s in.parquet -o in.parquet` was refused as 'from other inputs', and with --overwrite replaced the scored input.
+    `-s scored/` after `-s scored` was refused as other inputs."""
+    from toprcli.cli.main import app
+
+    scored = pm1_data(tmp_path, 0.5, n_prompts=4, n=4)
+    one = str(tmp_path / "in.parquet")
+    shutil.copy(sorted(Path(scored).glob("shard-*.parquet"))[0], one)
+    before = Path(one).read_bytes()
+    res = CliRunner().invoke(app, ["curate", "-s", one, "-o", one, "--positive-fraction", "0.2", "--overwrite"])
+    assert res.exit_code == 2 and f"--out {one} is the scored input" in res.output and Path(one).read_bytes() == before
+    out = str(tmp_path / "t.parquet")
+    first = curate(CurateConfig(scored=[scored], out=out, baseline=0.0))
+    again = curate(CurateConfig(scored=[scored + "/"], out=out, baseline=0.0))
+    assert not first.skipped and again.skipped

@@ -332,3 +332,20 @@ def test_rewards_are_finite_at_config_load():
 
     with pytest.raises(ConfigError, match="'reward_correct'.*a finite number"):
         load_config(ScoreConfig, None, sets={"reward_correct": ".nan"})
+
+
+def test_a_rerun_with_another_memory_cap_is_not_the_same_scoring(tmp_path):
+    """A check that hit --worker-memory-mb is rewarded as wrong: raising the cap reused those verdicts in silence."""
+    d = write_samples(tmp_path / "s", [samples_table([("a", "x", "1")])])
+    cfg = ScoreConfig(verifier="exact", workers=1)
+    score_dir(d, tmp_path / "o", cfg)
+    with pytest.raises(UserError, match="other settings"):
+        score_dir(d, tmp_path / "o", replace(cfg, worker_memory_mb=8192))
+
+
+def test_rows_without_a_data_source_are_named_not_given_an_impossible_fix():
+    from toprcli.errors import UserError
+    from toprcli.stages.score import check_sources
+
+    with pytest.raises(UserError, match="some rows have no data_source value"):  # was '--verifier-by-source None=math'
+        check_sources({"openai/gsm8k", None}, {"openai/gsm8k": "gsm8k"})

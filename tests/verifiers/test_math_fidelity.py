@@ -130,3 +130,19 @@ def test_guards_fail_closed_without_the_functions_they_wrap(monkeypatch):
     monkeypatch.delattr(mvp, "parse_latex_cached")
     with pytest.raises(RuntimeError, match="parse_latex_cached"):
         math_safety.install_guards()
+
+
+def test_a_bare_gold_with_a_commands_words_or_a_final_period_is_read_whole():
+    """\\begin{pmatrix}'s and \\text{ inches}'s words were taken for prose: the gold became its last number (2 for a vector),
+    so the gold itself was wrong and a lone 2 right. '18.' and '#### 18.' stayed strings no answer equals; '#### 18' with
+    text after it was read as the text's last number."""
+    vector = "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"
+    assert mv.check("\\boxed{" + vector + "}", vector).verdict == "correct"
+    assert mv.check("\\boxed{2}", vector).verdict == "incorrect"
+    assert mv.equivalent(vector, "\\begin{pmatrix} 5 \\\\ 2 \\end{pmatrix}").verdict == "incorrect"
+    assert mv.check("\\boxed{2\\pi\\text{ inches}}", "2\\pi\\text{ inches}").verdict == "correct"
+    assert mv.check("\\boxed{8\\sqrt{2}}", "8\\sqrt{2}\\text{ units}").verdict == "correct"
+    for gold in ("18.", "#### 18.", "#### 18\n\nsome text 7"):
+        assert mv.check("\\boxed{18}", gold).verdict == "correct", gold
+    assert mv.check("\\boxed{1000}", "#### 1,000.").verdict == "correct"
+    assert mv.check("The answer is 13", "The answer is: 13").verdict == "correct"  # prose golds still read as prose

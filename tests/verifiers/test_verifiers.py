@@ -59,6 +59,19 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("The answer is **18**.\nCheck: 9*2 = 18 > 3.", "18", "correct", "18"),  # bold (was the last number, 3)
         ("The final answer is: $\\boxed{18}$. Note 3 eggs.", "18", "correct", "18"),
         ("So the answer is \\(18\\), not 3", "18", "correct", "18"),
+        # The number after #### as chat models decorate it (each was the later 3, and no_answer under --strict).
+        ("#### **18**\n\nQuestion: Tom has 3 apples.", "18", "correct", "18"),
+        ("#### \\$18\n\nQuestion: Tom has 3 apples.", "18", "correct", "$18"),
+        ("#### $\\boxed{18}$\n\nStep 2 of 3", "18", "correct", "18"),
+        ("#### \\(18\\)\nQ: 3", "18", "correct", "18"),
+        # Headings in other forms (each was 1).
+        ("#### 1. **Eggs laid per day**\n16-3-4=9\n#### $18 per day", "18", "correct", "$18"),
+        ("#### 1: Eggs per day\n16-3-4=9\n#### 18 dollars", "18", "correct", "18"),
+        ("#### 1) Eggs\n16-3-4=9\nThe answer is 18.", "18", "correct", "18"),
+        # LaTeX's thousands separators (were 000, 1, 1).
+        ("\\boxed{1{,}000}", "#### 1,000", "correct", "1,000"),
+        ("The answer is $\\boxed{10,\\!000}$", "10000", "correct", "10,000"),
+        ("The answer is 1\\,000", "1000", "correct", "1,000"),
     ],
 )
 def test_gsm8k_reading_and_numeric_comparison(completion, answer, verdict, extracted):
@@ -68,6 +81,7 @@ def test_gsm8k_reading_and_numeric_comparison(completion, answer, verdict, extra
 
 def test_gsm8k_strict_requires_hashes():
     assert gsm8k.check("The answer is 4", "#### 4", strict=True).verdict == "no_answer"
+    assert gsm8k.check("#### **18**\nQuestion: 3 apples", "#### 18", strict=True).verdict == "correct"  # decorated, still ####
     assert gsm8k.check("blah 4", "#### 4", strict=True).verdict == "no_answer"
     assert gsm8k.check("so #### 4", "#### 4", strict=True).verdict == "correct"
     assert gsm8k.check("#### 1. Eggs\nThe answer is 4", "#### 4", strict=True).verdict == "no_answer"  # a heading is no answer
@@ -313,6 +327,7 @@ def test_a_plugins_own_verdict_is_checked_like_a_bare_return():
         ("nope", "unknown verifier"),
         ("", "empty --verifier"),
         ("regex:([a-z", "bad regular expression"),
+        ("regex:a{99999999999}", "bad regular expression"),  # an OverflowError, not a re.error: it was a traceback
         ("regex:", "empty pattern"),
         ("python:no_such_module_xyz:f", "does not import"),
         ("python:json:no_such_fn", "has no attribute"),

@@ -38,7 +38,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,9 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
     inside = [s for s in cfg.scored if Path(s).is_dir() and Path(cfg.out).resolve().is_relative_to(Path(s).resolve())]
     if inside:  # its files would count as the input's: a rerun would find other inputs and refuse its own output
         raise UserError(f"--out {cfg.out} is inside the scored input {inside[0]} — write it beside, e.g. {Path(inside[0]).parent / 'train.parquet'}")
+    if same := [s for s in cfg.scored if Path(cfg.out).resolve() == Path(s).resolve()]:  # --overwrite would replace the input
+        raise UserError(f"--out {cfg.out} is the scored input {same[0]} — write the training set to another file, e.g. "
+                        f"{Path(same[0]).with_name('train.parquet')}")
     kind, c = ("positive-fraction", None) if cfg.positive_fraction is not None else parse_baseline(cfg.baseline)
     weights = cfg.source_weights if cfg.source_weights is not None else [1.0] * len(cfg.scored)
     if len(weights) != len(cfg.scored):
@@ -151,6 +154,7 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
 def run(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> StageResult:
     """Run the curate stage for ``cfg``; raises :class:`UserError` (and writes nothing) on bad input,
     an output that cannot be written, or one another process is writing."""
+    cfg = replace(cfg, scored=[os.path.normpath(s) for s in cfg.scored])  # scored/ and ./scored are the inputs the record names
     kind, c_const, weights = _check_options(cfg)
     out = Path(cfg.out)
     shards.check_writable(out)
@@ -274,7 +278,8 @@ def _solve_positive_fraction(cfg: CurateConfig, reward: np.ndarray, weight: np.n
     except ValueError:
         if cfg.unreachable_baseline is None:
             weighted = reward[weight > 0]
-            what = f"every curated row has reward {float(weighted[0]):g}" if len(weighted) else "every curated row has weight 0"
+            rows = "every curated row" if len(weighted) == len(reward) else "every curated row of weight > 0"  # a source of weight 0 counts for nothing
+            what = f"{rows} has reward {float(weighted[0]):g}" if len(weighted) else "every curated row has weight 0"
             raise UserError(f"--positive-fraction {cfg.positive_fraction} is unreachable: {what}, so no baseline makes both positives "
                             "and negatives — add data with both outcomes or use --baseline") from None
         # A round with one outcome only (all wrong early on, all right late) must not

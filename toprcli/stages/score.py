@@ -59,9 +59,9 @@ class ScoredOtherwise(UserError):
 class ChecksFailed(UserWarning):
     """Some completions could not be checked (verdict error or timeout): they are rewarded as wrong."""
 
-# Settings that change the scored columns; a complete shard is reused only if they match (timeout: a check past it is
-# rewarded as wrong). A plugin's source counts too (_settings).
-_SCORE_KEYS = ("verifier", "strict", "timeout", "reward_correct", "reward_incorrect", "reward_no_answer")
+# Settings that change the scored columns; a complete shard is reused only if they match (timeout, worker_memory_mb: a check
+# past them is rewarded as wrong). A plugin's source counts too (_settings).
+_SCORE_KEYS = ("verifier", "strict", "timeout", "worker_memory_mb", "reward_correct", "reward_incorrect", "reward_no_answer")
 
 
 @dataclass
@@ -173,6 +173,9 @@ def check_sources(sources: set[str | None], mapping: dict[str, str]) -> None:
     """Every data_source has a verifier in ``mapping`` (eval checks its examples' before it generates)."""
     if sources <= {None}:
         raise UserError("the data has no data_source values — --verifier data_source is for verl-format datasets; pick a verifier")
+    if None in sources:  # a null is no name a mapping could hold
+        raise UserError("some rows have no data_source value — --verifier data_source picks each row's verifier by it: fill it in, "
+                        "or score with one verifier (--verifier math, gsm8k, ...)")
     unknown = sorted(str(s) for s in sources - set(mapping))
     if unknown:
         raise UserError(f"no verifier for data_source {', '.join(unknown)} — add it: --verifier-by-source {unknown[0]}=math (or gsm8k, exact)")

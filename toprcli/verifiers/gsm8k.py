@@ -6,15 +6,18 @@ or the whole value when it is a bare number.
 Prediction, in order (flexible mode, the default):
 
 1. the number after the first ``####`` that ends its line (what GSM8K solutions
-   end with; text after it is the model rambling on; ``#### 1. Step one`` is a
-   markdown heading), else after the first ``####`` that is not such a heading,
+   end with; text after it is the model rambling on; ``#### 1. Step one``,
+   ``#### 1: Step one`` and ``#### 1) Step one`` are markdown headings), else after
+   the first ``####`` that is not such a heading; the number may be bold, boxed,
+   in ``\\( \\)`` or after an escaped ``\\$``,
 2. the number after the first "the answer is" / "the final answer is", also
    in bold, ``$\\boxed{}$`` or ``\\( \\)``,
 3. the last number in the completion.
 
 ``strict=True`` uses only (1). Numbers are compared as :class:`~decimal.Decimal`
-after removing thousands separators, ``$`` and a trailing period, so ``18.00``
-equals ``18`` and ``1,000`` equals ``1000``; no string equality.
+after removing thousands separators (LaTeX's ``1{,}000``, ``10,\\!000`` and
+``1\\,000`` too), ``$`` and a trailing period, so ``18.00`` equals ``18`` and
+``1,000`` equals ``1000``; no string equality.
 
 Bounded time on any input: the number pattern has no nested quantifiers and
 no exponent notation (``1e999999999`` reads as ``1``, then ``999999999``; a
@@ -34,12 +37,17 @@ from toprcli.verifiers.base import ERROR, NO_ANSWER, Verdict, clip_text, judged
 # after a word or a ")" is subtraction or a range (8-3, 2023-2024), not a sign.
 _NUMBER = r"(?:(?<![\w)])[-−]\$?|\$[-−]?)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
 _NUMBER_RE = re.compile(_NUMBER)
-# "#### 18" ending its line; else "#### 18 dollars", but a markdown heading "#### 1. Eggs laid per day" is not the answer.
-_HASH_RE = re.compile(r"####\s*(" + _NUMBER + r")(?![\d,]|\.\s*[^\W\d_])")
-_HASH_LINE_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")[ \t]*\.?[ \t*]*$", re.M)
+# What may wrap the number: bold, an escaped \$, a box or \( \) ("#### **18**", "is: $\boxed{18}$", "#### \$18").
+_OPEN = r"[*_]*(?:\\(?=\$))?(?:(?:\$+[ \t]*)?(?:\\\(|\\\[|\\(?:boxed|fbox)\{)[ \t*_]*)?"
+_CLOSE = r"(?:[ \t*_}$.]|\\[)\]])*"
+# "#### 18" ending its line; else "#### 18 dollars", but a markdown heading ("#### 1. Eggs laid per day", "#### 1: Eggs",
+# "#### 1) **Eggs**") is not the answer.
+_HASH_RE = re.compile(r"####[ \t]*" + _OPEN + "(" + _NUMBER + r")(?![\d,]|[.:)][ \t]*[*_]*[^\W\d_])")
+_HASH_LINE_RE = re.compile(r"####[ \t]*" + _OPEN + "(" + _NUMBER + ")" + _CLOSE + "$", re.M)
 # "The answer is 18", also bold, boxed or in \( \): "The answer is **18**", "is: $\boxed{18}$".
-_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?[\s*_]*(?:(?:\$+\s*)?(?:\\\(|\\\[|\\(?:boxed|fbox)\{)[\s*_]*)?("
-                           + _NUMBER + r")")
+_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?[\s*_]*" + _OPEN + "(" + _NUMBER + ")")
+# LaTeX's thousands separators: 1{,}000, 10,\!000, 1\,000 (a thin space).
+_LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,)(?=\d{3}(?!\d))")
 _BARE_RE = re.compile(r"\s*(" + _NUMBER + r")\s*\.?\s*")
 
 
@@ -71,6 +79,7 @@ def vote_key(answer: str) -> str | None:
 def gold_number(answer: str | None) -> Decimal | None:
     if answer is None:
         return None
+    answer = _LATEX_THOUSANDS_RE.sub(",", answer)
     if "####" in answer:
         m = _NUMBER_RE.search(answer.rsplit("####", 1)[1])
         return to_decimal(m.group(0)) if m else None
@@ -80,6 +89,7 @@ def gold_number(answer: str | None) -> Decimal | None:
 
 def extract(completion: str, strict: bool = False) -> str | None:
     """The number text the model gave, or None."""
+    completion = _LATEX_THOUSANDS_RE.sub(",", completion)
     m = _HASH_LINE_RE.search(completion) or _HASH_RE.search(completion)
     if m:
         return m.group(1)

@@ -68,6 +68,8 @@ _COMMA_NUMBER_RE = re.compile(r"-?\d+,\d+")
 # (two letters like "xy" are a product; "pi", "sin" are names sympy knows).
 _WORDS_RE = re.compile(r"[A-Za-z]{3,}(?: [A-Za-z]+)*")
 _PROSE_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")  # a word, not a LaTeX command (\\frac)
+# A command's own argument is no prose: \begin{pmatrix}, \text{ inches}, \mathrm{cm}.
+_COMMAND_ARG_RE = re.compile(r"\\(?:begin|end|text\w*|mbox|math\w+|operatorname)\s*\{[^{}]*\}")
 _MATH_NAMES = frozenset("pi inf infty oo sin cos tan cot sec csc log ln exp sqrt arcsin arccos arctan sinh cosh tanh".split())
 
 
@@ -109,11 +111,14 @@ def _as_latex(answer: str) -> str:
 
 
 def gold_text(answer: str) -> str:
-    """The answer part of a gold that math-verify's own extraction did not read: after ``####``, the last box, or all."""
+    """The answer part of a gold that math-verify's own extraction did not read: after ``####`` (to the end of its line,
+    as gsm8k reads it), the last box, or all; a sentence's final period is not part of it (``18.``)."""
     if "####" in answer:
-        return answer.rsplit("####", 1)[1].strip()
-    boxed = last_boxed(answer)
-    return boxed if boxed is not None else answer.strip()
+        text = answer.rsplit("####", 1)[1].strip().split("\n", 1)[0]
+    else:
+        boxed = last_boxed(answer)
+        text = boxed if boxed is not None else answer.strip()
+    return text.strip().removesuffix(".").rstrip() if not text.strip().endswith("..") else text.strip()
 
 
 def window(completion: str) -> str:
@@ -160,7 +165,7 @@ def _parse_bare(answer: str):
         lib = _lib()
         return lib.parse(answer, extraction_config=[lib.ExprExtractionConfig()], parsing_timeout=None)
     if not _WORDS_RE.fullmatch(answer.strip().strip("$").strip()) and any(
-            w.lower() not in _MATH_NAMES and w != "and" for w in _PROSE_RE.findall(answer)):  # "-2 and 1": a list
+            w.lower() not in _MATH_NAMES and w != "and" for w in _PROSE_RE.findall(_COMMAND_ARG_RE.sub(" ", answer))):  # "-2 and 1": a list
         # Words around an answer ("The answer is: 13", "13 dollars"): as LaTeX they would be a product
         # of symbols no prediction equals; math-verify's extraction reads the answer out of the prose.
         parsed = _parse(answer)

@@ -90,7 +90,7 @@ def resolve_verifier(spec: str, *, strict: bool = False, by_source: dict[str, st
             raise UserError("empty pattern in --verifier regex: — write regex:PATTERN, e.g. 'regex:ANSWER: (\\S+)'")
         try:
             exact.compile_pattern(pattern)
-        except re.error as e:
+        except (re.error, OverflowError, RecursionError) as e:  # a{99999999999}: too large a repeat, not a re.error
             raise UserError(f"bad regular expression in --verifier {spec!r}: {e} — fix the pattern") from None
         return Verifier("regex", spec, functools.partial(exact.check_regex, pattern=pattern), options, chunk_size=512, vote_key=normalize_ws)
     if spec.startswith("python:"):
