@@ -279,3 +279,78 @@ def test_a_resume_with_another_precision_is_refused_and_a_regeneration_drops_the
     with pytest.raises(KeyboardInterrupt):
         stage.run(_cfg(tiny_model_dir, out))
     assert read_manifest(out) is None
+
+
+def test_a_rerun_with_nothing_to_do_keeps_the_record_and_another_stages_output_is_no_samples(tiny_model_dir, tmp_path):
+    """A no-op rerun with --batch-size 7 rewrote _manifest.json: the engine record erased, batch_size 7 recorded for shards
+    drawn with 64. And generate took score's output dir (its shards keep the samples' run key) as its own samples."""
+    from dataclasses import replace
+
+    from toprcli.config import ScoreConfig
+    from toprcli.stages.generate import run as generate_samples
+    from toprcli.stages.score import run as score
+
+    out = tmp_path / "samples"
+    cfg = _cfg(tiny_model_dir, out)
+    generate_samples(cfg)
+    first = read_manifest(out)
+    again = generate_samples(replace(cfg, engine=replace(cfg.engine, batch_size=7)))
+    assert again.skipped and read_manifest(out) == first and first["engine"]["batch_size"] == 64
+    score(ScoreConfig(samples=str(out), out=str(tmp_path / "scored"), verifier="gsm8k", workers=1))
+    with pytest.raises(UserError, match="holds the output of `topr score`, not samples"):
+        generate_samples(replace(cfg, out=str(tmp_path / "scored")))
+
+
+def test_a_dataset_edited_in_place_is_not_resumed_into(tiny_model_dir, tmp_path):
+    """Ids hash the question only: a file whose answers changed resumed into its old shards, old and new golds mixed."""
+    from dataclasses import replace
+
+    from toprcli.config import DatasetSpec
+    from toprcli.stages.generate import run as generate_samples
+
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = replace(_cfg(tiny_model_dir, tmp_path / "s", shard_size=2, n=1, max_new_tokens=4), dataset=DatasetSpec(source=str(data)))
+    generate_samples(cfg)
+    (tmp_path / "s" / "_manifest.json").unlink()
+    sorted((tmp_path / "s").glob("shard-*.parquet"))[1].unlink()  # killed before its second shard
+    data.write_text("".join(json.dumps({**r, "answer": str(int(r["answer"]) + 100)}) + "\n" for r in rows))
+    with pytest.raises(UserError, match="shard-00000.parquet in .* holds other prompts than this run would put there"):
+        generate_samples(cfg)
+
+
+def test_what_the_engines_context_clips_is_recorded(tiny_model_dir, tmp_path, monkeypatch):
+    """--clip-to-context with an engine context below the config's cut every completion, and the summary and manifest
+    said nothing was clipped."""
+    import toprcli.stages.generate as stage
+
+    real = stage.open_backend
+
+    def short_context(*args, **kwargs):
+        backend = real(*args, **kwargs)
+        backend.max_model_len = 40
+        return backend
+
+    monkeypatch.setattr(stage, "open_backend", short_context)
+    s = stage.run(_cfg(tiny_model_dir, tmp_path / "out", max_new_tokens=30, clip_to_context=True))
+    assert s["clipped_to_context"] and s["clipped_to_context"]["prompts_clipped"] > 0
+    assert read_manifest(tmp_path / "out")["clipped_to_context"] == s["clipped_to_context"]
+
+
+def test_parts_that_began_together_are_checked_before_the_manifest(tiny_model_dir, tmp_path):
+    """Two data-parallel parts planned before either wrote (srun on unlike nodes) with other dtypes: the finished
+    directory was certified with mixed precisions."""
+    import time as clock
+    from dataclasses import replace
+
+    import toprcli.stages.generate as stage
+
+    base = _cfg(tiny_model_dir, tmp_path / "dp", n=1, max_new_tokens=4, limit=4, shard_size=2, num_shards=2)
+    a = base
+    b = replace(base, shard_index=1, engine=replace(base.engine, dtype="bfloat16"))
+    plan_a, plan_b = stage._plan(a, None, None), stage._plan(b, None, None)
+    stage._write(a, plan_a, None, None, clock.perf_counter())
+    with pytest.raises(UserError, match="dtype='float32' there vs 'bfloat16' now"):
+        stage._write(b, plan_b, None, None, clock.perf_counter())
+    assert read_manifest(tmp_path / "dp") is None

@@ -42,6 +42,7 @@ from toprcli.shards.store import (
     METADATA_KEY,
     SHARD_PATTERN,
     changed_keys,
+    changes,
     check_finished,
     complete_shards,
     fingerprint,
@@ -66,7 +67,7 @@ from toprcli.shards.store import (
 
 __all__ = [
     "CURATED_FIELDS", "CURATED_SCHEMA", "MANIFEST_NAME", "METADATA_KEY", "SAMPLES_FIELDS", "SAMPLES_SCHEMA", "SCHEMAS",
-    "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "build_dir_beside", "changed_keys", "check_finished", "check_nulls", "check_writable", "complete_shards", "conform",
+    "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "build_dir_beside", "changed_keys", "changes", "check_finished", "check_nulls", "check_writable", "complete_shards", "conform",
     "fingerprint", "fsync_dir", "model_identity", "models_of", "same_model", "iter_shards", "made_from", "output_error", "output_lock", "parquet_files", "read_file_metadata", "read_manifest",
     "read_schema", "read_table", "remove_stale_temporaries", "sampling_of", "shard_name", "swap_dir_into_place",
     "validate_columns", "versions", "write_atomic", "write_json_atomic", "json_safe", "write_manifest", "write_shard", "write_table_atomic",

@@ -312,6 +312,16 @@ def changed_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
     return set() if a == b else {prefix.rstrip(".")}
 
 
+def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What differs between two plain records, in words, a mapping by its fields: ``dataset.limit=4 there vs 6 now``."""
+    def at(record: Any, dotted: str) -> Any:
+        for part in dotted.split("."):
+            record = record.get(part) if isinstance(record, Mapping) else None
+        return record
+
+    return [f"{k}={at(old, k)!r} there vs {at(new, k)!r} now" for k in sorted(changed_keys(dict(old), dict(new)))]
+
+
 def fingerprint(path: str | os.PathLike[str]) -> str:
     """A cheap, stable fingerprint of a file or directory: names, sizes, mtimes. In a directory only the data
     counts: bookkeeping (``_manifest.json``, ``_logs/``, dot files) is left out, since a rerun that changes

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -102,20 +103,27 @@ def _ids_digest(prompts: list[Prompt]) -> str:
     return hashlib.sha256("\n".join(p.prompt_id for p in prompts).encode()).hexdigest()[:16]
 
 
+def _content_digest(prompts: list[Prompt]) -> str:  # the prompts as fed and their golds: a file edited in place keeps its ids
+    return hashlib.sha256(json.dumps([[p.prompt_id, p.token_ids, p.answer] for p in prompts]).encode()).hexdigest()[:16]
+
+
 def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], blocks: list[list[Prompt]], model: str) -> None:
     for index, path in done.items():
         meta = shards.read_file_metadata(path)
+        if (stage := "score" if "score" in meta else meta.get("stage")) not in (None, STAGE):  # it keeps the samples' run key
+            raise UserError(f"{out} holds the output of `topr {stage}`, not samples — use a new --out")
         old = meta.get("run_key")
         if isinstance(old, dict):  # written by an older toprcli: a key it had no word for is today's, its model held by path
             old = {**{k: v for k, v in key.items() if k not in old}, **old, **({"model": key["model"]} if old.get("model") == model else {})}
         if old != key:
-            diff = [k for k in key if (old or {}).get(k) != key[k]] if isinstance(old, dict) else ["(no run key)"]
             said = {"model": f"the files of the model at {model} are not those the shards were made with"}
-            what = ", ".join(said.get(k) or f"{k}={(old or {}).get(k)!r} there vs {key[k]!r} now" for k in diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
+            diff = [said["model"] if d.startswith("model=") else d for d in shards.changes(old, key)] if isinstance(old, dict) else []
+            what = ", ".join(diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
             raise UserError(
                 f"{out} already holds shards generated with other settings ({what}) — use a new --out or delete that directory"
             )
-        if index >= len(blocks) or meta.get("shard", {}).get("prompt_ids_sha") != _ids_digest(blocks[index]):
+        stats, ids_ok = meta.get("shard", {}), index < len(blocks) and meta.get("shard", {}).get("prompt_ids_sha") == _ids_digest(blocks[index])
+        if not ids_ok or stats.get("prompts_sha") not in (None, _content_digest(blocks[index])):  # (older shards: no content digest)
             raise UserError(
                 f"{path.name} in {out} holds other prompts than this run would put there (the dataset changed?) — use a new --out or delete that directory"
             )
@@ -170,16 +178,17 @@ def run(
         return _write(cfg, plan, backend, progress, t_start)
 
 
-def _check_engine_context(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend) -> None:
+def _check_engine_context(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend) -> dict[str, Any] | None:
     """The prompts were checked against the config's context; vLLM may derive a smaller one (RoPE scaling, the
-    tokenizer's limit, the KV cache). Anything that does not fit it is refused before a shard is written."""
+    tokenizer's limit, the KV cache). Anything that does not fit it is refused before a shard is written; with
+    clip_to_context, what the engine's context clips (None: nothing more than planned)."""
     engine_context, planned = getattr(backend, "max_model_len", None), plan.context
     if engine_context is None or planned is not None and engine_context >= planned:
-        return  # (a config that declares no context: checked against the engine's)
+        return None  # (a config that declares no context: checked against the engine's)
     todo = [p for j in plan.todo for p in plan.blocks[j]]
     try:
         drop_long(todo, engine_context, skip_long=False)
-        check_room(todo, engine_context, cfg.sampling.max_new_tokens, cfg.clip_to_context)
+        return check_room(todo, engine_context, cfg.sampling.max_new_tokens, cfg.clip_to_context)
     except UserError as e:
         backend.close()
         config = f"the config's {planned}" if planned is not None else "the config declares none"
@@ -238,7 +247,7 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
         if backend is None:
             backend = open_backend(cfg.engine, str(cfg.model), seed=cfg.sampling.seed)
             own_backend = True
-            _check_engine_context(cfg, plan, backend)
+            summary["clipped_to_context"] = _check_engine_context(cfg, plan, backend) or plan.clipped
         elif str(backend.model) != str(cfg.model):
             backend.load_weights(str(cfg.model))
         try:
@@ -251,7 +260,8 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
     summary.update(stats.as_dict())
     wall = time.perf_counter() - t_start
     summary["wall_time_s"] = round(wall, 3)
-    _write_manifests(cfg, out, plan.key, plan.blocks, plan.mine, summary, engine_info, wall, plan.long)
+    if plan.todo or not (out / shards.MANIFEST_NAME).exists():  # a rerun with nothing to do leaves the record of the run that did it
+        _write_manifests(cfg, out, plan.key, plan.blocks, plan.mine, summary, engine_info, wall, plan.long)
     return StageResult(STAGE, str(out), summary, skipped=not plan.todo, wall_time_s=wall)
 
 
@@ -334,7 +344,7 @@ def _run_shards(
         results = backend.generate(requests, params, progress=on_progress if progress is not None else None)
         gen_s = time.perf_counter() - t0
         table, shard_stats = _shard_table(block, results, tokenizer, cfg, str(cfg.model))
-        shard_stats.update(index=j, generate_s=round(gen_s, 4), prompt_ids_sha=_ids_digest(block))
+        shard_stats.update(index=j, generate_s=round(gen_s, 4), prompt_ids_sha=_ids_digest(block), prompts_sha=_content_digest(block))
         shards.write_shard(out, j, table, metadata={"stage": STAGE, "generation": gen_meta, "sampling": gen_meta["sampling"], "run_key": key, "shard": shard_stats})
         stats.add(shard_stats)
         base_prompts += len(block)
@@ -420,6 +430,7 @@ def _write_manifests(
     done = shards.complete_shards(out)
     if any(j not in done for j in range(len(blocks))):
         return
+    _check_existing(out, done, key, blocks, str(cfg.model))  # data-parallel parts checked each other only when they began
     agg = _Stats()
     for j in range(len(blocks)):
         agg.add(shards.read_file_metadata(done[j]).get("shard", {}) | {"index": j})
