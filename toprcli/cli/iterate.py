@@ -16,7 +16,8 @@ from toprcli.stages import StageResult
 DOC = """Run generate → score → curate → train → eval per round; killed at any point, rerun to resume.
 
     Without --config it runs the built-in demo settings (configs/demo.yaml): the CPU demo,
-    built-in task and tiny model. Every key of every stage is reachable with --set.
+    built-in task and tiny model, into runs/demo (the defaults below are those of a config
+    that leaves a key out). Every key of every stage is reachable with --set.
 
     Examples:
       [bold]topr iterate[/]
