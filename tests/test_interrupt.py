@@ -79,6 +79,6 @@ def test_sighup_stops_like_sigterm_unless_it_was_ignored_as_nohup_does():
         interrupt.reset()
     # A signal outside every command's handler (typer parsing, teardown) is one line and 130, not a traceback.
     code = ("import toprcli.cli.main as m\nfrom toprcli.interrupt import Interrupted\n"
-            "def app():\n    raise Interrupted(2)\nm.app = app\nm.main()")
+            "def app(**kw):\n    raise Interrupted(2)\nm.app = app\nm.main()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 130 and done.stderr.strip() == "interrupted by SIGINT", done.stderr
