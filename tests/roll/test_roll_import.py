@@ -413,3 +413,49 @@ def test_nulls_lora_forms_and_values_of_another_kind():
         import_roll(minimal(actor_train={"model_args": {"lora_target": "q_proj|v_proj"}}))
     with pytest.raises(UserError, match=r"actor_train.model_args.dtype: \['bf16'\] is not a value ROLL takes there"):
         import_roll(minimal(actor_train={"model_args": {"dtype": ["bf16"]}}))
+
+
+def test_device_mappings_as_rolls_examples_write_them():
+    """list([0,1,2,3,8,9,10,11]) (ROLL's own separate-placement example) and list(range(8)) were not read: the batch
+    came out 8× too small, said to be 'not given'. A form topr cannot read is called out."""
+    assert device_count("list([0,1,2,3,8,9,10,11])") == 8 and device_count("list(range(8))") == 8
+    base = {"training_args": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 32}}
+    result = import_roll(minimal(actor_train={**base, "device_mapping": "list([0,1,2,3,8,9,10,11])"}))
+    assert result.config["train"]["batch_size"] == 256
+    odd = import_roll(minimal(actor_train={**base, "device_mapping": "[i for i in range(8)]"}))
+    assert odd.config["train"]["batch_size"] == 32 and any("is not a form topr reads" in c for c in odd.callouts)
+
+
+def test_a_resolver_inside_a_referenced_mapping_is_refused_where_mapped():
+    """model_args: ${validation.model_args} holding ${oc.env:MODEL} was written as model: ${oc.env:MODEL}."""
+    data = minimal(validation={"model_args": {"model_name_or_path": "${oc.env:MODEL}"}})
+    data["actor_train"]["model_args"] = "${validation.model_args}"
+    with pytest.raises(UserError, match="actor_train.model_args: '\\$\\{validation.model_args\\}' uses a resolver topr does not evaluate"):
+        import_roll(data)
+
+
+def test_what_the_import_writes_passes_check_or_is_refused_in_one_line(tmp_path, cli):
+    """Loss knobs ROLL takes but the loss refuses were written, and config check then refused the file; pg_clip null
+    crashed check; a negative entropy coefficient (ROLL: off) failed the first step; malformed sections were tracebacks."""
+    from toprcli.roll.importer import validate
+
+    for actor, words in (({"topr_negative_weight": -1}, "negative_weight"),
+                         ({"pg_variant": "tis", "tis_lower_bound": 0.5, "tis_upper_bound": 0.2}, "loss 'tis'")):
+        with pytest.raises(UserError, match=f"does not validate: .*{words}"):
+            validate(import_roll(minimal(actor_train=actor)))
+    with pytest.raises(UserError, match="pg_clip: null is not a number"):
+        import_roll(minimal(actor_train={"pg_variant": "ppo"}, pg_clip=None))
+    assert "entropy_coef" not in import_roll(minimal(entropy_loss_coef=-0.01)).config.get("train", {})
+    megatron = {"strategy_args": {"strategy_name": "megatron_train", "strategy_config": {"tensor_model_parallel_size": "auto"}},
+                "device_mapping": "list(range(8))"}
+    for data, words in ((minimal(actor_train=megatron), "tensor_model_parallel_size: 'auto' is not an integer"),
+                        (minimal(rewards={"math_rule": "oops"}), "rewards.math_rule: 'oops' is not a mapping"),
+                        (minimal(actor_train={"pg_variant": ["topr"]}), r"actor_train.pg_variant: \['topr'\] is not a ROLL pg_variant")):
+        with pytest.raises(UserError, match=words):
+            import_roll(data)
+    assert import_roll(minimal(actor_train={**megatron, "strategy_args": {**megatron["strategy_args"], "strategy_config": [1, 2]}}))
+
+
+def test_validation_without_a_sample_count_takes_rolls_one():
+    result = import_roll(minimal(validation={"generating_args": {"temperature": 0.6, "top_p": 0.7, "top_k": 50}}))
+    assert result.config["eval"]["k"] == 1 and any("num_return_sequences is not set" in c for c in result.callouts)

@@ -250,7 +250,7 @@ class TrainConfig:
     ref_model: str | None = opt(None, "Reference policy of the KL penalty; unset: the starting policy.")
     kl_coef: float = opt(0.0, "KL penalty coefficient (0 = off).", check=NON_NEGATIVE)
     kl_estimator: str = opt("k3", "KL estimator (k1+, k3+: that value, k2's gradient; docs/architecture.md §4).", check=choice(KL_ESTIMATORS))
-    entropy_coef: float = opt(0.0, "Entropy bonus coefficient (0 = off).", check=FINITE)
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient (0 = off; below 0 a penalty).", check=FINITE)
     whiten_advantages: bool = opt(False, "Whiten advantages over each step's batch.")
     adv_clip: float | None = opt(None, "Clip advantages to [-c, c].", check=POSITIVE)
     log_every: int = opt(1, "Write metrics every N steps.", check=AT_LEAST_ONE)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toprcli.config import ConfigError, IterateConfig, from_dict
+from toprcli.config import IterateConfig, from_dict
 from toprcli.errors import UserError
 from toprcli.roll import keys as K
 from toprcli.roll.interp import dotted, resolve
@@ -121,12 +121,12 @@ class _Mapper:
 
     def get(self, key: str, default: Any = None) -> Any:
         self.last_key = key
+        if within := next((u for u in self.unresolved if key == u or key.startswith(u + ".")), None):  # a mapping one refers to, too
+            raise UserError(
+                f"{within}: {self.unresolved[within]!r} uses a resolver topr does not evaluate — write the value into the file"
+            )
         if not self.has(key):
             return default
-        if key in self.unresolved:
-            raise UserError(
-                f"{key}: {self.unresolved[key]!r} uses a resolver topr does not evaluate — write the value into the file"
-            )
         node: Any = self.data
         for p in key.split("."):
             node = node[p]
@@ -228,10 +228,15 @@ def to_yaml(result: ImportResult, source: str) -> str:
 
 
 def validate(result: ImportResult) -> Any:
-    """The imported config as an :class:`IterateConfig` (a ConfigError names any bad key)."""
+    """The imported config as an :class:`IterateConfig` (a ConfigError names any bad key), its loss options checked
+    as `topr config check` checks them (a knob's value ROLL takes that the loss refuses: topr_negative_weight -1)."""
+    from toprcli.training.prepare import resolve_loss
+
     try:
-        return from_dict(IterateConfig, result.config)
-    except ConfigError as e:
+        cfg = from_dict(IterateConfig, result.config)
+        resolve_loss(cfg.train)
+        return cfg
+    except UserError as e:
         raise UserError(f"the imported config does not validate: {e}") from None
 
 

@@ -118,7 +118,7 @@ class _Resolver:
         base = path[: len(path) - depth] if depth else ()
         target = base + tuple(self.parse(expr[depth:], path))
         value = self.walk(target, path, expr)
-        if target in self.unresolved:
+        if any(u[: len(target)] == target for u in self.unresolved):  # it, or a value inside the mapping it is
             raise _Unresolvable(expr)
         return value
 

@@ -26,10 +26,10 @@ def _knob(m: Any, name: str) -> str | None:
 
 def select_loss(m: Any) -> str:
     own, top = m.get("actor_train.pg_variant"), m.get("pg_variant")
+    variant = own if own is not None else top
     worker = m.get("actor_train.worker_cls")
     pg_worker = isinstance(worker, str) and worker.endswith("ActorPGWorker")
-    variant = own if own is not None else top
-    if variant is not None and variant not in K.PG_VARIANTS:
+    if variant is not None and (not isinstance(variant, str) or variant not in K.PG_VARIANTS):
         where = "actor_train.pg_variant" if own is not None else "pg_variant"
         raise UserError(f"{where}: {variant!r} is not a ROLL pg_variant — choose one of: {', '.join(K.PG_VARIANTS)}")
     if variant is None:
@@ -124,6 +124,8 @@ def _loss_options(m: Any, loss: str, variant: str | None) -> None:
                 m.left_out(key, f"only ROLL's ppo loss reads it; the loss here is {loss}")
         return
     clip = m.number("pg_clip", 0.2)
+    if clip is None:  # pg_clip: null — ROLL's ppo needs a number
+        raise UserError("pg_clip: null is not a number — ROLL's ppo loss clips at pg_clip: give one (e.g. 0.2)")
     m.mapped("pg_clip", ("train.loss_options.clip_ratio", clip))
     if m.flag("use_pg_clip_range"):
         m.mapped("use_pg_clip_range", note="asymmetric clip range")
@@ -179,10 +181,10 @@ def loss_generic(m: Any, reference: str | None, sequence_length: int) -> None:
         if m.has("kl_loss_coef"):
             m.left_out("kl_loss_coef", "use_kl_loss is off")
     ent = m.number("entropy_loss_coef")
-    if ent:
+    if ent is not None and ent > 0:
         m.mapped("entropy_loss_coef", ("train.entropy_coef", ent))
-    elif m.has("entropy_loss_coef"):
-        m.mapped("entropy_loss_coef", note="off, as topr's default")
+    elif m.has("entropy_loss_coef"):  # ROLL adds the term only for a coefficient > 0
+        m.mapped("entropy_loss_coef", note="off (ROLL applies it only when > 0), as topr's default")
     if m.has("max_grad_norm"):
         m.mapped("max_grad_norm", ("train.grad_clip", m.number("max_grad_norm")))
     if m.has("ppo_epochs"):

@@ -228,33 +228,40 @@ def _lora(m: Any, args: str) -> None:
 
 
 def _data_parallel(m: Any) -> tuple[int, str]:
-    n = device_count(m.get("actor_train.device_mapping"))
-    if n is None:
-        return 1, "device_mapping not given or not a list: 1 assumed"
-    strategy = m.get("actor_train.strategy_args.strategy_name") or ""
-    cfg = m.get("actor_train.strategy_args.strategy_config") or {}
-    split = 1
+    mapping = m.get("actor_train.device_mapping")
+    n = device_count(mapping)
+    if n is None and mapping is None:
+        return 1, "device_mapping not given: 1 assumed"
+    if n is None:  # ROLL evaluates it as Python; topr reads its usual forms only
+        m.callout(f"actor_train.device_mapping {mapping!r} is not a form topr reads (a list, list(range(...)), list([...])): one "
+                  "data-parallel rank assumed — multiply train.batch_size by ROLL's number of training devices")
+        return 1, "device_mapping not read: 1 assumed"
+    strategy = str(m.get("actor_train.strategy_args.strategy_name") or "")
+    split, config = 1, "actor_train.strategy_args.strategy_config"
     if "megatron" in strategy:
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
-            split *= int(cfg.get(key, 1) or 1)
+            split *= m.number(f"{config}.{key}", 1, integer=True) or 1
     elif "fsdp2" in strategy:
-        split = int(m.get("actor_train.model_args.ulysses_size") or 1)
+        split = m.number("actor_train.model_args.ulysses_size", 1, integer=True) or 1
     return max(n // max(split, 1), 1), f"{n} devices / {split} model-parallel"
 
 
-_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(-?\d+)\s*,\s*(-?\d+)\s*(?:,\s*(-?\d+)\s*)?\)\s*\)\s*$")
+_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(-?\d+)\s*(?:,\s*(-?\d+)\s*(?:,\s*(-?\d+)\s*)?)?\)\s*\)\s*$")
 
 
 def device_count(value: Any) -> int | None:
-    """How many devices a ROLL ``device_mapping`` names: a list, "list(range(a, b[, s]))" or "[0, 1]"; else None."""
+    """How many devices a ROLL ``device_mapping`` names: a list, "list(range([a, ]b[, s]))", "[0, 1]" or "list([0, 1])"; else None."""
     if isinstance(value, list):
         return len(value)
     if isinstance(value, str):
         match = _RANGE.match(value)
         if match:
             a, b, s = (int(x) if x is not None else None for x in match.groups())
+            a, b = (0, a) if b is None else (a, b)
             return None if s == 0 else len(range(a, b, s or 1))
         text = value.strip()
+        if text.startswith("list(") and text.endswith(")"):  # list([0, 1, 2, 3]): the list itself
+            text = text[len("list("):-1].strip()
         if text.startswith("[") and text.endswith("]"):
             items = [x.strip() for x in text[1:-1].split(",") if x.strip()]
             if all(x.lstrip("-").isdigit() for x in items):
@@ -299,6 +306,9 @@ def _sampling(m: Any, section: str, stage: str, loss: str) -> None:
     count = m.number(f"{section}.num_return_sequences", integer=True)
     if stage == "eval" and count is not None:
         m.mapped(f"{section}.num_return_sequences", ("eval.k", count))
+    elif stage == "eval":  # ROLL validates with generating_args as given: one sample per prompt unless it says more
+        m.set("eval.k", 1)
+        m.callout(f"{section}.num_return_sequences is not set: imported ROLL's default 1 (eval.k; topr's own is 16)")
     elif count is not None:
         m.left_out(f"{section}.num_return_sequences", "ROLL overwrites it with num_return_sequences_in_group")
     if m.has(f"{section}.max_new_tokens"):
@@ -343,6 +353,8 @@ def _rewards(m: Any) -> None:
         m.left_out("rewards", f"{len(rewards)} reward domains ({', '.join(rewards)}): topr scores a run with one verifier — set score.verifier")
         return
     (domain, cfg), = rewards.items()
+    if cfg is not None and not isinstance(cfg, dict):
+        raise UserError(f"rewards.{domain}: {cfg!r} is not a mapping of reward worker settings — fix it in the file")
     worker = (cfg or {}).get("worker_cls") or ""
     m.left_out(f"rewards.{domain}", "ROLL reward worker settings (model, template, tags, placement)")
     if str(worker).endswith("MathRuleRewardWorker"):

@@ -180,7 +180,7 @@ def _accumulate_gradients(prep: Prepared, ctx: DistContext, model: _Learner, ste
         with _out_of_memory_hint(cfg, mb.n_tokens):
             # 2. log π of the completion tokens, under the data's sampling processing.
             with model.autocast():
-                logprobs, entropy = model.policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, with_entropy=loss.entropy_coef > 0, **mb.prefix())
+                logprobs, entropy = model.policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, with_entropy=loss.entropy_coef != 0, **mb.prefix())
             # 3. Loss: the micro-batch's share of the step's loss, so gradients sum to the step's.
             mb_loss, metrics = policy_loss(loss.name, logprobs, mb.behavior, mb.advantages, mb.mask, weights=mb.weights,
                                            ref_logprobs=mb.ref, entropy=entropy, **loss.loss_kwargs())
