@@ -59,8 +59,11 @@ def run_train(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record
     """Train in this process (a torchrun rank included), or launch the ranks in a child (:func:`runs_in_child`;
     ``on_launch(log)`` is called once the input is checked, as the ranks start)."""
     if runs_in_child(cfg):
-        summary = train_in_child(cfg, on_launch)
-        result = StageResult(train_stage.STAGE, cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
+        done = train_stage.finished_summary(cfg)  # kept as it is: no ranks start (and its warnings are not said again)
+        if done is not None:
+            train_stage.drop_training_state(Path(cfg.out))  # what a kill right after the rename left
+        summary = done or train_in_child(cfg, on_launch)
+        result = StageResult(train_stage.STAGE, cfg.out, summary, skipped=done is not None, wall_time_s=summary.get("wall_time_s", 0.0))
     else:
         result = train_stage.run(cfg, progress=progress, on_record=on_record)
     train_stage.warn_skipped_steps(result)
@@ -165,9 +168,6 @@ def train_in_child(cfg: TrainConfig, on_launch: Callable[[Path], None] | None = 
     out = Path(cfg.out)
     done = out / "train_summary.json"
     train_stage.check(_single_process_view(cfg))  # bad input is one line here, before N ranks start (and write a config and log)
-    if cfg.resume and not cfg.overwrite and done.is_file() and (out / "config.json").is_file():
-        train_stage.drop_training_state(out)  # what a kill right after the rename left
-        return json.loads(done.read_text())
     config_file = write_stage_config(_single_process_view(cfg), out.with_name(out.name + ".train.yaml"))
     log = out.with_name(out.name + ".train.log")
     if on_launch is not None:

@@ -657,3 +657,27 @@ def test_resume_into_a_dir_that_is_not_a_training_output_says_so(tiny_model_dir,
         train_policy(_cfg(tiny_model_dir, data_path, tiny_model_dir, resume=True))
     with pytest.raises(UserError, match=r"already exists — pass --overwrite to replace it \(or --resume to keep a finished run\)"):
         train_policy(_cfg(tiny_model_dir, data_path, tiny_model_dir))
+
+
+def test_resume_keeps_a_finished_out_only_if_it_was_trained_so(tiny_model_dir, data_path, tmp_path):
+    """--resume on a finished --out trained with another loss, lr and data printed 'trained' and kept the old policy;
+    how it runs (memory, threads) is no difference, and a kept one says it was kept."""
+    out = tmp_path / "p"
+    first = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2))
+    kept = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, resume=True, micro_batch_tokens=1024, threads=1))
+    assert kept.skipped and kept["final_loss"] == first["final_loss"]
+    with pytest.raises(UserError, match=r"is a finished training with other settings \(changed: loss, lr\)"):
+        train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, resume=True, loss="sft", lr=1e-5))
+    r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(out), "--optimizer", "adamw",
+                                 "--lr", "1e-3", "--batch-size", "16", "--max-steps", "2", "--resume"])
+    assert r.exit_code == 0 and "already trained (same settings), kept:" in r.stdout, r.output
+
+
+@pytest.mark.parametrize("option, words", [("kl_coef=-1", "'loss_options.kl_coef': -1 — expected a finite number >= 0"),
+                                           ("whiten_advantages=maybe", "'loss_options.whiten_advantages': 'maybe' — expected true or false"),
+                                           ("entropy_coef=.nan", "'loss_options.entropy_coef'")])
+def test_generic_options_given_as_loss_options_are_checked_as_their_flags(tiny_model_dir, data_path, tmp_path, option, words):
+    """kl_coef=-1 was a traceback after the model loaded; whiten_advantages=maybe was true; entropy_coef=nan skipped every step."""
+    r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(tmp_path / "o"), "--loss-option", option])
+    assert r.exit_code == 2 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()

@@ -63,7 +63,7 @@ def show(result: StageResult, cfg: TrainConfig) -> None:
         rows.append(("resumed from step", s["resumed_from_step"]))
     if s.get("world_size", 1) > 1:
         rows.append(("ranks", s["world_size"]))
-    console.print(summary_table(f"trained {Path(result.out)}", rows))
+    console.print(summary_table(f"{'already trained (same settings), kept:' if result.skipped else 'trained'} {Path(result.out)}", rows))
 
 
 STAGE = Stage("train", TrainConfig, run, show, DOC, log=log_file, transient=False,

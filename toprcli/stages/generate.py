@@ -260,8 +260,7 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
     summary.update(stats.as_dict())
     wall = time.perf_counter() - t_start
     summary["wall_time_s"] = round(wall, 3)
-    if plan.todo or not (out / shards.MANIFEST_NAME).exists():  # a rerun with nothing to do leaves the record of the run that did it
-        _write_manifests(cfg, out, plan.key, plan.blocks, plan.mine, summary, engine_info, wall, plan.long)
+    _write_manifests(cfg, out, plan.key, plan.blocks, plan.mine, summary, engine_info, wall, plan.long, made=bool(plan.todo))
     return StageResult(STAGE, str(out), summary, skipped=not plan.todo, wall_time_s=wall)
 
 
@@ -407,6 +406,7 @@ def _write_manifests(
     engine_info: dict[str, Any],
     wall: float,
     long: list[Prompt],
+    made: bool,
 ) -> None:
     """This process's part manifest (data-parallel runs) and, once every shard exists, ``_manifest.json``."""
     if not out.is_dir():
@@ -428,8 +428,8 @@ def _write_manifests(
             {"stage": STAGE, "config": config, "shards": mine, "summary": summary, **extra},
         )
     done = shards.complete_shards(out)
-    if any(j not in done for j in range(len(blocks))):
-        return
+    if any(j not in done for j in range(len(blocks))) or not made and (out / shards.MANIFEST_NAME).exists():
+        return  # unfinished; or finished, and this run made nothing: the record stays the one of the run that did
     _check_existing(out, done, key, blocks, str(cfg.model))  # data-parallel parts checked each other only when they began
     agg = _Stats()
     for j in range(len(blocks)):

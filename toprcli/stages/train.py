@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import shutil
 import warnings
@@ -43,13 +44,14 @@ from typing import Any
 import torch
 
 from toprcli import interrupt, shards
-from toprcli.config import TrainConfig, config_to_dict
+from toprcli.config import TrainConfig, as_now, config_to_dict
+from toprcli.errors import UserError
 from toprcli.generation.base import release_cuda_cache
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.tracking import TRACKER_FILES, check_installed, open_tracker, replay
 from toprcli.training.distributed import barrier, env_rank, init_distributed, shutdown
-from toprcli.training.prepare import SUMMARY_NAME, Prepared, finished_summary, prepare, resolve_loss
+from toprcli.training.prepare import NON_SEMANTIC_KEYS, SUMMARY_NAME, Prepared, prepare, resolve_loss
 from toprcli.training.trainer import METRICS_NAME, PRECOMPUTED_NAME, train_loop
 
 STAGE = "train"
@@ -93,6 +95,24 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
             gc.collect()  # the model, its gradients and optimizer state are garbage now:
             release_cuda_cache()  # a vLLM engine waking next in this process's pipeline needs that memory
     return StageResult(STAGE, str(prep.out), summary, wall_time_s=summary["wall_time_s"])
+
+
+def finished_summary(cfg: TrainConfig) -> dict[str, Any] | None:
+    """With ``resume`` (and not ``overwrite``): the summary of a complete ``<out>`` trained with these settings and data,
+    else None; one trained otherwise is refused (it was kept and reported as trained). How it ran (memory, threads, ranks)
+    and where its model and data lay (a run dir that moved) are no difference."""
+    out = Path(cfg.out) if cfg.out else None
+    if out is None or not cfg.resume or cfg.overwrite or not ((out / SUMMARY_NAME).is_file() and (out / "config.json").is_file()):
+        return None
+    record = shards.read_manifest(out) or {}
+    ignored = {*NON_SEMANTIC_KEYS, "model", "ref_model", "data"} - {"save_dtype"}
+    changed = sorted(k for k in shards.changed_keys(as_now(TrainConfig, record.get("config") or {}), config_to_dict(cfg)) if k.split(".")[0] not in ignored)
+    if record.get("inputs", {}).get("data_fingerprint") not in (None, shards.fingerprint(cfg.data)):
+        changed.append("data (its files)")
+    if record.get("config") and changed:
+        raise UserError(f"{out} is a finished training with other settings (changed: {', '.join(changed[:4])}) — pass --overwrite "
+                        "to train it again, or choose another --out")
+    return json.loads((out / SUMMARY_NAME).read_text())
 
 
 def check_loss(cfg: TrainConfig) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.compute as pc
 import torch
 
-from toprcli.config import TrainConfig, config_to_dict
+from toprcli.config import TrainConfig, config_to_dict, from_dict
 from toprcli.errors import UserError
 from toprcli.generation.model_info import config_context_length, first_line
 from toprcli.losses import LOSSES, policy_loss, resolve_options
@@ -127,13 +127,15 @@ def resolve_loss(cfg: TrainConfig) -> LossSetup:
     on a one-token batch. The loss functions raise ValueError; here it is the user's."""
     try:
         return _resolve_loss(cfg)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    except ValueError as e:  # the loss's own words name it; a bare conversion error ('could not convert ...') does not
+        raise UserError(str(e) if str(e).startswith("loss ") else f"loss {cfg.loss!r}, options {cfg.loss_options}: {e}") from None
 
 
 def _resolve_loss(cfg: TrainConfig) -> LossSetup:
     opts = dict(cfg.loss_options or {})
-    generic = {k: opts.pop(k) for k in GENERIC_LOSS_OPTIONS if k in opts}
+    given = {k: opts.pop(k) for k in GENERIC_LOSS_OPTIONS if k in opts}
+    checked = from_dict(TrainConfig, given, prefix="loss_options.")  # as their flags are checked: kl_coef >= 0, a bool a bool
+    generic = {k: getattr(checked, k) for k in given}
     resolve_options(cfg.loss, opts)
     setup = LossSetup(
         name=cfg.loss,
@@ -433,13 +435,3 @@ def pairwise_reference(cfg: TrainConfig, sampling: Optional[dict[str, Any]], pro
     unprocessed = sampling is not None and processing == Processing()
     from_model = bool(policies) and all(same_model(p, cfg.model, files) for p, files in policies.items())
     return "stored" if unprocessed and from_model and not cfg.recompute_behavior else "recomputed"
-
-
-def finished_summary(cfg: TrainConfig) -> Optional[dict[str, Any]]:
-    """With ``resume`` (and not ``overwrite``): the summary of a complete ``<out>``, else None."""
-    out = Path(cfg.out) if cfg.out else None
-    if out is None or not cfg.resume or cfg.overwrite:
-        return None
-    if (out / SUMMARY_NAME).is_file() and (out / "config.json").is_file():
-        return json.loads((out / SUMMARY_NAME).read_text())
-    return None
