@@ -19,7 +19,7 @@ from toprcli.config import IterateConfig, TrainConfig, from_dict
 from toprcli.errors import UserError
 from toprcli.roll.importer import LEFT_OUT, MAPPED, UNKNOWN, import_roll
 from toprcli.roll.interp import resolve
-from toprcli.roll.rules import device_count
+from toprcli.roll.placement import device_count
 
 DATA = FIXTURES / "roll"
 OFFPOLICY = DATA / "rlvr_offpolicy_topr.yaml"

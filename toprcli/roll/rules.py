@@ -14,6 +14,7 @@ from typing import Any
 from toprcli.config.schema import TRACKERS
 from toprcli.errors import UserError
 from toprcli.roll.loss_rules import loss_generic, select_loss, topr_doc_keys
+from toprcli.roll.placement import data_parallel
 
 TRAIN_ARGS = "actor_train.training_args"
 GEN_ARGS = "actor_infer.generating_args"
@@ -172,7 +173,7 @@ def _batch_size(m: Any) -> None:
     """Sequences per optimizer step: per device × accumulation × data-parallel ranks, ROLL's defaults where unset."""
     per_device = m.number(f"{TRAIN_ARGS}.per_device_train_batch_size", ROLL_PER_DEVICE_BATCH, integer=True)
     accum = m.number(f"{TRAIN_ARGS}.gradient_accumulation_steps", 1, integer=True)
-    dp, how = _data_parallel(m)
+    dp, how = data_parallel(m)
     size = per_device * accum * dp
     note = f"{per_device} per device × {accum} accumulation × {dp} data-parallel ranks ({how}): sequences per step"
     given = [k for k in ("per_device_train_batch_size", "gradient_accumulation_steps") if m.has(f"{TRAIN_ARGS}.{k}")]
@@ -225,48 +226,6 @@ def _lora(m: Any, args: str) -> None:
             m.left_out(f"{args}.lora_dropout", "dropout makes π random and its ratio to μ noise: topr trains LoRA without it")
         else:
             m.mapped(f"{args}.lora_dropout", ("train.lora_dropout", dropout))
-
-
-def _data_parallel(m: Any) -> tuple[int, str]:
-    mapping = m.get("actor_train.device_mapping")
-    n = device_count(mapping)
-    if n is None and mapping is None:
-        return 1, "device_mapping not given: 1 assumed"
-    if n is None:  # ROLL evaluates it as Python; topr reads its usual forms only
-        m.callout(f"actor_train.device_mapping {mapping!r} is not a form topr reads (a list, list(range(...)), list([...])): one "
-                  "data-parallel rank assumed — multiply train.batch_size by ROLL's number of training devices")
-        return 1, "device_mapping not read: 1 assumed"
-    strategy = str(m.get("actor_train.strategy_args.strategy_name") or "")
-    split, config = 1, "actor_train.strategy_args.strategy_config"
-    if "megatron" in strategy:
-        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
-            split *= m.number(f"{config}.{key}", 1, integer=True) or 1
-    elif "fsdp2" in strategy:
-        split = m.number("actor_train.model_args.ulysses_size", 1, integer=True) or 1
-    return max(n // max(split, 1), 1), f"{n} devices / {split} model-parallel"
-
-
-_RANGE = re.compile(r"^\s*list\(\s*range\(\s*(-?\d+)\s*(?:,\s*(-?\d+)\s*(?:,\s*(-?\d+)\s*)?)?\)\s*\)\s*$")
-
-
-def device_count(value: Any) -> int | None:
-    """How many devices a ROLL ``device_mapping`` names: a list, "list(range([a, ]b[, s]))", "[0, 1]" or "list([0, 1])"; else None."""
-    if isinstance(value, list):
-        return len(value)
-    if isinstance(value, str):
-        match = _RANGE.match(value)
-        if match:
-            a, b, s = (int(x) if x is not None else None for x in match.groups())
-            a, b = (0, a) if b is None else (a, b)
-            return None if s == 0 else len(range(a, b, s or 1))
-        text = value.strip()
-        if text.startswith("list(") and text.endswith(")"):  # list([0, 1, 2, 3]): the list itself
-            text = text[len("list("):-1].strip()
-        if text.startswith("[") and text.endswith("]"):
-            items = [x.strip() for x in text[1:-1].split(",") if x.strip()]
-            if all(x.lstrip("-").isdigit() for x in items):
-                return len(items)
-    return None
 
 
 # -- sampling, engine, data, rewards ------------------------------------------------------------
