@@ -140,6 +140,19 @@ def test_verifier_metrics_by_hand():
         verifier_metrics(pids, correct, keys, scores[:3], k=2)
 
 
+def test_a_candidate_without_a_valid_verdict_is_a_wrong_call():
+    """Sampled verdicts score 0.5 when none is valid, which is >= 0.5: a verifier that never answered had the accuracy
+    of calling every candidate correct (its candidates' pass@1)."""
+    from toprcli.evaluation import verifier_metrics
+
+    pids, correct, keys = ["a", "a", "b", "b"], [True, False, True, False], ["1", "2", "3", "4"]
+    silent = verifier_metrics(pids, correct, keys, [0.5] * 4, k=2, valid=[0.0] * 4)
+    assert silent["verifier_accuracy"] == 0.0 and silent["candidates_pass@1"] == 0.5
+    some = verifier_metrics(pids, correct, keys, [0.9, 0.5, 0.5, 0.1], k=2, valid=[1.0, 0.0, 0.25, 1.0])
+    assert some["verifier_accuracy"] == 0.75  # ✓ (no verdict: ✗) ✓ ✓
+    assert verifier_metrics(pids, correct, keys, [0.5] * 4, k=2)["verifier_accuracy"] == 0.5  # no validity given: scores alone
+
+
 # -- intervals ------------------------------------------------------------------------
 
 

@@ -243,6 +243,7 @@ def verifier_metrics(
     vote_keys: Sequence[Hashable | None],
     scores: Sequence[float],
     k: int,
+    valid: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """How a verifier's scores of sampled candidates help (GenRM's measures; the paper's Table 2).
 
@@ -250,13 +251,15 @@ def verifier_metrics(
     (:func:`best_of_k_correct`), verifier-weighted majority vote
     (:func:`majority_vote_correct` with the scores as weights) and plain maj@k
     on the same candidates. Over every candidate: the verifier's accuracy (it
-    calls a candidate correct when its score ≥ 0.5) and the ROC AUC of its
-    scores. All sequences are (N,), one entry per candidate; scores in [0, 1].
+    calls a candidate correct when its score ≥ 0.5; a candidate it gave no
+    valid verdict, ``valid`` 0, is a wrong call whatever its score) and the ROC
+    AUC of its scores. All sequences are (N,), one entry per candidate; scores
+    in [0, 1].
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    if not (len(prompt_ids) == len(correct) == len(vote_keys) == len(scores)):
-        raise ValueError("prompt_ids, correct, vote_keys and scores must have the same length")
+    if not (len(prompt_ids) == len(correct) == len(vote_keys) == len(scores) == len(scores if valid is None else valid)):
+        raise ValueError("prompt_ids, correct, vote_keys, scores and valid must have the same length")
     groups: dict[str, list[int]] = defaultdict(list)
     for i, pid in enumerate(prompt_ids):
         groups[pid].append(i)
@@ -269,12 +272,13 @@ def verifier_metrics(
         plain.append(majority_vote_correct([vote_keys[i] for i in first], c))
     y = np.asarray(correct, dtype=bool)
     s = np.asarray(scores, dtype=np.float64)
+    decided = np.ones(len(s), dtype=bool) if valid is None else np.asarray(valid, dtype=np.float64) > 0  # (N,)
     return {
         "candidates": len(s),
         f"best_of_{k}_verifier": float(np.mean(best)),
         f"weighted_maj@{k}": float(np.mean(weighted)),
         f"candidates_maj@{k}": float(np.mean(plain)),
         "candidates_pass@1": float(y.mean()),
-        "verifier_accuracy": float(((s >= 0.5) == y).mean()),
+        "verifier_accuracy": float((((s >= 0.5) == y) & decided).mean()),
         "verifier_auc": roc_auc(s, y),
     }

@@ -31,6 +31,20 @@ def test_a_rerun_returns_the_eval_only_if_it_measured_the_same_thing(tiny_model_
     assert json.loads((out / "eval.json").read_text())["metrics"]["bootstrap"]["seed"] == 1
 
 
+def test_auto_is_the_verifier_it_stands_for_and_verifier_settings_need_a_verifier(tiny_model_dir, tmp_path):
+    """An eval scored with `exact` came back for `--verifier auto` (gsm8k here): auto was let through unresolved. And
+    a verifier-only setting (`--verifier-samples`) made an eval without a verifier refuse its own result."""
+    out = tmp_path / "eval"
+    args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--split", "test", "--limit", "4", "--k", "2",
+            "--max-new-tokens", "8", "--backend", "hf", "--no-greedy", "-o", str(out), "--json"]
+    assert CliRunner().invoke(app, [*args, "--verifier", "exact"]).exit_code == 0
+    refused = CliRunner().invoke(app, [*args, "--verifier", "auto"])
+    assert refused.exit_code == 2 and "(changed: verifier)" in refused.output
+    kept = CliRunner().invoke(app, [*args, "--verifier", "exact", "--verifier-samples", "8", "--verifier-mode", "sampled"])
+    assert kept.exit_code == 0, kept.output
+    assert json.loads((out / "eval.json").read_text())["config"]["verifier"] == "exact"
+
+
 def test_eval_scores_verl_data_by_its_own_data_sources(tiny_model_dir, tmp_path):
     """verl rows name their verifier by data_source; eval takes --verifier-by-source as score does (it had no such
     option: every source outside the built-in map failed, after all the samples were generated)."""

@@ -124,7 +124,7 @@ def test_a_killed_eval_rerun_with_another_verifier_does_not_report_the_old_judge
     out = tmp_path / "eval"
     run(eval_config(tiny_model_dir, out, verifier_model=str(tiny_model_dir)), backend=hf_backend)
     (out / "eval.json").unlink()  # killed after the judgement was written
-    with pytest.raises(UserError, match=r"verified holds a judgement begun with other settings \(changed: verifier_files\)"):
+    with pytest.raises(UserError, match=r"verified holds a judgement made with other settings \(changed: verifier_files\)"):
         run(eval_config(tiny_model_dir, out, verifier_model=str(other)), backend=hf_backend)
     shutil.rmtree(out / "verified")  # as the message says: judged again, by the other model
     res = run(eval_config(tiny_model_dir, out, verifier_model=str(other)), backend=hf_backend)
@@ -168,3 +168,47 @@ def test_the_verifier_groups_votes_as_maj_at_k_does_under_data_source():
     assert voting_verifier("data_source", ["lighteval/MATH", "lighteval/MATH"], {"lighteval/MATH": "math"}) == "math"
     assert voting_verifier("data_source", ["a", "b"], {"a": "math", "b": "gsm8k"}) == "data_source"
     assert voting_verifier("gsm8k", [], {}) == "gsm8k"
+
+
+def test_a_finished_eval_is_not_reported_after_its_verifier_changed(tiny_model_dir, hf_backend, tmp_path):
+    """The verifier's files were compared only when an eval resumed: a finished eval judged by the verifier as it was
+    came back, as the judgement of the verifier retrained at the same path."""
+    import os
+    import shutil
+
+    from toprcli.errors import UserError
+
+    verifier = tmp_path / "verifier"
+    shutil.copytree(tiny_model_dir, verifier)
+    out = tmp_path / "eval"
+    first = run(eval_config(tiny_model_dir, out, verifier_model=str(verifier)), backend=hf_backend)
+    assert run(eval_config(tiny_model_dir, out, verifier_model=str(verifier))).skipped  # unchanged: reused
+    weights = verifier / "model.safetensors"
+    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 100))  # retrained in place
+    with pytest.raises(UserError, match=r"verified holds a judgement made with other settings \(changed: verifier_files\).*eval\.json"):
+        run(eval_config(tiny_model_dir, out, verifier_model=str(verifier)))
+    for stale in (out / "verified", out / "eval.json"):  # as the message says: judged again, the samples kept
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    again = run(eval_config(tiny_model_dir, out, verifier_model=str(verifier)), backend=hf_backend)
+    assert not again.skipped and again["metrics"]["pass@1"] == first["metrics"]["pass@1"]
+
+
+def test_candidates_that_are_an_evals_verified_dir_are_judged_again(tiny_model_dir, hf_backend, tmp_path):
+    """verified/ holds scored columns plus the first verifier's scores: judging it again appended the score columns
+    twice (a KeyError traceback)."""
+    first = tmp_path / "first"
+    run(eval_config(tiny_model_dir, first, verifier_model=str(tiny_model_dir)), backend=hf_backend)
+    m = run(eval_config(tiny_model_dir, tmp_path / "second", candidates=str(first / "verified")), backend=hf_backend)["metrics"]
+    assert m["candidates"] == 18
+    assert pq.read_table(tmp_path / "second" / "verified").column_names.count("verifier_score") == 1
+
+
+def test_candidates_without_verdicts_are_refused_before_anything_is_generated(tiny_model_dir, hf_backend, tmp_path):
+    """A samples dir as --candidates (no `correct`) was refused only after the whole eval had been generated."""
+    from toprcli.errors import UserError
+
+    first = tmp_path / "first"
+    run(eval_config(tiny_model_dir, first), backend=hf_backend)
+    with pytest.raises(UserError, match=r"have no 'correct', 'extracted_answer' column"):
+        run(eval_config(tiny_model_dir, tmp_path / "second", candidates=str(first / "samples")), backend=hf_backend)
+    assert not (tmp_path / "second").exists()

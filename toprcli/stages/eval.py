@@ -26,12 +26,11 @@ from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
 from toprcli.evaluation import accuracy, bootstrap_interval, prompt_scores, summarize_scores
 from toprcli.generation import open_backend
-from toprcli.generation.model_info import check_model
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.stages import generate as generate_stage
 from toprcli.stages import score as score_stage
-from toprcli.stages.eval_judge import VERIFIED, judge
+from toprcli.stages.eval_judge import VERIFIED, check_judge, judge
 from toprcli.tracking import check_installed, open_tracker, sample_rows
 from toprcli.verifiers import ERROR, NO_ANSWER, TIMEOUT
 from toprcli.verifiers.voting import vote_keys, voting_verifier
@@ -91,6 +90,10 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
         raise UserError("eval needs an output directory — pass --out DIR")
     out = Path(cfg.out)
     check_installed(cfg.tracking.report_to)
+    if cfg.verifier == "auto":  # what it stands for is what a finished eval is compared with, and what scores
+        cfg = replace(cfg, verifier=default_verifier(cfg.dataset))
+    if cfg.verifier_model or cfg.candidates:  # a bad verifier, or a changed one, is refused before anything is generated
+        check_judge(cfg, out)
     done = read_eval(out)
     if done is not None:
         _check_same_eval(out, done, cfg)
@@ -100,10 +103,6 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
         done = _rebootstrap(out, done, cfg)
         _track(cfg, out, done)  # logged once: a tracker skips what it has
         return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
-    if cfg.verifier_model:  # a bad verifier is refused before anything is generated
-        check_model(cfg.verifier_model)
-    if cfg.candidates and not shards.complete_shards(cfg.candidates):
-        raise UserError(f"--candidates {cfg.candidates}: no scored shards there — pass a `topr score` (or an eval's scored/) directory")
     shards.check_writable(out)
     with shards.output_lock(out):  # one writer per output
         result = _evaluate(cfg, out, backend, examples, progress)
@@ -114,6 +113,9 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
 # What says how an eval runs, not what it measures: a rerun may change these and keep the result.
 HOW_IT_RUNS = {"out", "tracking", "workers", "data_parallel_size", "shard_size", "engine.gpu_memory_utilization",
                "engine.enforce_eager", "engine.tensor_parallel_size", "engine.batch_size", "bootstrap_resamples", "bootstrap_seed"}
+# A generative verifier's settings: nothing without one (verifier_model or candidates); the last two only when sampling verdicts.
+JUDGING = {"verifier_mode", "verifier_chat_template", "verifier_samples", "verifier_max_new_tokens"}
+SAMPLED_ONLY = {"verifier_samples", "verifier_max_new_tokens"}
 
 
 def _intervals(per_prompt: dict[str, dict[str, float]], cfg: EvalConfig) -> dict[str, Any]:
@@ -144,9 +146,10 @@ def _model_fingerprint(model: str) -> str | None:
 def _check_same_eval(out: Path, done: dict[str, Any], cfg: EvalConfig) -> None:
     """An ``eval.json`` is this eval's result only if it measured the same thing: other settings are refused."""
     moved = done.get("model_fingerprint") is not None and done["model_fingerprint"] == _model_fingerprint(cfg.model)  # same files elsewhere
+    judged = bool(cfg.verifier_model or cfg.candidates)  # a change of either is a change of its own
+    unused = (JUDGING if not judged else SAMPLED_ONLY if cfg.verifier_mode == "p-yes" else set())
     changed = sorted(k for k in shards.changed_keys(as_now(EvalConfig, done.get("config") or {}), config_to_dict(cfg))
-                     if not any(k == h or k.startswith(h + ".") for h in HOW_IT_RUNS) and not (k == "verifier" and cfg.verifier == "auto")
-                     and not (k == "model" and moved))
+                     if not any(k == h or k.startswith(h + ".") for h in HOW_IT_RUNS) and k not in unused and not (k == "model" and moved))
     if changed:
         shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
         raise UserError(f"{out} holds an eval made with other settings (changed: {shown}) — choose another --out, or delete {out} to evaluate there again")
@@ -162,8 +165,6 @@ def _track(cfg: EvalConfig, out: Path, result: dict[str, Any]) -> None:
 
 
 def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, progress: ProgressFn | None) -> dict[str, Any]:
-    if cfg.verifier == "auto":
-        cfg = replace(cfg, verifier=default_verifier(cfg.dataset))
     if examples is None:
         examples = load_examples(cfg.dataset)
     if cfg.verifier == "data_source":  # refused now, not after the samples are generated

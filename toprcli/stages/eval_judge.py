@@ -48,12 +48,34 @@ from toprcli.stages import score as score_stage
 from toprcli.verifiers.voting import vote_keys, voting_verifier
 
 VERIFIED = "verified"
+CANDIDATE_COLUMNS = ("prompt_id", "sample_index", "completion", "correct", "extracted_answer")  # what judging reads
+
+
+def check_judge(cfg: EvalConfig, out: Path) -> None:
+    """Before anything is generated: the verifier is a model, the candidates have what judging reads, and a judgement
+    already under ``out`` (a killed eval's, or a finished one's) was made by this verifier of these candidates."""
+    if cfg.verifier_model:
+        check_model(cfg.verifier_model)
+    if cfg.candidates:
+        found = shards.complete_shards(cfg.candidates)
+        if not found:
+            raise UserError(f"--candidates {cfg.candidates}: no scored shards there — pass a `topr score` (or an eval's scored/) directory")
+        names = shards.read_schema(next(iter(found.values()))).names
+        missing = [c for c in CANDIDATE_COLUMNS if c not in names]
+        if missing:
+            raise UserError(f"--candidates {cfg.candidates} have no {', '.join(repr(c) for c in missing)} column — pass a scored directory")
+    if (out / VERIFIED).exists() or (out / "judge").exists():
+        _check_judgement(out, _judgement(cfg, cfg.verifier_model or cfg.model, _source(cfg, out)))
+
+
+def _source(cfg: EvalConfig, out: Path) -> Path:
+    return Path(cfg.candidates) if cfg.candidates else out / "scored"
 
 
 def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None) -> dict[str, Any]:
     """Score the candidates with the verifier (or reuse ``out/verified``); return the verifier's measures."""
     verified = out / VERIFIED
-    source = Path(cfg.candidates) if cfg.candidates else out / "scored"
+    source = _source(cfg, out)
     verifier = cfg.verifier_model or cfg.model
     answer_checker = _answer_checker(cfg, source)
     decides = _judgement(cfg, verifier, source)
@@ -79,13 +101,14 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     keys = vote_keys(voting_verifier(answer_checker, sources, cfg.verifier_by_source), prompt_ids, table.column("extracted_answer").to_pylist(),
                      correct, k, workers=cfg.workers, timeout=cfg.timeout)
     scores = table.column("verifier_score").to_numpy().astype(np.float64)
-    m = verifier_metrics(prompt_ids, correct, keys, scores, k)
+    valid = table.column("verifier_valid").to_numpy().astype(np.float64)
+    m = verifier_metrics(prompt_ids, correct, keys, scores, k, valid)
     if m["verifier_auc"] != m["verifier_auc"]:  # NaN: every candidate right, or every one wrong
         m["verifier_auc"] = None  # JSON has no NaN
     for name in ("best_of_{}_verifier", "weighted_maj@{}", "candidates_maj@{}"):  # also under k's name, as maj@k is
         m[name.format("k")] = m[name.format(k)]
     m["candidates_k"] = k
-    m["verifier_invalid_rate"] = float(1.0 - table.column("verifier_valid").to_numpy().astype(np.float64).mean())
+    m["verifier_invalid_rate"] = float(1.0 - valid.mean())
     m["verifier_model"], m["verifier_mode"] = verifier, cfg.verifier_mode
     return m
 
@@ -102,10 +125,12 @@ def _answer_checker(cfg: EvalConfig, source: Path) -> str:
 
 
 def _candidates(source: Path) -> pa.Table:
+    """The candidates in order; an earlier judgement's scores (candidates that are an eval's verified/) are dropped."""
     table = shards.read_table(source)
-    for column in ("prompt_id", "sample_index", "completion", "correct", "extracted_answer"):
+    for column in CANDIDATE_COLUMNS:
         if column not in table.column_names:
             raise UserError(f"candidates {source} have no {column!r} column — pass a scored directory")
+    table = table.drop_columns([c for c in ("verifier_score", "verifier_valid") if c in table.column_names])
     return table.take(pc.sort_indices(table, sort_keys=[("prompt_id", "ascending"), ("sample_index", "ascending")]))
 
 
@@ -155,15 +180,16 @@ def _judgement(cfg: EvalConfig, verifier: str, source: Path) -> dict[str, Any]:
 
 
 def _check_judgement(out: Path, info: dict[str, Any]) -> None:
-    """Refuse the judgement (or the verification prompts) of an interrupted run with other settings; a key an older
-    toprcli did not record is taken as today's."""
+    """Refuse the judgement (or the verification prompts) of an earlier run with other settings, or of a verifier or
+    candidates whose files changed since; a key an older toprcli did not record is taken as today's."""
     prompts = out / "judge" / "prompts.parquet"
     for where, had in ((out / VERIFIED, (shards.read_manifest(out / VERIFIED) or {}).get("config")),
                        (prompts, shards.read_file_metadata(prompts).get("judgement") if prompts.exists() else None)):
         changed = sorted(k for k in info if had is not None and k in had and had[k] != info[k])
         if changed:
-            raise UserError(f"{where} holds a judgement begun with other settings (changed: {', '.join(changed)}) — delete "
-                            f"{out / VERIFIED} and {out / 'judge'} to judge again, or choose another --out")
+            stale = " and ".join(str(p) for p in (out / VERIFIED, out / "judge", out / "eval.json") if p.exists())
+            raise UserError(f"{where} holds a judgement made with other settings (changed: {', '.join(changed)}) — delete "
+                            f"{stale} to judge again, or choose another --out")
 
 
 def _sampled(cfg: EvalConfig, verifier: str, table: pa.Table, backend: Any, out: Path,
