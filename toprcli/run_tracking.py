@@ -50,11 +50,13 @@ def log_round(tracker: Tracker, run_dir: Path, r: int, summary: dict[str, Any], 
     """Round ``r``'s numbers (``summary``: pipeline.round_summary) at step r, and a table of its eval's sample completions.
     The eval's part (``eval_keys``) has a mark of its own: an eval that comes after its round was logged (a run ended
     early, eval_every lowered) is logged then."""
+    if summary.get("train_final_loss", 0.0) is None and summary.get("train_steps"):  # NaN, written to JSON as null: a diverged round
+        summary = {**summary, "train_final_loss": float("nan")}
     tracker.log("round", {**{k: v for k, v in summary.items() if k not in eval_keys}, **wall_times}, r)
     evaluated = {k: v for k, v in summary.items() if k in eval_keys}
     if evaluated:
         tracker.log("round", evaluated, r, mark="round:eval")
-    tracker.log_table("round/samples", sample_rows(round_dir(run_dir, r) / "eval" / "scored"), r)
+    tracker.log_table("round/completions", sample_rows(round_dir(run_dir, r) / "eval" / "scored"), r)
 
 
 def wall_times(steps: dict[str, dict], r: int) -> dict[str, float]:

@@ -241,7 +241,7 @@ def test_trackio_holds_one_run_with_config_and_series(tracked_run):
     assert _series(store["logs"], "round/pass_at_1", "round") == rounds and _series(store["logs"], "round/p_tilde", "round") == p_tilde
     assert _series(store["logs"], "train/loss", "train") == losses
     assert [r["step"] for r in store["logs"]] == sorted({r["step"] for r in store["logs"]})  # trackio's own step: never twice
-    assert any("round/samples" in r for r in store["logs"])
+    assert any("round/completions" in r for r in store["logs"])
 
 
 def test_wandb_offline_files_hold_one_run_with_config_and_series(tracked_run):
@@ -254,7 +254,7 @@ def test_wandb_offline_files_hold_one_run_with_config_and_series(tracked_run):
     assert _series(rows, "train/loss", "train") == losses
     w_steps = [r["_step"] for r in rows]
     assert w_steps == sorted(set(w_steps))  # W&B's step carried across the resume: never twice
-    assert any(key.startswith("round/samples") for r in rows for key in r)
+    assert any(key.startswith("round/completions") for r in rows for key in r)
 
 
 def test_eval_reports_its_metrics_once(tiny_model_dir, tmp_path):
@@ -434,15 +434,17 @@ START = textwrap.dedent(
     from toprcli.tracking import open_tracker
 
     backend, run, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    if mode == "kill":
+    if mode in ("kill", "kill-after-params"):
         import mlflow.tracking, trackio, wandb
         owner, attr = {"wandb": (wandb, "init"), "trackio": (trackio, "init"), "mlflow": (mlflow.tracking.MlflowClient, "create_run")}[backend]
+        if mode == "kill-after-params":  # MLflow: the run made and its parameters logged, its id not saved
+            owner, attr = mlflow.tracking.MlflowClient, "log_dict"
         real = getattr(owner, attr)
         def made_then_killed(*a, **k):
             real(*a, **k)
             os.kill(os.getpid(), signal.SIGKILL)
         setattr(owner, attr, made_then_killed)
-    with open_tracker(TrackingConfig(report_to=[backend], project="p"), run, config={"a": 1}) as tracker:
+    with open_tracker(TrackingConfig(report_to=[backend], project="p"), run, config={"a": 1, "resume": mode == "resume"}) as tracker:
         tracker.log("train", {"loss": 0.5}, 1)
     if backend == "mlflow":
         from mlflow.tracking import MlflowClient
@@ -471,3 +473,94 @@ def test_a_start_killed_after_the_backend_made_its_run_resumes_that_run(tmp_path
     resumed = subprocess.run([*run, "resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "tracking" not in resumed.stderr, resumed.stderr[-2000:]
     assert len(json.loads(resumed.stdout.strip().splitlines()[-1])) == 1
+
+
+def test_a_start_killed_after_mlflow_logged_the_parameters_resumes_that_run(tmp_path):
+    """The resumed start found the run by its tag and logged the parameters again: `resume` had changed (False, then
+    True), MLflow refuses a parameter's second value, and MLflow was off for the run."""
+    env = _env(tmp_path)
+    (tmp_path / "start.py").write_text(START)
+    run = [sys.executable, str(tmp_path / "start.py"), "mlflow", str(tmp_path / "run")]
+    killed = subprocess.run([*run, "kill-after-params"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = subprocess.run([*run, "resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "tracking" not in resumed.stderr, resumed.stderr[-2000:]
+    assert len(json.loads(resumed.stdout.strip().splitlines()[-1])) == 1
+
+
+# Opens a tracked run in the working directory; `log` logs one step at the step given, else nothing is logged.
+OPEN = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from toprcli.config import TrackingConfig
+    from toprcli.tracking import open_tracker
+
+    backend, run, step = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    with open_tracker(TrackingConfig(report_to=[backend], project="p"), run, config={"a": 1}) as tracker:
+        if step:
+            tracker.log("train", {"loss": 1 / step}, step)
+    """
+)
+
+
+def test_trackio_resumes_a_run_it_never_stored(tmp_path):
+    """trackio stores a run with its first log: a run opened, then stopped before it logged anything (a training killed
+    while its model loaded), was resumed with resume="must", which trackio refused, and trackio was off for good."""
+    env = _env(tmp_path)
+    (tmp_path / "open.py").write_text(OPEN)
+    for step in (0, 1):
+        done = subprocess.run([sys.executable, str(tmp_path / "open.py"), "trackio", str(tmp_path / "run"), str(step)],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "tracking" not in done.stderr, done.stderr[-2000:]
+    code = "import json; from trackio.sqlite_storage import SQLiteStorage as S; print(json.dumps(S.get_logs('p', 'run'), default=str))"
+    logs = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert [row["train/loss"] for row in json.loads(logs.stdout.strip().splitlines()[-1])] == [1.0]
+
+
+def test_mlflow_resumes_in_the_store_it_began_in_from_another_directory(tmp_path):
+    """With a relative MLFLOW_TRACKING_URI (sqlite:///mlflow.db), a resume from another working directory looked for the
+    run in another store ("not found") and MLflow was off for the run: the store is saved, absolute, with the run."""
+    env = {**_env(tmp_path), "MLFLOW_TRACKING_URI": "sqlite:///mlflow.db"}
+    (tmp_path / "open.py").write_text(OPEN)
+    first, other = tmp_path / "first", tmp_path / "other"
+    for step, cwd in ((1, first), (2, other)):
+        cwd.mkdir()
+        done = subprocess.run([sys.executable, str(tmp_path / "open.py"), "mlflow", str(tmp_path / "run"), str(step)],
+                              env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "tracking" not in done.stderr, done.stderr[-2000:]
+    from mlflow.tracking import MlflowClient
+
+    state = json.loads((tmp_path / "run" / "tracking.json").read_text())["backends"]["mlflow"]
+    assert state["tracking_uri"] == f"sqlite:///{first}/mlflow.db"
+    client = MlflowClient(tracking_uri=state["tracking_uri"])
+    assert [m.step for m in client.get_metric_history(state["run_id"], "train/loss")] == [1, 2]
+
+
+def test_a_torn_metrics_line_is_skipped_and_null_is_nan_again(tmp_path):
+    """A kill mid-write leaves the last line of metrics.jsonl cut short: replaying it (a `train --resume` with
+    --report-to) was a JSONDecodeError traceback. The file writes NaN as null, which was then dropped, not logged."""
+    from toprcli.tracking import replay
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": null}\n{"step": 3, "lo')
+    got: list[dict] = []
+    replay(metrics, got.append)
+    assert [r["step"] for r in got] == [1, 2] and got[0]["loss"] == 0.5 and got[1]["loss"] != got[1]["loss"]
+
+
+def test_a_round_logged_in_two_parts_has_its_step_once(tmp_path, monkeypatch):
+    """MLflow and TensorBoard have a step of their own: `round/step` as a metric was logged again with the round's eval."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from toprcli.pipeline import EVAL_KEYS
+    from toprcli.run_tracking import log_round
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    run = tmp_path / "run"
+    with open_tracker(TrackingConfig(report_to=["mlflow", "tensorboard"]), run, config={}) as tracker:
+        log_round(tracker, run, 1, {"round": 1, "p_effective": 0.5, "pass@1": 0.25, "train_final_loss": None, "train_steps": 3}, {}, EVAL_KEYS)
+        assert _mlflow_history(tracker, "round/step") == [] and _mlflow_history(tracker, "round/pass_at_1") == [(1, 0.25)]
+        assert [v != v for _, v in _mlflow_history(tracker, "round/train_final_loss")] == [True]  # null in train_summary.json: NaN
+    tags = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0}).Reload().Tags()["scalars"]
+    assert "round/step" not in tags and "round/pass_at_1" in tags

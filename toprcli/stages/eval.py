@@ -161,7 +161,7 @@ def _track(cfg: EvalConfig, out: Path, result: dict[str, Any]) -> None:
     if tracker is not None:
         with tracker:
             tracker.log("eval", result["metrics"], cfg.iteration)
-            tracker.log_table("eval/samples", sample_rows(out / "scored"), cfg.iteration)
+            tracker.log_table("eval/completions", sample_rows(out / "scored"), cfg.iteration)
 
 
 def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, progress: ProgressFn | None) -> dict[str, Any]:

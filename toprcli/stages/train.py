@@ -139,7 +139,8 @@ def _tracked(prep: Prepared, on_record: Callable[[dict[str, Any]], None] | None)
                 shutil.rmtree(entry)
             else:
                 entry.unlink(missing_ok=True)
-    tracker = open_tracker(prep.cfg.tracking, prep.partial, config=config_to_dict(prep.cfg), name=Path(prep.cfg.out).name)
+    tracker = open_tracker(prep.cfg.tracking, prep.partial, config=config_to_dict(prep.cfg), name=Path(prep.cfg.out).name,
+                           final_root=prep.out)
     with tracker:
         sink = lambda record: tracker.log("train", record, record["step"])  # noqa: E731
         if prep.cfg.resume:

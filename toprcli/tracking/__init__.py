@@ -70,11 +70,16 @@ def sample_rows(scored: Path) -> list[dict[str, Any]]:
 
 
 def replay(metrics: Path, sink) -> None:
-    """Hand each line of a training's ``metrics.jsonl`` to ``sink`` (what a tracker may not have yet)."""
+    """Hand each line of a training's ``metrics.jsonl`` to ``sink`` (what a tracker may not have yet). A line a kill cut
+    short is skipped, as training's resume drops it; null, which the file writes for NaN, is NaN again (a diverged loss)."""
     if metrics.exists():
         for line in metrics.read_text().splitlines():
-            if line.strip():
-                sink(json.loads(line))
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "step" in record:
+                sink({k: float("nan") if v is None else v for k, v in record.items()})
 
 
 def code_version() -> dict[str, str]:
@@ -98,6 +103,12 @@ class RunInfo:
     name: str
     group: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    final_root: Path | None = None  # where ``root`` ends up (a training writes <out>.partial, then renames it <out>)
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory as users will find it: what a tracked run names as its own."""
+        return self.final_root or self.root
 
 
 class Backend(Protocol):
@@ -229,11 +240,13 @@ class _Missing(dict):
 
 
 def open_tracker(cfg: TrackingConfig, root: str | Path, *, config: dict[str, Any], name: str | None = None,
-                 group: str | None = None) -> Tracker | None:
-    """The tracker of the run rooted at ``root`` (None when ``report_to`` is empty)."""
+                 group: str | None = None, final_root: str | Path | None = None) -> Tracker | None:
+    """The tracker of the run rooted at ``root`` (None when ``report_to`` is empty); ``final_root``: where ``root`` will
+    be renamed to when the run is complete."""
     if not cfg.report_to:
         return None
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    info = RunInfo(root, cfg.project, cfg.run_name or name or root.name, cfg.group or group, {k: str(v) for k, v in cfg.tags.items()})
+    info = RunInfo(root, cfg.project, cfg.run_name or name or root.name, cfg.group or group, {k: str(v) for k, v in cfg.tags.items()},
+                   Path(final_root) if final_root is not None else None)
     return Tracker(cfg, info, config)

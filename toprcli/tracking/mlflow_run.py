@@ -29,29 +29,30 @@ class MlflowRun:
     def __init__(self, info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None]):
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient()
+        self.client = MlflowClient(tracking_uri=state.get("tracking_uri"))  # a run resumes in the store it was made in
         if state.get("run_id"):
             self.run_id = state["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
             return
         if "uid" not in state:  # MLflow names a run only once it exists: our tag, saved first, finds a start killed midway
-            state["uid"] = secrets.token_hex(8)
+            state["uid"], state["tracking_uri"] = secrets.token_hex(8), _absolute(self.client.tracking_uri)
             save()
         name = info.project or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "toprcli"
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
         started = self.client.search_runs([experiment_id], filter_string=f"tags.{UID_TAG} = '{state['uid']}'")
-        tags = {**info.tags, **({"group": info.group} if info.group else {}), "run_dir": str(info.root.resolve()), UID_TAG: state["uid"]}
+        tags = {**info.tags, **({"group": info.group} if info.group else {}), "run_dir": str(info.run_dir.resolve()), UID_TAG: state["uid"]}
         run = started[0] if started else self.client.create_run(experiment_id, run_name=info.name, tags=tags)
         self.run_id = run.info.run_id
-        self.log_config(config)  # again for a started run: the same values, which MLflow accepts
-        state["run_id"], state["tracking_uri"] = self.run_id, self.client.tracking_uri
+        self.log_config(config, logged=run.data.params)  # a started run keeps what it has (a rerun's `resume: true` too)
+        state["run_id"], state["tracking_uri"] = self.run_id, _absolute(self.client.tracking_uri)
 
-    def log_config(self, config: dict[str, Any]) -> None:
-        """Every config key as a parameter (``train.lr``), and the whole config as ``config.json``."""
+    def log_config(self, config: dict[str, Any], logged: dict[str, str] | None = None) -> None:
+        """Every config key as a parameter (``train.lr``), and the whole config as ``config.json``; ``logged``: the
+        parameters the run has (MLflow refuses a parameter's second value)."""
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in _flatten(config).items()]
+        params = [Param(k, v) for k, v in _flatten(config).items() if k not in (logged or {})]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
         self.client.log_dict(self.run_id, config, "config.json")
@@ -60,7 +61,8 @@ class MlflowRun:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+        own = f"{axis}/step"  # the metric's own step (a round logged in two parts had it twice)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items() if k != own])
 
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None:
         pass  # MLflow's tables are artifacts; the samples stay in the run's Parquet files
@@ -73,6 +75,16 @@ class MlflowRun:
 
     def close(self, status: str = "finished") -> None:
         self.client.set_terminated(self.run_id, status=status.upper())  # MLflow's FINISHED, KILLED, FAILED
+
+
+def _absolute(uri: str) -> str:
+    """A store given relative to the working directory (``sqlite:///mlflow.db``, ``mlruns``), made absolute: a resume
+    from another directory finds the run where it is."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    if "://" not in uri and ":" not in uri[:2]:  # a plain path (a file store)
+        return str(Path(uri).resolve())
+    return uri
 
 
 def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None] = lambda: None) -> MlflowRun:

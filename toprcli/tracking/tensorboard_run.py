@@ -22,7 +22,8 @@ class TensorBoardRun:
 
     def log(self, metrics: dict[str, float], step: int, axis: str) -> None:
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
+            if key != f"{axis}/step":  # the event's own step (a round logged in two parts had it twice)
+                self.writer.add_scalar(key, value, step)
 
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None:
         pass  # TensorBoard has no tables; the samples stay in the run's Parquet files
@@ -41,5 +42,5 @@ def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable
     run = TensorBoardRun(info.root / "tb")
     if "log_dir" not in state:  # a new run: the config once
         run.log_config(config)
-        state["log_dir"] = str(info.root / "tb")
+        state["log_dir"] = str(info.run_dir / "tb")  # where to look: <out>/tb once a training's <out>.partial is renamed
     return run

@@ -15,7 +15,7 @@ class TrackioRun:
 
         self.trackio, self.state = trackio, state
         project = info.project or "toprcli"
-        resume = "must" if state.get("name") else "never"
+        resume = "allow" if state.get("name") else "never"  # a named run trackio never stored (nothing logged before a kill) is made
         state.setdefault("step", 0)
         self.run = trackio.init(project=project, name=state.get("name") or _free_name(trackio, project, info.name), group=info.group,
                                 resume=resume, config=config, auto_log_cpu=False, auto_log_gpu=False, embed=False)
