@@ -49,6 +49,7 @@ def run_eval(cfg: EvalConfig, *, backend: Any = None, progress: ProgressFn | Non
     """Evaluate in this process; with ``data_parallel_size`` > 1 its generation passes run in child
     processes first (one engine each), and the stage then finds every pass generated."""
     if cfg.data_parallel_size > 1:
+        eval_stage.check(cfg)  # its refusals come before the passes are generated
         for gcfg in eval_stage.generation_passes(cfg):
             generate_data_parallel(dataclasses.replace(gcfg, data_parallel_size=cfg.data_parallel_size), progress)
     return eval_stage.run(cfg, backend=backend, progress=progress)

@@ -45,6 +45,20 @@ def test_auto_is_the_verifier_it_stands_for_and_verifier_settings_need_a_verifie
     assert json.loads((out / "eval.json").read_text())["config"]["verifier"] == "exact"
 
 
+def test_a_finished_auto_eval_needs_no_dataset_to_recompute_its_intervals(tiny_model_dir, tmp_path):
+    """Resolving auto read the dataset again for a finished eval: one whose held-out file had moved could no longer
+    take other bootstrap settings."""
+    data = tmp_path / "held-out.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(3)))
+    args = ["eval", "-m", str(tiny_model_dir), "-d", str(data), "--k", "2", "--max-new-tokens", "8", "--backend", "hf",
+            "--no-greedy", "-o", str(tmp_path / "eval"), "--json"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    data.rename(tmp_path / "moved.jsonl")
+    again = CliRunner().invoke(app, [*args, "--bootstrap-resamples", "50"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output.strip().splitlines()[-1])["metrics"]["bootstrap"]["resamples"] == 50
+
+
 def test_eval_scores_verl_data_by_its_own_data_sources(tiny_model_dir, tmp_path):
     """verl rows name their verifier by data_source; eval takes --verifier-by-source as score does (it had no such
     option: every source outside the built-in map failed, after all the samples were generated)."""

@@ -196,11 +196,16 @@ def test_a_finished_eval_is_not_reported_after_its_verifier_changed(tiny_model_d
 def test_candidates_that_are_an_evals_verified_dir_are_judged_again(tiny_model_dir, hf_backend, tmp_path):
     """verified/ holds scored columns plus the first verifier's scores: judging it again appended the score columns
     twice (a KeyError traceback)."""
+    from toprcli.shards import read_file_metadata
+
     first = tmp_path / "first"
-    run(eval_config(tiny_model_dir, first, verifier_model=str(tiny_model_dir)), backend=hf_backend)
+    run(eval_config(tiny_model_dir, first, verifier_model=str(tiny_model_dir), verifier="math"), backend=hf_backend)
     m = run(eval_config(tiny_model_dir, tmp_path / "second", candidates=str(first / "verified")), backend=hf_backend)["metrics"]
     assert m["candidates"] == 18
     assert pq.read_table(tmp_path / "second" / "verified").column_names.count("verifier_score") == 1
+    # Their answers vote as math grouped them (verified/ lost the score record: gsm8k's rules, the default, grouped them).
+    for judged in (first, tmp_path / "second"):
+        assert read_file_metadata(judged / "verified" / "shard-00000.parquet")["score"]["settings"]["verifier"] == "math"
 
 
 def test_candidates_without_verdicts_are_refused_before_anything_is_generated(tiny_model_dir, hf_backend, tmp_path):
@@ -212,3 +217,26 @@ def test_candidates_without_verdicts_are_refused_before_anything_is_generated(ti
     with pytest.raises(UserError, match=r"have no 'correct', 'extracted_answer' column"):
         run(eval_config(tiny_model_dir, tmp_path / "second", candidates=str(first / "samples")), backend=hf_backend)
     assert not (tmp_path / "second").exists()
+
+
+def test_a_judged_eval_that_moved_with_its_verifier_is_still_its_eval(tiny_model_dir, hf_backend, tmp_path):
+    """The verifier and candidates are compared by their files; their paths, which a move changes, were refused as
+    "changed: verifier_model" with the advice to delete the whole eval."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "a" / "verifier")  # copy2: the files' times kept, as a move keeps them
+    first = run(eval_config(tiny_model_dir, tmp_path / "a" / "eval", verifier_model=str(tmp_path / "a" / "verifier")), backend=hf_backend)
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    again = run(eval_config(tiny_model_dir, tmp_path / "b" / "eval", verifier_model=str(tmp_path / "b" / "verifier")))
+    assert again.skipped and again["metrics"]["best_of_k_verifier"] == first["metrics"]["best_of_k_verifier"]
+
+
+def test_data_parallel_evals_refuse_bad_candidates_before_their_passes(tiny_model_dir, tmp_path):
+    """With --data-parallel-size > 1 the passes are generated in child processes before the stage runs: its refusals
+    came after them."""
+    from toprcli.errors import UserError
+    from toprcli.launch import run_eval
+
+    with pytest.raises(UserError, match="no scored shards there"):
+        run_eval(eval_config(tiny_model_dir, tmp_path / "eval", candidates=str(tmp_path), data_parallel_size=2))
+    assert not (tmp_path / "eval").exists()

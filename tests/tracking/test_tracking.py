@@ -564,3 +564,22 @@ def test_a_round_logged_in_two_parts_has_its_step_once(tmp_path, monkeypatch):
         assert [v != v for _, v in _mlflow_history(tracker, "round/train_final_loss")] == [True]  # null in train_summary.json: NaN
     tags = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0}).Reload().Tags()["scalars"]
     assert "round/step" not in tags and "round/pass_at_1" in tags
+
+
+def test_an_older_runs_table_marks_keep_their_tables_logged_once(tmp_path):
+    """The samples table was <axis>/samples (also eval's count); a run tracked before it became <axis>/completions
+    logged every finished round's table again on resume."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tracking.json").write_text(json.dumps({"backends": {"tensorboard": {"log_dir": str(run / "tb"), "logged": {"table:round/samples": [0, 1]}}}}))
+    with open_tracker(TrackingConfig(report_to=["tensorboard"]), run, config={}) as tracker:
+        assert tracker.state["backends"]["tensorboard"]["logged"] == {"table:round/completions": [0, 1]}
+
+
+def test_an_mlflow_store_is_saved_absolute_and_a_scheme_word_as_it_is(tmp_path, monkeypatch):
+    from toprcli.tracking.mlflow_run import _absolute
+
+    monkeypatch.chdir(tmp_path)
+    assert _absolute("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
+    assert _absolute("sqlite:////abs/m.db") == "sqlite:////abs/m.db" and _absolute("./mlruns") == str(tmp_path / "mlruns")
+    assert _absolute("databricks") == "databricks" and _absolute("http://host:5000") == "http://host:5000"

@@ -84,30 +84,51 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     ``backend``: an open generation backend to use (it is not closed), else one is
     opened for ``cfg.engine`` and closed at the end.
     """
+    given, cfg = cfg.verifier, check(cfg)
+    out = Path(cfg.out)
+    done = read_eval(out)
+    if done is not None:
+        done = _rebootstrap(out, done, cfg)
+        _track(cfg, out, done)  # logged once: a tracker skips what it has
+        return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
+    shards.check_writable(out)
+    with shards.output_lock(out):  # one writer per output
+        result = {**_evaluate(cfg, out, backend, examples, progress), "verifier_given": given}  # auto, or as named
+        shards.write_json_atomic(out / EVAL_FILE, result)
+        _track(cfg, out, result)
+    return StageResult(STAGE, str(out), result, wall_time_s=result["wall_time_s"])
+
+
+def check(cfg: EvalConfig) -> EvalConfig:
+    """Everything an eval refuses before it generates (``launch.run_eval`` calls it before data-parallel passes), and
+    the config as it runs: ``verifier: auto`` resolved. A finished eval under ``out`` is checked to be this one."""
     if not cfg.model:
         raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
     if not cfg.out:
         raise UserError("eval needs an output directory — pass --out DIR")
     out = Path(cfg.out)
     check_installed(cfg.tracking.report_to)
-    if cfg.verifier == "auto":  # what it stands for is what a finished eval is compared with, and what scores
-        cfg = replace(cfg, verifier=default_verifier(cfg.dataset))
+    done = read_eval(out)
+    cfg = _verifier_resolved(cfg, done)
     if cfg.verifier_model or cfg.candidates:  # a bad verifier, or a changed one, is refused before anything is generated
         check_judge(cfg, out)
-    done = read_eval(out)
     if done is not None:
         _check_same_eval(out, done, cfg)
         if done.get("model_fingerprint") not in (None, _model_fingerprint(cfg.model)):
             raise UserError(f"{out} holds an eval of the model at {cfg.model} as it was before it changed — choose another --out, "
                             f"or delete {out} to evaluate it again")
-        done = _rebootstrap(out, done, cfg)
-        _track(cfg, out, done)  # logged once: a tracker skips what it has
-        return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
-    shards.check_writable(out)
-    with shards.output_lock(out):  # one writer per output
-        result = _evaluate(cfg, out, backend, examples, progress)
-        _track(cfg, out, result)
-    return StageResult(STAGE, str(out), result, wall_time_s=result["wall_time_s"])
+    return cfg
+
+
+def _verifier_resolved(cfg: EvalConfig, done: dict[str, Any] | None) -> EvalConfig:
+    """``verifier: auto`` as the verifier it stands for: the dataset's preset's. A finished eval that was asked for auto on
+    the same dataset says what that was, without reading the dataset again (it may have moved since)."""
+    if cfg.verifier != "auto":
+        return cfg
+    recorded = as_now(EvalConfig, (done or {}).get("config") or {})
+    if (done or {}).get("verifier_given") == "auto" and recorded.get("dataset") == config_to_dict(cfg.dataset):
+        return replace(cfg, verifier=recorded["verifier"])
+    return replace(cfg, verifier=default_verifier(cfg.dataset))
 
 
 # What says how an eval runs, not what it measures: a rerun may change these and keep the result.
@@ -146,9 +167,12 @@ def _model_fingerprint(model: str) -> str | None:
 def _check_same_eval(out: Path, done: dict[str, Any], cfg: EvalConfig) -> None:
     """An ``eval.json`` is this eval's result only if it measured the same thing: other settings are refused."""
     moved = done.get("model_fingerprint") is not None and done["model_fingerprint"] == _model_fingerprint(cfg.model)  # same files elsewhere
+    recorded = as_now(EvalConfig, done.get("config") or {})
     judged = bool(cfg.verifier_model or cfg.candidates)  # a change of either is a change of its own
     unused = (JUDGING if not judged else SAMPLED_ONLY if cfg.verifier_mode == "p-yes" else set())
-    changed = sorted(k for k in shards.changed_keys(as_now(EvalConfig, done.get("config") or {}), config_to_dict(cfg))
+    # Judged both times in the same mode: check_judge compared the verifier's and candidates' files (a moved run dir is its eval).
+    unused |= {k for k in ("verifier_model", "candidates") if recorded.get(k) and getattr(cfg, k)}
+    changed = sorted(k for k in shards.changed_keys(recorded, config_to_dict(cfg))
                      if not any(k == h or k.startswith(h + ".") for h in HOW_IT_RUNS) and k not in unused and not (k == "model" and moved))
     if changed:
         shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
@@ -223,7 +247,6 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         "model_fingerprint": _model_fingerprint(cfg.model),  # a model retrained at the same path is another model
         "wall_time_s": time.perf_counter() - t0,
     }
-    shards.write_json_atomic(out / EVAL_FILE, result)
     return result
 
 

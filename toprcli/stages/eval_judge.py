@@ -65,7 +65,10 @@ def check_judge(cfg: EvalConfig, out: Path) -> None:
         if missing:
             raise UserError(f"--candidates {cfg.candidates} have no {', '.join(repr(c) for c in missing)} column — pass a scored directory")
     if (out / VERIFIED).exists() or (out / "judge").exists():
-        _check_judgement(out, _judgement(cfg, cfg.verifier_model or cfg.model, _source(cfg, out)))
+        info = _judgement(cfg, cfg.verifier_model or cfg.model, _source(cfg, out))
+        if not cfg.candidates and (out / "eval.json").exists():  # its own scored/, which the finished eval's checks cover
+            del info["candidates_files"]
+        _check_judgement(out, info)
 
 
 def _source(cfg: EvalConfig, out: Path) -> Path:
@@ -77,7 +80,7 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     verified = out / VERIFIED
     source = _source(cfg, out)
     verifier = cfg.verifier_model or cfg.model
-    answer_checker = _answer_checker(cfg, source)
+    scored_by = _scored_by(cfg, source)
     decides = _judgement(cfg, verifier, source)
     _check_judgement(out, decides)
     info = {"verifier_model": verifier, "candidates": str(source), **decides}
@@ -89,7 +92,7 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
             scores, valid = _sampled(cfg, verifier, table, backend, out, progress, decides)
         table = table.append_column(pa.field("verifier_score", pa.float32()), pa.array(scores, pa.float32()))
         table = table.append_column(pa.field("verifier_valid", pa.float32()), pa.array(valid, pa.float32()))
-        shards.write_shard(verified, 0, table, metadata={"stage": "eval-judge", **info})
+        shards.write_shard(verified, 0, table, metadata={"stage": "eval-judge", **info, "score": scored_by})  # judging it again votes as here
         shards.write_manifest(verified, stage="eval-judge", config=info, inputs={"candidates": str(source)}, counts={"rows": table.num_rows})
     else:  # judged by an earlier, interrupted run of this eval
         table = shards.read_table(verified)
@@ -98,6 +101,7 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     # cfg.k is then this eval's verdicts per prompt, not the candidates' (it once cut best-of-8 to best-of-4).
     k = max(Counter(prompt_ids).values()) if cfg.candidates else cfg.k
     sources = table.column("data_source").to_pylist() if "data_source" in table.column_names else []  # votes grouped as maj@k's
+    answer_checker = (scored_by or {}).get("settings", {}).get("verifier") or ScoreConfig().verifier  # scored before it was recorded: the default
     keys = vote_keys(voting_verifier(answer_checker, sources, cfg.verifier_by_source), prompt_ids, table.column("extracted_answer").to_pylist(),
                      correct, k, workers=cfg.workers, timeout=cfg.timeout)
     scores = table.column("verifier_score").to_numpy().astype(np.float64)
@@ -113,15 +117,14 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     return m
 
 
-def _answer_checker(cfg: EvalConfig, source: Path) -> str:
-    """The verifier spec that scored the candidates (how their answers vote together)."""
+def _scored_by(cfg: EvalConfig, source: Path) -> dict[str, Any] | None:
+    """How the candidates were scored (their shards' ``score`` record): the verifier that says which answers vote together."""
     if not cfg.candidates:
-        return cfg.verifier
+        return {"settings": {"verifier": cfg.verifier}}
     found = shards.complete_shards(source)
     if not found:
         raise UserError(f"candidates {source}: no scored shards — pass a `topr score` (or eval `scored/`) directory")
-    spec = (shards.read_file_metadata(next(iter(found.values()))).get("score") or {}).get("settings", {}).get("verifier")
-    return spec or ScoreConfig().verifier  # scored before the metadata said: `topr score`'s default
+    return shards.read_file_metadata(next(iter(found.values()))).get("score")
 
 
 def _candidates(source: Path) -> pa.Table:

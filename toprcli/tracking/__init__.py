@@ -151,6 +151,16 @@ def mark_logged(marks: dict[str, Any], mark: str, step: int) -> None:
     marks[mark] = sorted({step, *(got if isinstance(got, list) else range(got + 1))})
 
 
+def _older_marks(own: dict[str, Any]) -> None:
+    """Marks of runs tracked by an older toprcli, under today's names: a step they logged is not logged again."""
+    logged = own.get("logged") or {}
+    if "round" in logged and "round:eval" not in logged:  # before round:eval had a mark, evals went with the round
+        logged["round:eval"] = logged.get("round", -1)
+    for axis in ("round", "eval"):  # the samples table was <axis>/samples, also the name of eval's count
+        if f"table:{axis}/samples" in logged:
+            logged.setdefault(f"table:{axis}/completions", logged.pop(f"table:{axis}/samples"))
+
+
 class Tracker:
     """The backends of one run directory; a step a backend has is not logged to it again."""
 
@@ -169,10 +179,10 @@ class Tracker:
                               "with this run's whole history", stacklevel=2)
                 own.clear()
             own["tracked_project"] = info.project
-            if "round" in own.get("logged", {}) and "round:eval" not in own["logged"]:  # before round:eval had a mark, evals went with the round
-                own["logged"]["round:eval"] = own["logged"].get("round", -1)
+            _older_marks(own)
             with deferred():  # a signal waits until the run id is saved: an interrupted start must not open a second run
                 backend = self._call(name, lambda m=module, o=own: m.open_run(info, o, config, self._save), opening=True)
+                _older_marks(own)  # W&B reads its marks back from its files, as they were logged
                 if backend is not None:
                     self.backends[name] = backend
                 self._save()

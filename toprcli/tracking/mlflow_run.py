@@ -82,8 +82,8 @@ def _absolute(uri: str) -> str:
     from another directory finds the run where it is."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
-    if "://" not in uri and ":" not in uri[:2]:  # a plain path (a file store)
-        return str(Path(uri).resolve())
+    if ":" not in uri and (os.sep in uri or uri.startswith((".", "~"))):  # a path (a file store); a word is a scheme (databricks)
+        return str(Path(uri).expanduser().resolve())
     return uri
 
 
