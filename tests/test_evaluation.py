@@ -46,6 +46,9 @@ def test_normalize_answer():
     assert normalize_answer("$18.50") == "18.5"
     assert normalize_answer(" x  y ") == "x y"
     assert normalize_answer("") is None and normalize_answer(None) is None
+    # a sign before the dollar, and zero's sign: -$1,000 voted apart from -1000, and -0 from 0
+    assert normalize_answer("-$1,000") == normalize_answer("-1000") == normalize_answer("$-1000") == "-1000"
+    assert normalize_answer("-0") == normalize_answer("0") == "0" and normalize_answer("+3") == "3"
 
 
 def test_eval_metrics_by_hand():

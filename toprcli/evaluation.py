@@ -51,13 +51,14 @@ def normalize_answer(answer: str | None) -> str | None:
         text = text.replace(",", "")
     if not text:
         return None
+    sign, number = re.fullmatch(r"([-+]?)\$?(.*)", text, re.S).groups()  # -$5 is -5, as $-5 and -5 are
     try:
-        value = Decimal(text.lstrip("$"))
+        value = Decimal(sign + number)
     except (InvalidOperation, ValueError):
         return " ".join(text.split())
     if not value.is_finite() or abs(value.adjusted()) > 100:
         return text
-    return format(value.normalize(), "f")
+    return format(value.normalize() + 0, "f")  # + 0: -0 is 0
 
 
 def majority_vote_correct(

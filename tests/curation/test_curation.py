@@ -189,6 +189,12 @@ def test_dedupe_of_one_repeated_completion():
     np.testing.assert_array_equal(cu.encode(np.array([True, False, True])), [1, 0, 1])
 
 
+def test_encode_codes_dictionary_chunks_by_value():
+    """Each dictionary chunk has its own dictionary: x and y of two chunks both got code 0."""
+    chunks = pa.chunked_array([pa.array(["x", "y"]).dictionary_encode(), pa.array(["y", "z"]).dictionary_encode()])
+    np.testing.assert_array_equal(cu.encode(chunks), [0, 1, 1, 2])
+
+
 def test_dedupe_survives_fingerprint_collisions():
     # Same length, same first/middle/last 8 bytes, different in between: the
     # fingerprints collide and the exact check must keep both.
@@ -262,6 +268,15 @@ def test_group_ids_small_and_large_ranges_agree():
     fp = cu.string_fingerprint(pa.array([str(x) for x in b]))  # uint64 keys
     g3, n3 = cu.group_ids(a, fp)
     assert n3 == n1 and len(set(zip(g1.tolist(), g3.tolist()))) == n1
+
+
+def test_weighted_batch_statistics_by_hand():
+    r, w = np.array([1.0, -1.0, 0.0, 2.0]), np.array([2.0, 1.0, 1.0, 0.0])
+    assert cu.batch_mean(r, w) == pytest.approx((2 - 1 + 0) / 4) and cu.batch_mean(r, np.ones(4)) == cu.batch_mean(r) == 0.5
+    # reliability weights (scale-free: weights 2,1,1 as 1,0.5,0.5): m = 0.25, Σw(r−m)² = 2.75, Σw − Σw²/Σw = 4 − 6/4
+    assert cu.reward_std(r, w) == pytest.approx((2.75 / 2.5) ** 0.5) == cu.reward_std(r, w / 2)
+    assert cu.reward_std(r, np.full(4, 3.0)) == cu.reward_std(r)  # equal weights: the plain value, bit for bit
+    assert cu.reward_std(r, np.array([1.0, 0.0, 0.0, 0.0])) == 0.0  # one row of weight > 0
 
 
 def test_reward_std_and_scaling_hand_values():

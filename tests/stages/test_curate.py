@@ -288,6 +288,18 @@ def test_subsample_is_seeded(tmp_path):
 # -- replay ----------------------------------------------------------------------
 
 
+def test_a_batch_baseline_counts_a_replayed_round_by_its_weight(tmp_path):
+    """The batch mean and std pooled every input unweighted: replay_weight 0.5, or 0, changed nothing."""
+    new = write_scored(tmp_path / "r1", scored_table(["a"] * 4, [True, True, True, False], iteration=1, policy="pi1"))  # R: 1 1 1 -1
+    old = write_scored(tmp_path / "r0", scored_table(["a"] * 4, [False] * 4, iteration=0, policy="pi0"))  # R: -1 x4
+    result, _ = run(tmp_path, [new, old], baseline="batch-mean", source_weights=[1.0, 0.5])
+    assert result["c"] == pytest.approx((1 + 1 + 1 - 1 + 0.5 * -4) / 6)  # Σ w R / Σ w = 0 (unweighted: -0.25)
+    result, t = run(tmp_path, [new, old], baseline="batch-mean", std_normalize="batch", source_weights=[1.0, 0.0], overwrite=True)
+    sd = np.std([1, 1, 1, -1], ddof=1)  # the replayed round counts for nothing: this round's std
+    assert result["c"] == pytest.approx(0.5)
+    np.testing.assert_allclose(t.column("advantage").to_numpy()[:4], np.array([0.5, 0.5, 0.5, -1.5]) / (sd + 1e-6), rtol=1e-6)
+
+
 def test_replay_sources_weights_and_groups(tmp_path):
     # the same prompt id in two rounds is two groups: round 1 mean 0, round 0 mean -0.5
     new = write_scored(tmp_path / "r1", scored_table(["a"] * 4, [True, True, False, False], iteration=1, policy="pi1"))

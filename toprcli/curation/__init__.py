@@ -25,6 +25,7 @@ Conventions
 
 from toprcli.curation.baselines import (
     advantages,
+    batch_mean,
     closed_form_baseline,
     closed_form_share,
     effective_positive_share,
@@ -64,6 +65,7 @@ __all__ = [
     "group_mean_baseline",
     "leave_one_out_baseline",
     "reward_std",
+    "batch_mean",
     "group_reward_std",
     "scale_advantages",
     "accuracy_range_mask",

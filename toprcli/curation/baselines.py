@@ -129,6 +129,8 @@ def encode(values: pa.Array | pa.ChunkedArray | np.ndarray) -> np.ndarray:
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
             values = values.to_numpy(zero_copy_only=False)
         else:
+            if pa.types.is_dictionary(t):  # each chunk has its own dictionary: codes by value, not by chunk
+                values = values.cast(t.value_type)
             enc = pc.dictionary_encode(values, null_encoding="encode")
             chunks = enc.chunks if isinstance(enc, pa.ChunkedArray) else [enc]
             if not chunks:
@@ -205,12 +207,30 @@ def leave_one_out_baseline(reward: np.ndarray, groups: np.ndarray, n_groups: int
     return np.where(others > 0, (sums - r) / np.maximum(others, 1), r)
 
 
-def reward_std(reward: np.ndarray) -> float:
-    """Sample standard deviation of the rewards (Bessel-corrected, as ``torch.std``); 0 for < 2 rows."""
+def batch_mean(reward: np.ndarray, weight: np.ndarray | None = None) -> float:
+    """Mean reward (N,) → float; with ``weight`` (N,) ≥ 0, each row counted by its weight (a replayed round by its
+    replay weight, weight 0 not at all). Equal weights are the plain mean."""
     r = np.asarray(reward, dtype=np.float64)
+    w = None if weight is None else np.asarray(weight, dtype=np.float64)
+    if w is None or w.sum() <= 0 or w.min() == w.max():
+        return float(r.mean())
+    return float((w * r).sum() / w.sum())
+
+
+def reward_std(reward: np.ndarray, weight: np.ndarray | None = None) -> float:
+    """Sample standard deviation of the rewards (N,) (Bessel-corrected, as ``torch.std``); 0 for < 2 rows. With
+    ``weight`` (N,) ≥ 0, the rows of weight > 0, each counted by its weight (reliability weights: equal weights
+    give the unweighted value)."""
+    r = np.asarray(reward, dtype=np.float64)
+    w = None if weight is None else np.asarray(weight, dtype=np.float64)
+    if w is not None and w.sum() > 0:
+        r, w = r[w > 0], w[w > 0]
     if len(r) < 2 or r.min() == r.max():  # equal rewards: exactly 0 (np.std of [0.1] * 8 is 1.5e-17, not 0)
         return 0.0
-    return float(r.std(ddof=1))
+    if w is None or w.min() == w.max():
+        return float(r.std(ddof=1))
+    m = (w * r).sum() / w.sum()
+    return float(np.sqrt((w * (r - m) ** 2).sum() / (w.sum() - (w**2).sum() / w.sum())))
 
 
 def group_reward_std(reward: np.ndarray, groups: np.ndarray, n_groups: int | None = None) -> np.ndarray:

@@ -30,10 +30,11 @@ def topr_loss(logprobs, behavior_logprobs, advantages, mask, *, ratio_level="seq
     """Tapered Off-Policy REINFORCE (Le Roux et al. 2025, Eq. 8).
 
     α_i = 1 if A_i ≥ 0 else clip(exp(s_i), 0, 1), s_i the sequence log-ratio;
-    l_{i,t} = −sg(α_i) · w_i · A_i log π_{i,t} with w_i = ``positive_weight`` (w₊)
+    l_{i,t} = −sg(α_i) · w± · A_i log π_{i,t} with w± = ``positive_weight`` (w₊)
     if A_i ≥ 0 else ``negative_weight`` (w₋), both ≥ 0 and 1 by default (the
-    paper). ``ratio_level="token"`` uses α_{i,t} = clip(π_t/μ_t, 0, 1) per token
-    instead. exp(min(s, 0)) ∈ (0, 1] never overflows.
+    paper); not the curated row weight, which the aggregation applies.
+    ``ratio_level="token"`` uses α_{i,t} = clip(π_t/μ_t, 0, 1) per token
+    instead. exp(min(s, 0)) ∈ [0, 1] never overflows (in float32 it is 0 below s ≈ −103).
     Shapes: (B, T), (B, T), (B,), (B, T) → (B, T).
 
     The weights scale the two terms after any whitening or clipping of A, so

@@ -182,7 +182,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     row_weight = np.asarray(weights, dtype=np.float64)[row_source]
     groups, n_groups = cu.group_ids(light["iteration"], light["policy"], light["prompt_id"])
     # Group and batch-mean baselines, and the std, use every scored sample (see module docstring).
-    group_c, c_const, std = _all_sample_statistics(cfg, kind, c_const, reward, groups, n_groups)
+    group_c, c_const, std = _all_sample_statistics(cfg, kind, c_const, reward, row_weight, groups, n_groups)
     keep, dropped = _select(cfg, inputs, light, correct, groups, n_groups, sample_index)
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
@@ -246,20 +246,21 @@ def _previous_or_refuse(cfg: CurateConfig, out: Path, config: dict[str, Any], fi
     return previous
 
 
-def _all_sample_statistics(cfg: CurateConfig, kind: str, c_const: float | None, reward: np.ndarray, groups: np.ndarray,
-                           n_groups: int) -> tuple[np.ndarray | None, float | None, np.ndarray | float | None]:
+def _all_sample_statistics(cfg: CurateConfig, kind: str, c_const: float | None, reward: np.ndarray, row_weight: np.ndarray,
+                           groups: np.ndarray, n_groups: int) -> tuple[np.ndarray | None, float | None, np.ndarray | float | None]:
     """What is estimated from every scored sample, before selection: a per-row group baseline (N,) or None, the
-    constant c (batch-mean: the mean reward), and the std of ``std_normalize`` (ROLL normalises before it masks)."""
+    constant c (batch-mean: the mean reward), and the std of ``std_normalize`` (ROLL normalises before it masks). The
+    batch's statistics count each source by its weight: a replayed round as its replay weight says."""
     group_c = None
     if kind == "group-mean":
         group_c = cu.group_mean_baseline(reward, groups, n_groups)
     elif kind == "leave-one-out":
         group_c = cu.leave_one_out_baseline(reward, groups, n_groups)
     elif kind == "batch-mean":
-        c_const = float(reward.mean())
+        c_const = cu.batch_mean(reward, row_weight)
     std = None
     if cfg.std_normalize == "batch":
-        std = cu.reward_std(reward)
+        std = cu.reward_std(reward, row_weight)
     elif cfg.std_normalize == "group":
         std = cu.group_reward_std(reward, groups, n_groups)
     return group_c, c_const, std

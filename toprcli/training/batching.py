@@ -6,14 +6,16 @@ of millions of tokens costs a few arrays, not millions of Python ints.
 
 Batching, from the optimizer step down:
 
-* **Step batch**: ``batch_size`` rows per optimizer step, taken in order from a
-  stream of seeded per-epoch permutations (:func:`data_order`). Step ``k``
-  always gets the same rows, so a resumed run needs only the step number.
-* **Ranks**: a step's rows are sorted by length and dealt round-robin over the
-  ranks (:func:`split_rows`), which balances tokens.
-* **Micro-batches**: each rank packs its rows, longest first, into
+* **Step batch**: whole units (a row; a prompt's rows with ``group_by_prompt``;
+  a DPO pair) while they fit ``batch_size`` rows per optimizer step, taken in
+  order from a stream of seeded per-epoch permutations of the units
+  (:func:`step_plan`). Step ``k`` always gets the same units, so a resumed run
+  needs only the step number.
+* **Ranks**: a step's units are sorted by their longest row and dealt
+  round-robin over the ranks (:func:`split_units`), which balances tokens.
+* **Micro-batches**: each rank packs its units, longest first, into
   micro-batches whose padded size ``rows × longest`` fits ``micro_batch_tokens``
-  (:func:`pack_rows`); gradients accumulate over them. Every rank runs the same
+  (:func:`pack_units`); gradients accumulate over them. Every rank runs the same
   number of forward passes (FSDP all-gathers in each one), padding with empty
   micro-batches that contribute exactly zero.
 
