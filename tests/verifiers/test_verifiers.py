@@ -6,6 +6,7 @@ Isolation (worker processes, hard time limits) is tested in test_pool.py.
 from __future__ import annotations
 
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -72,6 +73,15 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("\\boxed{1{,}000}", "#### 1,000", "correct", "1,000"),
         ("The answer is $\\boxed{10,\\!000}$", "10000", "correct", "10,000"),
         ("The answer is 1\\,000", "1000", "correct", "1,000"),
+        # A fraction is its value (3/4 was 3, correct for gold 3); commas group digits in threes (1,2 was 12).
+        ("The answer is 3/4", "#### 3", "incorrect", "3/4"),
+        ("The answer is 3/4", "#### 0.75", "correct", "3/4"),
+        ("\\boxed{\\frac{1}{2}}", "0.5", "correct", "1/2"),
+        ("So it is 1/0", "1", "no_answer", "1/0"),
+        ("The answer is 1,2", "#### 12", "incorrect", "1"),
+        # The last box, not a number after it (the last number was the answer).
+        ("So she makes $\\boxed{18}$ dollars (9 eggs sold at $2).", "18", "correct", "18"),
+        ("Final: \\boxed{18}. That is 2 more than 16.", "18", "correct", "18"),
     ],
 )
 def test_gsm8k_reading_and_numeric_comparison(completion, answer, verdict, extracted):
@@ -95,6 +105,8 @@ def test_gsm8k_gold_forms():
     assert gsm8k.gold_number("18.") == 18
     assert gsm8k.gold_number("eighteen") is None
     assert gsm8k.gold_number("1e5") is None  # a bare value must be a plain decimal
+    assert gsm8k.gold_number("#### 1/2") == gsm8k.gold_number("1/2") == Fraction(1, 2)  # was 1, and an error
+    assert [gsm8k.vote_key(a) for a in ("1/2", "2/4", "0.50", "1/3", "-3/4")] == ["0.5", "0.5", "0.5", "1/3", "-0.75"]
     assert gsm8k.gold_number(None) is None
     v = gsm8k.check("#### 4", "four")
     assert v.verdict == "error" and "gold" in v.detail
@@ -111,6 +123,10 @@ def test_gsm8k_is_fast_and_bounded_on_huge_inputs():
         "- $" * 30_000 + "5",
         "9" * 50_000 + "." + "9" * 50_000,
         "1e999999999 " * 8_000,
+        "The answer is " + "_" * 8_000,  # was quadratic: 7.7 s, a timeout
+        "The answer is " + "*" * 8_000,
+        "\\boxed{" * 20_000,
+        "1/" * 50_000,
     ]
     t = time.perf_counter()
     for text in nasty:

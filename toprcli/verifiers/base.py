@@ -140,7 +140,7 @@ def from_plugin_result(result: Any) -> Verdict:
             return Verdict(ERROR, detail=f"plugin returned a Verdict with score {bad}")
         extracted = result.extracted_answer
         return replace(result, score=None if result.score is None else float(result.score),
-                       extracted_answer=None if extracted is None else str(extracted))
+                       extracted_answer=None if extracted is None else clip_text(str(extracted)))  # stored, as the built-ins' are: clipped
     if result is None:
         return Verdict(NO_ANSWER)
     if isinstance(result, bool):

@@ -12,12 +12,15 @@ Prediction, in order (flexible mode, the default):
    in ``\\( \\)`` or after an escaped ``\\$``,
 2. the number after the first "the answer is" / "the final answer is", also
    in bold, ``$\\boxed{}$`` or ``\\( \\)``,
-3. the last number in the completion.
+3. the number in the last ``\\boxed{}`` (``\\boxed{\\frac{1}{2}}`` too),
+4. the last number in the completion.
 
-``strict=True`` uses only (1). Numbers are compared as :class:`~decimal.Decimal`
-after removing thousands separators (LaTeX's ``1{,}000``, ``10,\\!000`` and
-``1\\,000`` too), ``$`` and a trailing period, so ``18.00`` equals ``18`` and
-``1,000`` equals ``1000``; no string equality.
+``strict=True`` uses only (1). Numbers are compared exactly, as
+:class:`~decimal.Decimal` (or a :class:`~fractions.Fraction` for ``a/b``: ``3/4``
+is 0.75, not 3), after removing thousands separators (commas between groups of
+three digits, LaTeX's ``1{,}000``, ``10,\\!000`` and ``1\\,000`` too; ``1,2`` is two
+numbers), ``$`` and a trailing period, so ``18.00`` equals ``18`` and ``1,000``
+equals ``1000``; no string equality.
 
 Bounded time on any input: the number pattern has no nested quantifiers and
 no exponent notation (``1e999999999`` reads as ``1``, then ``999999999``; a
@@ -29,13 +32,15 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 from toprcli.verifiers.base import ERROR, NO_ANSWER, Verdict, clip_text, judged
 
 # A number as GSM8K writes it: optional sign and $, digits with optional
-# thousands commas, optional decimals. ``−`` is the Unicode minus. A hyphen right
+# thousands commas (digits in threes: 1,2 is two numbers), optional decimals, optional
+# "/n" (3/4 is three quarters, not 3). ``−`` is the Unicode minus. A hyphen right
 # after a word or a ")" is subtraction or a range (8-3, 2023-2024), not a sign.
-_NUMBER = r"(?:(?<![\w)])[-−]\$?|\$[-−]?)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
+_NUMBER = r"(?:(?<![\w)])[-−]\$?|\$[-−]?)?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)(?:/\d+(?![\d.]))?"
 _NUMBER_RE = re.compile(_NUMBER)
 # What may wrap the number: bold, an escaped \$, a box or \( \) ("#### **18**", "is: $\boxed{18}$", "#### \$18").
 _OPEN = r"[*_]*(?:\\(?=\$))?(?:(?:\$+[ \t]*)?(?:\\\(|\\\[|\\(?:boxed|fbox)\{)[ \t*_]*)?"
@@ -45,10 +50,22 @@ _CLOSE = r"(?:[ \t*_}$.]|\\[)\]])*"
 _HASH_RE = re.compile(r"####[ \t]*" + _OPEN + "(" + _NUMBER + r")(?![\d,]|[.:)][ \t]*[*_]*[^\W\d_])")
 _HASH_LINE_RE = re.compile(r"####[ \t]*" + _OPEN + "(" + _NUMBER + ")" + _CLOSE + "$", re.M)
 # "The answer is 18", also bold, boxed or in \( \): "The answer is **18**", "is: $\boxed{18}$".
-_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?[\s*_]*" + _OPEN + "(" + _NUMBER + ")")
+_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?\s*" + _OPEN + "(" + _NUMBER + ")")  # one [*_]* (_OPEN's): linear
+# The last box holding a number, or a fraction as LaTeX writes it ("\boxed{18}", "\boxed{\frac{1}{2}}").
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\{[ \t$]*(?:(" + _NUMBER + r")|\\[dt]?frac\{(\d+)\}\{(\d+)\})[ \t$.]*\}")
 # LaTeX's thousands separators: 1{,}000, 10,\!000, 1\,000 (a thin space).
 _LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,)(?=\d{3}(?!\d))")
 _BARE_RE = re.compile(r"\s*(" + _NUMBER + r")\s*\.?\s*")
+
+
+def to_number(text: str) -> Decimal | Fraction | None:
+    """A number's text as :func:`to_decimal`, and ``a/b`` as the fraction (None for /0 or over 100 digits a part)."""
+    if "/" not in text:
+        return to_decimal(text)
+    top, bottom = (to_decimal(part) for part in text.rsplit("/", 1))
+    if top is None or bottom is None or bottom == 0 or len(text) > 200:
+        return None
+    return Fraction(top) / Fraction(bottom)
 
 
 def to_decimal(text: str) -> Decimal | None:
@@ -68,23 +85,41 @@ def to_decimal(text: str) -> Decimal | None:
 
 def vote_key(answer: str) -> str | None:
     """The number an extracted answer says, as ``check`` compares it (``-$5``, ``−5``, ``-5.00`` are one vote)."""
-    d = to_decimal(answer)
+    d = to_number(answer)
     if d is None:
         return None
+    if isinstance(d, Fraction):  # as its decimal when it has one (1/2 votes with 0.5), else a/b in lowest terms
+        exact = _exact_decimal(d)
+        if exact is None:
+            return f"{d.numerator}/{d.denominator}"
+        d = exact
     if d == 0:
         return "0"  # -0 is 0
     return format(d.normalize(), "f") if abs(d.adjusted()) <= 100 else str(d.normalize())
 
 
-def gold_number(answer: str | None) -> Decimal | None:
+def _exact_decimal(f: Fraction) -> Decimal | None:
+    """``f`` as a decimal, when it has a finite one: its denominator's only prime factors are 2 and 5."""
+    rest, twos, fives = f.denominator, 0, 0
+    while rest % 2 == 0:
+        rest, twos = rest // 2, twos + 1
+    while rest % 5 == 0:
+        rest, fives = rest // 5, fives + 1
+    if rest != 1:
+        return None
+    k = max(twos, fives)
+    return Decimal(f"{f.numerator * (10**k // f.denominator)}E-{k}")  # from text: exact at any length
+
+
+def gold_number(answer: str | None) -> Decimal | Fraction | None:
     if answer is None:
         return None
     answer = _LATEX_THOUSANDS_RE.sub(",", answer)
     if "####" in answer:
         m = _NUMBER_RE.search(answer.rsplit("####", 1)[1])
-        return to_decimal(m.group(0)) if m else None
+        return to_number(m.group(0)) if m else None
     m = _BARE_RE.fullmatch(answer)
-    return to_decimal(m.group(1)) if m else None
+    return to_number(m.group(1)) if m else None
 
 
 def extract(completion: str, strict: bool = False) -> str | None:
@@ -98,6 +133,11 @@ def extract(completion: str, strict: bool = False) -> str | None:
     m = _ANSWER_IS_RE.search(completion)
     if m:
         return m.group(1)
+    box = None
+    for box in _BOXED_RE.finditer(completion):
+        pass
+    if box is not None:  # a boxed answer, not a number said after it
+        return box.group(1) or f"{box.group(2)}/{box.group(3)}"
     last = None
     for m in _NUMBER_RE.finditer(completion):
         last = m
@@ -111,10 +151,11 @@ def check(completion: str, answer: str | None, row: dict | None = None, *, stric
     text = extract(completion, strict)
     if text is None:
         return Verdict(NO_ANSWER)
-    pred = to_decimal(text)
+    pred = to_number(text)
     if pred is None:
         return Verdict(NO_ANSWER, clip_text(text.strip()))
-    return judged(pred == gold, text.strip())
+    same = Fraction(pred) == Fraction(gold) if Fraction in (type(pred), type(gold)) else pred == gold  # exact, either way
+    return judged(same, text.strip())
 
 
 def check_strict(completion: str, answer: str | None, row: dict | None = None) -> Verdict:

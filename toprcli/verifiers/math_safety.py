@@ -30,6 +30,7 @@ instead of timeouts):
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import math
 import re
@@ -219,7 +220,7 @@ class UnsafeExpression(ValueError):
     """A string that would reach sympy's ``parse_expr`` (i.e. ``eval``) but is not plain arithmetic."""
 
 
-_guarded_calls: list[str] = []  # strings seen by the strict guard (tests read it)
+_guarded_calls: collections.deque[str] = collections.deque(maxlen=1000)  # the last strings the strict guard saw (tests read them)
 
 
 def install_guards() -> None:

@@ -30,6 +30,7 @@ first-call costs are never charged to a row's time limit.
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -93,6 +94,8 @@ class _Worker:
         return started - 1, max(t, self.dispatched)
 
     def kill(self) -> None:
+        with contextlib.suppress(OSError):  # its group (worker._harden): processes a check started die with it
+            os.killpg(self.proc.pid, signal.SIGKILL)
         try:
             self.proc.kill()
             self.proc.join(5)

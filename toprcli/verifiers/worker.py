@@ -31,6 +31,8 @@ def _harden(memory_limit_mb: int | None) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # a group of its own: a worker killed at a deadline takes what its check started with it
+        os.setpgrp()
     try:  # die with the parent (the forkserver, which exits with our main process)
         import ctypes
 
