@@ -34,6 +34,12 @@ def check(completion, answer, row):
         return row["prompt_id"] == "p7"
     if completion == "float":
         return 0.25
+    if completion == "child":  # a check that starts a process, then hangs
+        import subprocess
+        proc = subprocess.Popen(["sleep", "600"])
+        with open("child.pid", "w") as f:
+            f.write(str(proc.pid))
+        time.sleep(600)
     return completion == answer
 """
 
@@ -123,6 +129,18 @@ def test_time_limit_is_per_check_not_per_chunk(plugin_dir):
     assert 1.0 <= elapsed < 6.0
 
 
+def test_a_worker_killed_at_its_deadline_takes_the_processes_its_check_started(plugin_dir):
+    """The worker was killed alone: a plugin's subprocess was reparented to init and kept running."""
+    with VerifierPool("python:poolplug:check", workers=1, timeout=1.0) as pool:
+        got = pool.map(["child", "a"], ["a", "a"])
+        assert [v.verdict for v in got] == ["timeout", "correct"]
+        child = int((plugin_dir / "child.pid").read_text())
+        deadline = time.monotonic() + 5
+        while alive([child]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive([child])  # gone while the pool still runs, not only when the command exits
+
+
 ADVERSARIAL = {
     "python in box": "\\boxed{__import__('os').system('touch pwned_box')}",
     "python in text": "The answer is __import__('os').system('touch pwned_text')",
@@ -177,6 +195,21 @@ def test_plugin_failing_in_the_worker_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     with pytest.raises(UserError, match="does not import"):
         with VerifierPool("python:flaky:f", workers=1, timeout=2):
+            pass
+
+
+def test_a_memory_cap_too_small_for_the_verifier_is_one_line_naming_it(tmp_path, monkeypatch):
+    """150 MiB cannot hold math-verify: a RuntimeError traceback ("exited with code None"). A plugin over the cap at
+    import was told to check its PYTHONPATH."""
+    with pytest.raises(UserError, match=r"verifier workers failed to start \(.+\) — if 150 MiB a worker \(worker_memory_mb\) is too little"):
+        with VerifierPool("math", workers=1, timeout=5, memory_limit_mb=150):
+            pass
+    (tmp_path / "big.py").write_text("import os\nif os.environ.get('OMP_NUM_THREADS') == '1':\n    blob = bytearray(2 * 10**9)\n"
+                                     "def f(c, a, r):\n    return True\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    with pytest.raises(UserError, match="ran out of memory as it imported — .*raise worker_memory_mb"):
+        with VerifierPool("python:big:f", workers=1, timeout=2, memory_limit_mb=1000):
             pass
 
 

@@ -58,6 +58,18 @@ def test_equivalent_wrong_answers_share_a_vote(math_pool):
     assert eval_metrics(pids, correct, answers, verdicts, 4)["maj@4"] == pytest.approx(1 / 4)
 
 
+def test_wrong_answers_clipped_like_a_right_one_do_not_vote_with_it(math_pool):
+    """Extracted answers are clipped to 200 characters: two long wrong answers that share the right one's first 200 took
+    its vote, and maj@k counted three votes for the right answer (it has one)."""
+    from toprcli.verifiers.base import clip_text
+
+    clipped = clip_text("x^{2}+" * 60 + "1")
+    answers, correct = [clipped] * 3, [True, False, False]
+    keys = vote_keys(math_pool.verifier, ["p"] * 3, answers, correct, 3, pool=math_pool)
+    assert keys[0] == CORRECT_KEY and keys[1] == keys[2] != CORRECT_KEY
+    assert eval_metrics(["p"] * 3, correct, answers, [False] * 3, 3, vote_keys=keys)["maj@3"] == 0.0
+
+
 class RecordingPool:
     """Stands in for a VerifierPool: equivalence by a table of values, every comparison recorded."""
 

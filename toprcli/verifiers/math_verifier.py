@@ -14,7 +14,9 @@ Gold (the ``answer`` column, trusted dataset text):
 Prediction: math-verify's own extraction over the completion, so its
 priorities decide which candidate is the answer: "final answer is X. I hope",
 then final-answer statements and ``\\boxed{}`` alike, the rightmost first
-(several boxes listed together read as a set), then "answer: X", then the last
+(math-verify reads every bare ``\\boxed{}`` of the text together as one set:
+a completion that boxes 2, corrects itself and boxes 3 answers {2, 3}, which
+is wrong for gold 3; boxes each inside ``$...$`` are read apart), then "answer: X", then the last
 ``$...$`` or number. Only the last :data:`MAX_TEXT_CHARS` characters are read
 (math-verify's regexes are quadratic on long digit runs), reaching back to the
 last ``\\boxed{}`` when it is earlier, up to :data:`MAX_BOXED_WINDOW`; a box

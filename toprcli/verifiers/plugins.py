@@ -79,6 +79,9 @@ def load_function(target: str) -> Callable:
         raise
     except BaseException as e:  # a plugin may raise anything at import, even SystemExit
         first = str(e).splitlines()[0] if str(e) else ""
+        if isinstance(e, MemoryError):  # it imports: in a verifier worker, under the worker's memory cap
+            raise UserError(f"plugin module {module_name!r} ran out of memory as it imported — if it ran in a verifier worker, "
+                            "raise worker_memory_mb (each worker's cap; 0: none)") from None
         raise UserError(
             f"plugin module {module_name!r} does not import ({type(e).__name__}: {first}) — "
             "check the name and that it is on PYTHONPATH or in the current directory"

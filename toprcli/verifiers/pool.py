@@ -16,15 +16,19 @@ every check — two stores, no system call. The parent sleeps in
 ``multiprocessing.connection.wait`` until a result arrives or the earliest
 deadline (start of a worker's current check + ``timeout``) passes; the counter
 also names the row to blame. The rows of a killed worker's chunk other than
-the culprit are queued again (those before it ran fine once and re-run).
+the culprit are queued again (those before it ran fine once and re-run: a
+plugin's check may run more than once for a row, so it must not count on
+running once, e.g. for side effects).
 
 Workers come from a ``forkserver`` (never ``fork``: forking a parent that runs
 torch or vLLM threads is unsafe), preload the verifier's modules, set
 ``OMP_NUM_THREADS=1``, ignore SIGINT (the parent cleans up), die with their
-parent (``PR_SET_PDEATHSIG``), cap their address space (``memory_limit_mb``,
-so a runaway allocation is a ``MemoryError`` → ``error``, not the OOM killer
-taking the machine), and warm up before they say ready, so import and
-first-call costs are never charged to a row's time limit.
+parent (``PR_SET_PDEATHSIG``), run in a process group of their own (a worker
+killed at its deadline takes what its check started), cap their address space
+(``memory_limit_mb`` each, so a runaway allocation is a ``MemoryError`` →
+``error``, not the OOM killer; the machine needs workers × cap), and warm up
+before they say ready, so import and first-call costs are never charged to a
+row's time limit.
 """
 
 from __future__ import annotations
@@ -209,6 +213,7 @@ class VerifierPool:
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
+            w.proc.join(5)  # its exit code, once it is gone
             msg = ("init_error", f"worker exited with code {w.proc.exitcode} before it was ready", False)
         if msg[0] == "ready":
             w.state = _IDLE
@@ -222,6 +227,9 @@ class VerifierPool:
             self.close()
             if user:
                 raise UserError(detail.split(": ", 1)[-1])
+            if self.memory_limit_mb:  # the likeliest cause a user can change
+                raise UserError(f"verifier workers failed to start ({detail}) — if {self.memory_limit_mb} MiB a worker "
+                                "(worker_memory_mb) is too little for this verifier, raise it (0: no cap)")
             raise RuntimeError(f"verifier worker failed to start: {detail}")
         self._spawn()
 

@@ -113,6 +113,11 @@ def vote_keys(
     for pid, voting in rows.items():
         text_of = {i: extracted[i].strip() for i in voting if extracted[i] is not None and extracted[i].strip()}
         right = {t for i, t in text_of.items() if correct[i]}
+        # A wrong answer whose text is a right one's (both clipped alike, past MAX_EXTRACTED_CHARS): a vote of its own kind.
+        clashing = {i: t for i, t in text_of.items() if not correct[i] and t in right}
+        for i, t in clashing.items():
+            del text_of[i]
+            keys[i] = ("wrong, written as a right answer", t)
         counts: dict[str, int] = defaultdict(int)
         for t in text_of.values():
             counts[t] += 1
