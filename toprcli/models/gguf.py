@@ -29,6 +29,7 @@ from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.generation.model_info import first_line
+from toprcli.models.output import check_model_out
 from toprcli.shards import build_dir_beside, swap_dir_into_place
 
 GGUF_MAGIC = b"GGUF"
@@ -93,8 +94,7 @@ def import_gguf(
         raise UserError(f"output path {out} exists and is not a directory — choose another OUT")
     if src.resolve().is_relative_to(out.resolve()):  # --overwrite would replace the directory, the checkpoint with it
         raise UserError(f"OUT {out} holds the GGUF file {src.name} itself — choose another OUT (a new directory)")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"output dir {out} already exists and is not empty — pass --overwrite or choose another OUT")
+    check_model_out(out, overwrite)
     tokenizer, model = _dequantize(src, general, progress)
     eos = getattr(model.config, "eos_token_id", None)
     stops = list(dict.fromkeys([*(eos if isinstance(eos, list) else [eos] if eos is not None else []), *general.pop("end_of_turn_ids", [])]))

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from toprcli.errors import UserError
 from toprcli.models.gguf import CARD, import_gguf, sha256_file
+from toprcli.models.output import check_model_out
 from toprcli.shards import build_dir_beside, swap_dir_into_place
 
 # Bump when the directory import_gguf writes changes, so caches built by an older toprcli are rebuilt.
@@ -142,10 +143,7 @@ def copy_preset(name: str, out: str | os.PathLike[str], *, overwrite: bool = Fal
     change the cache that tests and benchmarks share.
     """
     out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise UserError(f"model output path {out} exists and is not a directory — choose another dir")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"model output dir {out} already exists and is not empty — pass --overwrite or choose another dir")
+    check_model_out(out, overwrite)
     source = ensure_preset(name, progress=progress)
 
     tmp = build_dir_beside(out)  # removes what killed builds of out left

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from toprcli.errors import UserError
+from toprcli.models.output import check_model_out
 from toprcli.shards import build_dir_beside, swap_dir_into_place
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -157,10 +158,7 @@ def build_tiny_model(
         num_heads, intermediate_size = p["num_heads"], p["intermediate_size"]
 
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"model output path {out} exists and is not a directory — choose another directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"model output dir {out} already exists and is not empty — pass --overwrite or choose another dir")
+    check_model_out(out, overwrite)
 
     tokenizer = build_tokenizer()
     config = _llama_config(
