@@ -121,3 +121,34 @@ def test_runs_with_one_directory_name_are_told_apart(tmp_path):
     a, b = tmp_path / "a" / "demo", tmp_path / "b" / "demo"
     assert run_names([a, b]) == ["a/demo", "b/demo"]
     assert run_names([a, tmp_path / "other"]) == ["demo", "other"]
+
+
+def test_a_damaged_file_in_a_run_is_one_line_naming_it_and_nothing_is_written(tmp_path):
+    """A foreign or edited eval.json, train_summary.json or round config was a traceback; a metrics.jsonl cut short by
+    a kill stopped the report after three of its plots."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from toprcli.cli.main import app
+
+    run = tmp_path / "run"
+    (run / "round-000" / "eval").mkdir(parents=True)
+    (run / "round-000" / "policy").mkdir()
+    (run / "round-000" / "policy" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "lo')
+    ok = CliRunner().invoke(app, ["report", str(run), "--json"])
+    assert ok.exit_code == 0, ok.output  # the cut line skipped
+    for name, text, said in [("eval/eval.json", '{"metrics": ', "is not valid JSON"), ("eval/eval.json", '{"k": 1}', "has no 'metrics'"),
+                             ("policy/train_summary.json", "[1,", "is not valid JSON"), ("config.yaml", "a: [", "is not valid YAML")]:
+        path = run / "round-000" / name
+        path.write_text(text)
+        (run / "report").exists() and __import__("shutil").rmtree(run / "report")
+        r = CliRunner().invoke(app, ["report", str(run)])
+        assert r.exit_code == 2 and said in r.output and "round-000" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        assert not (run / "report").exists()
+        path.unlink()
+    (run / "round-000" / "scored").mkdir()
+    pq.write_table(pa.table({"x": [1]}), run / "round-000" / "scored" / "shard-00000.parquet")
+    (run / "round-000" / "scored" / "_manifest.json").write_text("{}")
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 2 and "no column 'reward'" in r.output and len(r.output.strip().splitlines()) == 1, r.output

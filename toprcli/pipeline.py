@@ -45,7 +45,7 @@ from toprcli.launch import run_eval, run_generate, run_train, runs_in_child
 from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 from toprcli.progress import ProgressFn
 from toprcli.runs import round_dir
-from toprcli.shards import check_writable, output_lock, read_file_metadata, read_manifest, write_json_atomic
+from toprcli.shards import check_writable, output_lock, read_file_metadata, read_json, read_manifest, write_json_atomic
 from toprcli.stages import curate, score, warmstart
 from toprcli.stages import eval as eval_stage
 from toprcli.stages import train as train_stage
@@ -437,7 +437,7 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
         out.update({key: meta[key] for key in ("p", "c", "p_effective", "p_target", "rows_out") if key in meta})
     summary = d / "policy" / "train_summary.json"
     if summary.exists():
-        s = json.loads(summary.read_text())
+        s = read_json(summary)
         for key in ("final_loss", "steps", "tokens_per_s", "behavior_gap_mean"):
             if key in s:
                 out[f"train_{key}"] = s[key]

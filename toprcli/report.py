@@ -16,13 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from toprcli.config import IterateConfig, as_now
+from toprcli.config import IterateConfig, as_now, read_yaml
 from toprcli.errors import UserError
 from toprcli.pipeline import run_summary
 from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir, round_dirs
-from toprcli.shards import changed_keys, read_manifest, read_table
+from toprcli.shards import changed_keys, read_json, read_manifest, read_table
 from toprcli.stages.eval import HOW_IT_RUNS
 
 VERDICT_COLORS = {"correct": "#2e7d32", "incorrect": "#c62828", "no_answer": "#9e9e9e", "timeout": "#6a1b9a", "error": "#ef6c00"}
@@ -58,7 +56,7 @@ def _round_config(run_dir: Path, r: int) -> dict[str, Any] | None:
 def _config_in(directory: Path) -> dict[str, Any] | None:
     """The config recorded in a run or round directory, read through today's schema; None where there is none."""
     path = directory / CONFIG_FILE
-    return as_now(IterateConfig, yaml.safe_load(path.read_text()) or {}) if path.exists() else None
+    return as_now(IterateConfig, read_yaml(path)) if path.exists() else None
 
 
 def _how_eval_runs(key: str) -> bool:
@@ -68,7 +66,7 @@ def _how_eval_runs(key: str) -> bool:
 
 def lineage(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / LINEAGE_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json(path, needs="parent") if path.exists() else None
 
 
 def _reward_stats(scored: Path) -> dict[str, Any]:
@@ -96,8 +94,11 @@ def loss_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
             continue
         points = []
         for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if "loss" in rec and "step" in rec:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # cut short by a kill: training's resume drops it too
+                continue
+            if isinstance(rec, dict) and "loss" in rec and "step" in rec:
                 points.append((int(rec["step"]), math.nan if rec["loss"] is None else float(rec["loss"])))  # null: a diverged step
         if points:
             curves[policy.parent.name] = points
@@ -192,7 +193,7 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     from matplotlib.ticker import MaxNLocator
 
     run_dir = Path(run_dir)
-    rows = collect(run_dir)
+    rows, curves = collect(run_dir), loss_curves(run_dir)  # everything read before anything is written
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
 
@@ -219,7 +220,7 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in loss_curves(run_dir).items():
+    for name, points in curves.items():
         ax.plot(*zip(*points), label=name)
     ax.set(xlabel="step", ylabel="loss", title="Training loss")
     ax.grid(alpha=0.3)
@@ -302,7 +303,7 @@ def paired_difference(a: Path, b: Path) -> dict[str, Any] | None:
 
     def last_eval(run: Path) -> dict[str, Any] | None:
         evals = [d / "eval" / "eval.json" for d in round_dirs(run).values() if (d / "eval" / "eval.json").exists()]
-        return json.loads(evals[-1].read_text()) if evals else None
+        return read_json(evals[-1], needs="metrics") if evals else None
 
     ea, eb = last_eval(a), last_eval(b)
     if not ea or not eb or "per_prompt" not in ea or "per_prompt" not in eb:

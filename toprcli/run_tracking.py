@@ -16,13 +16,14 @@ from typing import Any
 
 from toprcli.config import IterateConfig, config_to_dict
 from toprcli.runs import LINEAGE_FILE, round_dir
+from toprcli.shards import read_json
 from toprcli.tracking import Tracker, open_tracker, replay, sample_rows
 
 def open_run_tracker(cfg: IterateConfig, run_dir: Path) -> Tracker | None:
     """The run's tracker; a branch's group is its parent run's name unless ``tracking.group`` says otherwise (the parent
     itself has no group unless its config names one)."""
     lineage = run_dir / LINEAGE_FILE
-    parent = Path(json.loads(lineage.read_text())["parent"]).name if lineage.exists() else None
+    parent = Path(read_json(lineage, needs="parent")["parent"]).name if lineage.exists() else None
     return open_tracker(cfg.tracking, run_dir, config=config_to_dict(cfg), group=parent)
 
 
@@ -32,7 +33,7 @@ def train_offset(run_dir: Path, r: int) -> int:
     for q in range(1, r):
         summary = round_dir(run_dir, q) / "policy" / "train_summary.json"
         if summary.exists():
-            total += int(json.loads(summary.read_text())["steps"])
+            total += int(read_json(summary, needs="steps")["steps"])
     return total
 
 

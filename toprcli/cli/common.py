@@ -185,11 +185,11 @@ def summary_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
 
 
 def grid_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    table = Table(title=title, show_header=True, header_style="bold")
+    table = Table(title=escape(title), show_header=True, header_style="bold")  # paths and values: [v1] is text, not markup
     for i, c in enumerate(columns):
-        table.add_column(c, justify="left" if i == 0 else "right")
+        table.add_column(escape(c), justify="left" if i == 0 else "right")
     for row in rows:
-        table.add_row(*(_fmt(v) for v in row))
+        table.add_row(*(escape(_fmt(v)) for v in row))
     return table
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from toprcli.cli.common import console, echo, echo_json, err_console, user_errors
@@ -67,7 +68,7 @@ def check(
     cfg = load_config(IterateConfig, file)
     Pipeline(cfg).check_settings()  # loss options and verifier specs, as `topr iterate` checks them first
     typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
-    err_console.print(f"[green]ok[/]: {file} is a valid pipeline config", highlight=False)
+    err_console.print(f"[green]ok[/]: {escape(str(file))} is a valid pipeline config", highlight=False)
 
 
 @app.command("import-roll")
@@ -112,18 +113,18 @@ def import_roll(
         echo_json({"out": str(written), "rows": rows, "callouts": result.callouts, "unknown": result.unknown})
         return
     colors = {MAPPED: "green", LEFT_OUT: "yellow", UNKNOWN: "red"}
-    table = Table(title=f"ROLL keys of {file}", show_header=True, header_style="bold", show_lines=False)
+    table = Table(title=escape(f"ROLL keys of {file}"), show_header=True, header_style="bold", show_lines=False)
     for name in ("ROLL key", "value", "status", "topr key / why"):
         table.add_column(name, overflow="fold")
     for r in result.rows:
         value = json.dumps(r.value, default=str) if isinstance(r.value, (list, dict)) else str(r.value)
-        table.add_row(r.key, value[:40] + ("…" if len(value) > 40 else ""), f"[{colors[r.status]}]{r.status}[/]", r.detail)
+        table.add_row(escape(r.key), escape(value[:40] + ("…" if len(value) > 40 else "")), f"[{colors[r.status]}]{r.status}[/]", escape(r.detail))
     console.print(table)
     counts = {s: sum(r.status == s for r in result.rows) for s in colors}
     for text in result.callouts:
-        console.print(f"[bold magenta]call-out:[/] {text}", highlight=False)
+        console.print(f"[bold magenta]call-out:[/] {escape(text)}", highlight=False)
     console.print(
-        f"[green]wrote[/] {written}: {counts[MAPPED]} keys mapped, {counts[LEFT_OUT]} left out, "
-        f"{counts[UNKNOWN]} unknown — check it with `topr config check {written}`",
+        f"[green]wrote[/] {escape(str(written))}: {counts[MAPPED]} keys mapped, {counts[LEFT_OUT]} left out, "
+        f"{counts[UNKNOWN]} unknown — check it with `topr config check {escape(str(written))}`",
         highlight=False,
     )

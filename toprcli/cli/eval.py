@@ -47,7 +47,7 @@ def show(result: StageResult, cfg: EvalConfig) -> None:
     if m.get("error_rate"):  # a missing gold, a failing plugin: counted wrong, easy to miss in the rates above
         err_console.print(f"[yellow]warning:[/] {m['error_rate']:.1%} of the samples could not be checked (verifier error or timeout) "
                           f"and count as wrong — examples in {Path(cfg.out) / 'scored' / '_manifest.json'}", highlight=False)
-    console.print(f"{'already evaluated (same model and settings):' if result.skipped else 'wrote'} {Path(cfg.out) / 'eval.json'}", highlight=False)
+    console.print(f"{'already evaluated (same model and settings):' if result.skipped else 'wrote'} {Path(cfg.out) / 'eval.json'}", highlight=False, markup=False)  # paths: [v1] is text
 
 
 STAGE = Stage("eval", EvalConfig, lazy("toprcli.launch:run_eval"), show, DOC)

@@ -61,8 +61,8 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
 
     def on_start(lineage: dict | None) -> None:
         if lineage:
-            err_console.print(f"branch of {lineage['parent']} at round {lineage['round']} ({lineage['links']}s; changed: {', '.join(lineage['changed']) or 'nothing'})", highlight=False)
-        err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False)
+            err_console.print(f"branch of {lineage['parent']} at round {lineage['round']} ({lineage['links']}s; changed: {', '.join(lineage['changed']) or 'nothing'})", highlight=False, markup=False)  # paths: [v1] is text
+        err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False, markup=False)
 
     def on_round(r: int, summary: dict) -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
@@ -80,9 +80,9 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
 def show(result: StageResult, cfg: IterateConfig) -> None:
     print_rounds(f"run {cfg.run_dir} ({result.wall_time_s:.0f} s this invocation)", result.summary["rounds"], wall=False)
     if result.summary["report"]:
-        console.print(f"report: {result.summary['report']}/summary.md, {result.summary['report']}/accuracy.png", highlight=False)
+        console.print(f"report: {result.summary['report']}/summary.md, {result.summary['report']}/accuracy.png", highlight=False, markup=False)
     for name, where in result.summary["tracking"].items():
-        console.print(f"{name}: {where}", highlight=False)
+        console.print(f"{name}: {where}", highlight=False, markup=False)
 
 
 def log_file(cfg: IterateConfig) -> Path:

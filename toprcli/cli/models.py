@@ -90,7 +90,7 @@ def import_gguf(
 
 def status(message: str) -> None:
     """A status line on stderr before a slow step (stdout keeps the summary table)."""
-    err_console.print(message, highlight=False, soft_wrap=True)
+    err_console.print(message, highlight=False, soft_wrap=True, markup=False)
 
 
 def model_rows(path: Path) -> list[tuple[str, object]]:

@@ -38,7 +38,7 @@ def report(
             echo_json({"runs": runs})
             return
         console.print(grid_table("final rounds", ["", *[r["label"] for r in runs]], final_rows(runs)))
-        console.print(f"wrote {where}/compare.png and {where}/compare.md", highlight=False)
+        console.print(f"wrote {where}/compare.png and {where}/compare.md", highlight=False, markup=False)  # paths: [v1] is text
         return
     rows, where = write_report(run_dirs[0])
     if as_json:
@@ -50,4 +50,4 @@ def report(
          r.get("p"), r.get("p_effective"), r.get("reward_mean"), ", ".join(r.get("config_changed") or []) or None]
         for r in rows
     ]))
-    console.print(f"wrote {where}/summary.md and {where}/{{accuracy,mix,rewards,loss}}.png", highlight=False)
+    console.print(f"wrote {where}/summary.md and {where}/{{accuracy,mix,rewards,loss}}.png", highlight=False, markup=False)

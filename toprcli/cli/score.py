@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 from toprcli.cli.builder import Stage, lazy
 from toprcli.cli.common import console, grid_table, summary_table
 from toprcli.config import ScoreConfig
@@ -46,7 +48,7 @@ def show(result: StageResult, cfg: ScoreConfig) -> None:
         console.print(grid_table(f"pass counts (n={n})", ["correct", "prompts", "share"],
                                  [(f"{k}/{n}", hist.get(k, 0), f"{hist.get(k, 0) / total:.1%}") for k in range(n + 1)]))
     for line in s["error_examples"]:
-        console.print(f"[dim]{line}[/]", highlight=False)
+        console.print(f"[dim]{escape(line)}[/]", highlight=False)
 
 
 STAGE = Stage("score", ScoreConfig, lazy("toprcli.stages.score:run"), show, DOC)

@@ -40,7 +40,7 @@ def run(cfg: TrainConfig, progress) -> StageResult | None:
         run_train(cfg)
         return None
     def announce(log: Path) -> None:  # the ranks' output goes to <out>.train.log
-        err_console.print(f"training on {cfg.nproc_per_node} ranks: log in {log}", highlight=False)
+        err_console.print(f"training on {cfg.nproc_per_node} ranks: log in {log}", highlight=False, markup=False)  # paths: [v1] is text
 
     return run_train(cfg, progress=progress, on_launch=announce)
 

@@ -17,6 +17,7 @@ from toprcli.shards.files import (
     check_writable,
     output_error,
     output_lock,
+    read_json,
     remove_stale_temporaries,
     swap_dir_into_place,
     write_atomic,
@@ -66,6 +67,7 @@ from toprcli.shards.store import (
 )
 
 __all__ = [
+    "read_json",
     "CURATED_FIELDS", "CURATED_SCHEMA", "MANIFEST_NAME", "METADATA_KEY", "SAMPLES_FIELDS", "SAMPLES_SCHEMA", "SCHEMAS",
     "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "build_dir_beside", "changed_keys", "changes", "check_finished", "check_nulls", "check_writable", "complete_shards", "conform",
     "fingerprint", "fsync_dir", "model_identity", "models_of", "same_model", "iter_shards", "made_from", "output_error", "output_lock", "parquet_files", "read_file_metadata", "read_manifest",

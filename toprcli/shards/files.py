@@ -126,6 +126,21 @@ def json_safe(obj: Any) -> Any:
     return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 
+def read_json(path: str | os.PathLike[str], *, needs: str | None = None) -> Any:
+    """A JSON file toprcli wrote (written whole, so a bad one was edited or is not ours): its data, or one error line
+    naming the file. ``needs``: a key the document must have (a mapping)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except IsADirectoryError:
+        raise UserError(f"{p} is a directory, where topr keeps a JSON file — move it away") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{p} is not valid JSON ({getattr(e, 'msg', e)}) — it was edited or is not topr's: restore or delete it") from None
+    if needs is not None and (not isinstance(data, dict) or needs not in data):
+        raise UserError(f"{p} has no {needs!r} — it was edited or is not topr's: restore or delete it")
+    return data
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from toprcli.errors import UserError
-from toprcli.shards.files import fsync_dir, temporary_name, write_atomic, write_json_atomic
+from toprcli.shards.files import fsync_dir, read_json, temporary_name, write_atomic, write_json_atomic
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{5,})\.parquet$")
 MANIFEST_NAME = "_manifest.json"
@@ -179,7 +179,7 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = Path(out_dir) / MANIFEST_NAME
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def complete_shards(directory: str | os.PathLike[str]) -> dict[int, Path]:
@@ -233,7 +233,10 @@ def read_table(
         try:
             tables.append(pq.read_table(f, columns=columns))
         except (pa.ArrowInvalid, OSError) as e:
-            raise UserError(f"{f}: not a readable Parquet file ({e}) — regenerate it") from None
+            missing = columns and next((c for c in columns if c not in pq.read_schema(f).names), None) if _readable(f) else None
+            if missing:  # pyarrow's message lists the whole schema: one line naming the column
+                raise UserError(f"{f}: no column {missing!r} — a file of another stage, or edited: regenerate it") from None
+            raise UserError(f"{f}: not a readable Parquet file ({str(e).splitlines()[0]}) — regenerate it") from None
         except KeyError as e:
             raise UserError(f"{f}: missing column {e} — check the file") from None
     if not tables:
@@ -243,6 +246,14 @@ def read_table(
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise UserError(f"{', '.join(str(f) for f in files[:3])}{' ...' if len(files) > 3 else ''}: the files' columns do not match "
                         f"({str(e).splitlines()[0]}) — read files written by the same stage together") from None
+
+
+def _readable(path: Path) -> bool:
+    try:
+        pq.read_schema(path)
+        return True
+    except (pa.ArrowInvalid, OSError):
+        return False
 
 
 def read_schema(path: str | os.PathLike[str]) -> pa.Schema:

@@ -75,7 +75,7 @@ def read_eval(out: str | Path) -> dict[str, Any] | None:
     import json
 
     path = Path(out) / EVAL_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    return shards.read_json(path, needs="metrics") if path.exists() else None
 
 
 def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, progress: ProgressFn | None = None) -> StageResult:

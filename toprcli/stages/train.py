@@ -112,7 +112,7 @@ def finished_summary(cfg: TrainConfig) -> dict[str, Any] | None:
     if record.get("config") and changed:
         raise UserError(f"{out} is a finished training with other settings (changed: {', '.join(changed[:4])}) — pass --overwrite "
                         "to train it again, or choose another --out")
-    return json.loads((out / SUMMARY_NAME).read_text())
+    return shards.read_json(out / SUMMARY_NAME)
 
 
 def check_loss(cfg: TrainConfig) -> None:
