@@ -314,3 +314,32 @@ def test_a_flag_without_key_value_names_itself():
 def test_set_reads_an_integer_as_its_flag_does():
     """YAML 1.1 reads 010 as 8: `--set seed=010` and `--seed 010` gave different seeds."""
     assert load_config(CurateConfig, sets={"seed": "010"}).seed == 10 == load_config(CurateConfig, None, {"seed": 10}).seed
+
+
+def test_a_key_written_twice_is_refused_with_its_lines(tmp_path):
+    """YAML's last key silently won: `train: {lr: 0.001}` then `train: {loss: sft}` dropped the lr, and config check said ok."""
+    from toprcli.config import read_yaml
+
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("train: {lr: 0.001}\nrounds: 2\ntrain: {loss: sft}\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: line 3 is not valid YAML \(key 'train' is written twice \(also on line 1\)"):
+        read_yaml(dup)
+    inner = tmp_path / "inner.yaml"
+    inner.write_text("train:\n  lr: 1\n  lr: 2\n")
+    with pytest.raises(ConfigError, match=r"line 3 .*'lr' is written twice"):
+        read_yaml(inner)
+    merged = tmp_path / "merged.yaml"  # a merge key is not a duplicate
+    merged.write_text("base: &b {lr: 1}\ntrain:\n  <<: *b\n  loss: sft\n")
+    assert read_yaml(merged)["train"] == {"lr": 1, "loss": "sft"}
+    with pytest.raises(ConfigError, match="is a directory — pass a YAML config file"):
+        read_yaml(tmp_path)
+
+
+def test_config_check_refuses_a_model_that_is_not_there(tmp_path):
+    """`model: ./models/nosuch` passed config check; iterate refused it at once. A config without a model is a config for
+    `iterate --model`: fine."""
+    (tmp_path / "m.yaml").write_text("model: ./models/nosuch\n")
+    r = runner.invoke(app, ["config", "check", str(tmp_path / "m.yaml")])
+    assert r.exit_code == 2 and "model dir not found: ./models/nosuch" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    (tmp_path / "none.yaml").write_text("rounds: 1\n")
+    assert runner.invoke(app, ["config", "check", str(tmp_path / "none.yaml")]).exit_code == 0

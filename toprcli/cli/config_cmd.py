@@ -57,7 +57,8 @@ def check(
     """Validate a pipeline config and print it fully resolved (defaults filled in).
 
     Checks what `topr iterate` checks before any work (every key, value and cross-stage rule, the loss
-    options and the verifier specs); a problem is one error line and exit 2 (every unknown or moved key at once).
+    options, the verifier specs, a starting model named there and the trackers' packages); a problem is one error
+    line and exit 2 (every unknown or moved key at once).
 
     Example:
       [bold]topr config check configs/demo.yaml[/]
@@ -65,8 +66,14 @@ def check(
     from toprcli.config import IterateConfig, config_to_dict, load_config
     from toprcli.pipeline import Pipeline
 
+    from toprcli.generation.model_info import check_model
+    from toprcli.tracking import check_installed
+
     cfg = load_config(IterateConfig, file)
     Pipeline(cfg).check_settings()  # loss options and verifier specs, as `topr iterate` checks them first
+    check_installed(cfg.tracking.report_to)
+    if cfg.model and not cfg.warm_start.init_model:  # a model given is one (none: iterate's --model gives it; init_model builds it)
+        check_model(cfg.model)
     typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
     err_console.print(f"[green]ok[/]: {escape(str(file))} is a valid pipeline config", highlight=False)
 

@@ -39,13 +39,28 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A YAML config file as a mapping; a key written twice is refused (YAML's last one silently won: a whole section lost)."""
     import yaml
 
+    class Strict(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                plain = isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge"  # not <<: *anchor
+                key = self.construct_object(key_node, deep=True) if plain else None
+                if key is not None and key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is written twice (also on line {seen[key]}): merge them",
+                                                            key_node.start_mark)
+                seen.setdefault(key, key_node.start_mark.line + 1)
+            return super().construct_mapping(node, deep)
+
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p} is a directory — pass a YAML config file")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p} — check the path")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=Strict)  # noqa: S506 - a SafeLoader
     except UnicodeDecodeError:
         raise ConfigError(f"{p} is not a text file — pass a YAML config") from None
     except OSError as e:
