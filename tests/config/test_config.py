@@ -343,3 +343,13 @@ def test_config_check_refuses_a_model_that_is_not_there(tmp_path):
     assert r.exit_code == 2 and "model dir not found: ./models/nosuch" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     (tmp_path / "none.yaml").write_text("rounds: 1\n")
     assert runner.invoke(app, ["config", "check", str(tmp_path / "none.yaml")]).exit_code == 0
+
+
+@pytest.mark.parametrize("key", ["train.seed", "generate.sampling.seed", "eval.bootstrap_seed", "curate.seed"])
+def test_a_seed_outside_what_torch_and_numpy_take_is_refused(tmp_path, key):
+    """A seed of 2**64 was an OverflowError traceback where torch seeded; -1 failed in numpy's default_rng."""
+    from toprcli.config import IterateConfig
+
+    for bad in (-1, 2**64):
+        with pytest.raises(ConfigError, match=r"expected an integer in \[0, 2\*\*63\)"):
+            load_config(IterateConfig, None, sets={key: str(bad)})

@@ -459,3 +459,15 @@ def test_what_the_import_writes_passes_check_or_is_refused_in_one_line(tmp_path,
 def test_validation_without_a_sample_count_takes_rolls_one():
     result = import_roll(minimal(validation={"generating_args": {"temperature": 0.6, "top_p": 0.7, "top_k": 50}}))
     assert result.config["eval"]["k"] == 1 and any("num_return_sequences is not set" in c for c in result.callouts)
+
+
+def test_an_out_that_is_the_roll_file_and_a_misspelt_key_are_named(tmp_path, cli):
+    """--out the ROLL file itself, with --overwrite, replaced it; a misspelt response_length was reported as missing
+    without naming the misspelt key."""
+    roll = tmp_path / "roll.yaml"
+    roll.write_text("pretrain: x\nresponse_lenght: 512\n")
+    before = roll.read_text()
+    r = cli.invoke(app, ["config", "import-roll", str(roll), "--out", str(roll), "--overwrite"])
+    assert r.exit_code == 2 and "is the ROLL config being imported" in r.output and roll.read_text() == before
+    r = cli.invoke(app, ["config", "import-roll", str(roll), "--out", str(tmp_path / "t.yaml")])
+    assert r.exit_code == 2 and "response_lenght (not a ROLL key; did you mean response_length?)" in r.output

@@ -115,3 +115,17 @@ def test_cli_prints_a_table_and_json(tmp_path):
     assert "labelled Yes / No" in r.output and "2 / 2" in r.output
     r = CliRunner().invoke(app, ["verifier-data", "-s", str(d), "-o", str(tmp_path / "v.parquet"), "--json"])
     assert json.loads(r.stdout)["skipped"] is True
+
+
+def test_an_out_that_is_a_directory_or_an_input_is_refused(tmp_path):
+    """--out a directory said 'already exists — pass --overwrite', then crashed with IsADirectoryError; with --overwrite
+    an --out that is an input shard replaced it."""
+    scored = scored_dir(tmp_path)
+    (tmp_path / "d.parquet").mkdir()
+    with pytest.raises(UserError, match="is a directory — name the dataset file"):
+        run(VerifierDataConfig(scored=[str(scored)], out=str(tmp_path / "d.parquet"), overwrite=True))
+    shard = next(scored.glob("shard-*.parquet"))
+    before = shard.read_bytes()
+    with pytest.raises(UserError, match="is inside the scored input"):
+        run(VerifierDataConfig(scored=[str(scored)], out=str(shard), overwrite=True))
+    assert shard.read_bytes() == before

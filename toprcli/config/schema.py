@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toprcli.config.fields import AT_LEAST_ONE, FINITE, MIN_P, NON_NEGATIVE, POSITIVE, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
+from toprcli.config.fields import AT_LEAST_ONE, FINITE, MIN_P, NON_NEGATIVE, POSITIVE, SEED, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
 from toprcli.config.fields import _check, choice, config_to_dict, from_dict, opt
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
@@ -43,11 +43,11 @@ class DatasetSpec:
     system_prompt: str | None = opt(None, "System message for --chat-template prompts, only where a row has no system turn of its own.")
     few_shot: int = opt(0, "Prepend k solved examples from --few-shot-split (paper: 8 for GSM8K, 4 for MATH).", check=NON_NEGATIVE)
     few_shot_split: str = opt("train", "The split few-shot examples come from (never the problem itself); with a local file, another file.")
-    few_shot_seed: int = opt(0, "Seed of the few-shot choice (with each problem's id).")
+    few_shot_seed: int = opt(0, "Seed of the few-shot choice (with each problem's id).", check=SEED)
     limit: int | None = opt(None, "Use only the first K prompts.", check=AT_LEAST_ONE)
     size: int = opt(2000, "builtin:arith: problems per split (at most what the split has: level 1 test, 222).", cli=False, check=AT_LEAST_ONE)
     level: int = opt(2, "builtin:arith: difficulty 1..4.", cli=False, check=_check(lambda v: 1 <= v <= 4, "an integer 1..4"))
-    seed: int = opt(0, "builtin:arith: seed of the problems.", cli=False)
+    seed: int = opt(0, "builtin:arith: seed of the problems.", cli=False, check=SEED)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class SamplingConfig:
     top_k: int = opt(-1, "Keep the k most likely tokens; -1 is off.", check=TOP_K)
     min_p: float = opt(0.0, "Drop tokens less likely than min-p × the most likely one; 0 is off.", check=MIN_P)
     max_new_tokens: int = opt(512, "Most tokens per completion.", check=AT_LEAST_ONE)
-    seed: int = opt(0, "Base seed; each prompt samples from its own stream seeded by (seed, iteration, prompt id).")
+    seed: int = opt(0, "Base seed; each prompt samples from its own stream seeded by (seed, iteration, prompt id).", check=SEED)
 
 
 @dataclass
@@ -138,7 +138,7 @@ class CurateConfig:
     max_per_prompt: int | None = opt(None, "Keep at most this many samples per prompt (lowest sample_index first).", check=AT_LEAST_ONE)
     first_positive: bool = opt(False, "Per prompt keep the first correct sample and every incorrect one.", flag="--first-positive/--all-positives")
     subsample: int | None = opt(None, "Keep a uniform random subset of this many rows (after the filters).", check=AT_LEAST_ONE)
-    seed: int = opt(0, "Seed of --subsample.")
+    seed: int = opt(0, "Seed of --subsample.", check=SEED)
     overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
     unreachable_baseline: float | None = opt(None, "With --positive-fraction: the constant c when the data has one outcome only; unset: fail (iterate uses 0).",
                                              check=FINITE)
@@ -183,7 +183,7 @@ class VerifierDataConfig:
     balance: bool = opt(False, "As many correct as incorrect candidates (the larger class is subsampled, seeded).")
     max_per_question: int | None = opt(None, "At most this many candidates per question (a seeded choice).", check=AT_LEAST_ONE)
     dedupe: bool = opt(True, "One row per distinct question and candidate text.")
-    seed: int = opt(0, "Seed of --balance and --max-per-question.")
+    seed: int = opt(0, "Seed of --balance and --max-per-question.", check=SEED)
     overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
 
 
@@ -233,7 +233,7 @@ class TrainConfig:
     top_p: float | None = opt(None, _CHECK_DATA.format("top-p"), check=UNIT_HALF_OPEN)
     top_k: int | None = opt(None, _CHECK_DATA.format("top-k"), check=TOP_K)
     min_p: float | None = opt(None, _CHECK_DATA.format("min-p"), check=MIN_P)
-    seed: int = opt(0, "Seed of the data order and initialisation.")
+    seed: int = opt(0, "Seed of the data order and initialisation.", check=SEED)
     dtype: Literal["auto", "float32", "bfloat16", "bfloat16-pure"] = opt(
         "auto", "auto: fp32 on CPU, bfloat16 on GPU; bfloat16: bf16 compute, fp32 master weights; bfloat16-pure: bf16 weights (small updates are lost).")
     save_dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "dtype of the saved weights (float32 keeps small updates).")
@@ -302,7 +302,7 @@ class EvalConfig:
     verifier_chat_template: bool = opt(False, "Render verification prompts with the verifier's chat template (as it was trained).")
     candidates: str | None = opt(None, "Judge this scored dir's samples with --model itself as the verifier (evaluating a trained verifier).")
     bootstrap_resamples: int = opt(1000, "Resamples of the percentile bootstrap (over prompts) behind every 95% interval.", check=AT_LEAST_ONE)
-    bootstrap_seed: int = opt(0, "Seed of the bootstrap resamples.")
+    bootstrap_seed: int = opt(0, "Seed of the bootstrap resamples.", check=SEED)
     tracking: TrackingConfig = opt(factory=TrackingConfig)
 
     def check(self) -> None:
@@ -329,7 +329,7 @@ class WarmStartConfig:
 
     enabled: bool = opt(False, "Warm-start with supervised training on the dataset's gold solutions.")
     init_model: bool = opt(False, "Build the built-in tiny model first (then `model` is ignored).")
-    model_seed: int = opt(0, "Seed of the built-in model's weights.")
+    model_seed: int = opt(0, "Seed of the built-in model's weights.", check=SEED)
     model_preset: Literal["tiny", "small"] = opt("tiny", "The built-in model's size.")
     examples: int = opt(2000, "Gold solutions to train on.", check=AT_LEAST_ONE)
     train: dict[str, Any] = opt(factory=dict, help="Overrides of the train config for the warm start (any train key).")

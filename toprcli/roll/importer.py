@@ -205,6 +205,11 @@ def import_roll(data: dict[str, Any]) -> ImportResult:
         apply_rules(m)
     except TypeError:  # a value of another kind than ROLL takes there (a list for a dtype name, null in a count)
         raise UserError(f"{m.last_key}: {m.get(m.last_key)!r} is not a value ROLL takes there — fix it in the file") from None
+    except UserError as e:  # a key a rule needs may be there misspelt (response_lenght): name the unknown keys with it
+        unknown = [f"{r.key} ({r.detail})" for r in rows.values() if r.status == UNKNOWN]
+        if unknown:
+            raise UserError(f"{e} (unknown keys in the file, maybe the one meant: {'; '.join(unknown[:5])})") from None
+        raise
     for row in rows.values():
         if row.status == LEFT_OUT and not row.detail:
             row.detail = reason_for(row.key, row.value)

@@ -13,6 +13,7 @@ Callers use the package's names (``shards.write_shard``), so a test can patch on
 
 from toprcli.shards.files import (
     build_dir_beside,
+    check_not_an_input,
     fsync_dir,
     check_writable,
     output_error,
@@ -67,6 +68,7 @@ from toprcli.shards.store import (
 )
 
 __all__ = [
+    "check_not_an_input",
     "read_json",
     "CURATED_FIELDS", "CURATED_SCHEMA", "MANIFEST_NAME", "METADATA_KEY", "SAMPLES_FIELDS", "SAMPLES_SCHEMA", "SCHEMAS",
     "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "build_dir_beside", "changed_keys", "changes", "check_finished", "check_nulls", "check_writable", "complete_shards", "conform",

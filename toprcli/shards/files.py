@@ -126,6 +126,17 @@ def json_safe(obj: Any) -> Any:
     return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 
+def check_not_an_input(out: str | os.PathLike[str], inputs: list[str], example: str) -> None:
+    """Refuse an output file that is one of the scored ``inputs`` (``--overwrite`` would replace it) or lies inside an
+    input directory (its files would count as the input's); ``example``: a file name to suggest beside the input."""
+    target = Path(out).resolve()
+    for s in inputs:
+        if Path(s).is_dir() and target.is_relative_to(Path(s).resolve()):
+            raise UserError(f"--out {out} is inside the scored input {s} — write it beside, e.g. {Path(s).parent / example}")
+        if target == Path(s).resolve():
+            raise UserError(f"--out {out} is the scored input {s} — write it to another file, e.g. {Path(s).with_name(example)}")
+
+
 def read_json(path: str | os.PathLike[str], *, needs: str | None = None) -> Any:
     """A JSON file toprcli wrote (written whole, so a bad one was edited or is not ours): its data, or one error line
     naming the file. ``needs``: a key the document must have (a mapping)."""

@@ -135,12 +135,7 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
         raise UserError("no output given — pass --out FILE, e.g. --out runs/x/train.parquet")
     if not str(cfg.out).endswith(".parquet"):
         raise UserError(f"--out {cfg.out}: the training set is one Parquet file — name it *.parquet")
-    inside = [s for s in cfg.scored if Path(s).is_dir() and Path(cfg.out).resolve().is_relative_to(Path(s).resolve())]
-    if inside:  # its files would count as the input's: a rerun would find other inputs and refuse its own output
-        raise UserError(f"--out {cfg.out} is inside the scored input {inside[0]} — write it beside, e.g. {Path(inside[0]).parent / 'train.parquet'}")
-    if same := [s for s in cfg.scored if Path(cfg.out).resolve() == Path(s).resolve()]:  # --overwrite would replace the input
-        raise UserError(f"--out {cfg.out} is the scored input {same[0]} — write the training set to another file, e.g. "
-                        f"{Path(same[0]).with_name('train.parquet')}")
+    shards.check_not_an_input(cfg.out, list(cfg.scored), "train.parquet")
     kind, c = ("positive-fraction", None) if cfg.positive_fraction is not None else parse_baseline(cfg.baseline)
     weights = cfg.source_weights if cfg.source_weights is not None else [1.0] * len(cfg.scored)
     if len(weights) != len(cfg.scored):

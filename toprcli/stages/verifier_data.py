@@ -58,6 +58,9 @@ def run(cfg: VerifierDataConfig, *, progress: ProgressFn | None = None) -> Stage
     if not str(cfg.out).endswith(".parquet"):
         raise UserError(f"--out {cfg.out or '(none)'}: the verification dataset is one Parquet file — name it *.parquet")
     out = Path(cfg.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory — name the dataset file, e.g. {out / 'train.parquet'}")
+    shards.check_not_an_input(out, list(cfg.scored), "verify.parquet")
     inputs = ScoredInputs.open(list(cfg.scored))
     config = config_to_dict(cfg)
     fingerprints = {p: shards.fingerprint(p) for p in cfg.scored}
