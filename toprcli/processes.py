@@ -194,11 +194,14 @@ def redirect_output(log: str | os.PathLike[str]) -> tuple[int, int] | None:
             return None
     except (AttributeError, OSError, ValueError):
         return None
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    try:  # a log that cannot be made keeps the output on the terminal; the command's own output then says what is wrong
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return None
     sys.stdout.flush()
     sys.stderr.flush()
     saved = (os.dup(1), os.dup(2))
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

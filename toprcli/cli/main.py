@@ -6,7 +6,10 @@ built from import the loss registry (torch), so `topr --help` takes about two se
 
 from __future__ import annotations
 
+import sys
+
 import typer
+from typer import rich_utils
 
 from toprcli.cli import config_cmd, curate, generate, info, iterate, models, report, score, train, verifier_data
 from toprcli.cli import eval as eval_cli
@@ -24,6 +27,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_show_locals=False,
 )
+
+if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():  # `--help | less`: 80 columns split the examples' commands
+    rich_utils.MAX_WIDTH = 200  # (TERMINAL_WIDTH, when set, still decides)
 
 app.command("info")(info.info)
 app.command("init-model")(models.init_model)
