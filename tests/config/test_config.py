@@ -169,9 +169,10 @@ def test_a_verifier_trained_by_iterate_judges_candidates_as_it_was_trained():
     assert cfg.eval.candidates == "scored"
     # The system prompt it was trained with is the one it judges with (the judge once dropped it).
     with pytest.raises(ConfigError, match="eval.dataset.system_prompt differs"):
-        from_dict(IterateConfig, {"generate": {"dataset": {"system_prompt": "You grade solutions."}}, "eval": {"candidates": "scored"}})
-    cfg = from_dict(IterateConfig, {"generate": {"dataset": {"system_prompt": "You grade solutions."}},
-                                    "eval": {"candidates": "scored", "dataset": {"system_prompt": "You grade solutions."}}})
+        from_dict(IterateConfig, {"generate": {"dataset": {"system_prompt": "You grade solutions.", "chat_template": True}},
+                                  "eval": {"candidates": "scored", "verifier_chat_template": True}})
+    same = {"system_prompt": "You grade solutions.", "chat_template": True}
+    cfg = from_dict(IterateConfig, {"generate": {"dataset": same}, "eval": {"candidates": "scored", "dataset": same, "verifier_chat_template": True}})
     from toprcli.stages.eval_judge import _spec
 
     assert _spec(cfg.eval, "x").system_prompt == "You grade solutions."
@@ -194,12 +195,21 @@ def test_a_mapping_flag_adds_to_the_files_or_the_default_mapping(tmp_path):
     assert load_config(TrainConfig, f, sets={"loss_options": {}}).loss_options == {}
 
 
+def test_a_system_prompt_needs_the_chat_template():
+    """Without --chat-template the system prompt was dropped in silence, and recorded in the manifest as if used."""
+    from toprcli.config import GenerateConfig
+
+    with pytest.raises(ConfigError, match="dataset.system_prompt needs dataset.chat_template: true"):
+        load_config(GenerateConfig, None, sets={"dataset.system_prompt": "Be brief."})
+
+
 def test_set_keeps_a_string_fields_text_as_written():
     """`--set` values arrive as text: a string field keeps it (a split named 2023 was refused, a regex lost its
     ' # x' as a YAML comment, '#id' became unset, 010 became 8); other fields read it as YAML."""
     from toprcli.config import GenerateConfig, ScoreConfig, TrainConfig, load_config, split_override
 
-    sets = dict(split_override(t) for t in ["dataset.split=2023", "dataset.id_column=#id", "model=010", "dataset.system_prompt=Be brief.  "])
+    sets = dict(split_override(t) for t in ["dataset.split=2023", "dataset.id_column=#id", "model=010", "dataset.system_prompt=Be brief.  ",
+                                                   "dataset.chat_template=true"])
     cfg = load_config(GenerateConfig, None, sets=sets)
     assert (cfg.dataset.split, cfg.dataset.id_column, cfg.model, cfg.dataset.system_prompt) == ("2023", "#id", "010", "Be brief.  ")
     assert load_config(ScoreConfig, None, sets=dict([split_override("verifier=regex:answer is (\\d+) # x")])).verifier == "regex:answer is (\\d+) # x"

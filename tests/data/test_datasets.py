@@ -257,3 +257,31 @@ def test_content_is_read_from_the_columns_the_none_preset_reads_too(tmp_path, ro
     (example,) = load_examples(spec)
     assert (example.question, example.answer, example.preset) == ("1 + 1?", gold, preset)
     assert default_verifier(spec) == PRESETS[preset].verifier
+
+
+def test_common_layouts_a_review_found_misread(tmp_path, monkeypatch):
+    """Alpaca's empty `input` was taken as the question (refused, or the instruction lost); `~/gsm8k-rl/math500.jsonl`
+    was matched by its whole path (gsm8k, gold '(12)'); a local folder named gsm8k got the hub's config `main`; a
+    user-final conversation beside an `answer` column was refused; topr's own outputs were read as TRL datasets."""
+    def jsonl(path, rows):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    alpaca = jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "What is 12 times 3?", "input": "", "output": "#### 36"},
+                                               {"instruction": "Solve for x.", "input": "2x + 3 = 7", "output": "#### 2"}])
+    assert [e.question for e in load_examples(DatasetSpec(source=alpaca))] == ["What is 12 times 3?", "Solve for x.\n\n2x + 3 = 7"]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    jsonl(tmp_path / "gsm8k-rl" / "math500.jsonl", [{"problem": "Point?", "answer": "(1,2)"}])
+    spec = DatasetSpec(source="~/gsm8k-rl/math500.jsonl")
+    assert resolve_preset(spec).name == "math" and load_examples(spec)[0].answer == "(1,2)"
+    jsonl(tmp_path / "data" / "gsm8k" / "train.jsonl", [{"question": "What is 2+2?", "answer": "#### 4"}])
+    monkeypatch.chdir(tmp_path / "data")
+    assert load_examples(DatasetSpec(source="gsm8k"))[0].answer == "4"
+    chat = jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "What is 2+2?"}], "answer": "4"}])
+    assert load_examples(DatasetSpec(source=chat))[0].answer == "4"
+    from toprcli import shards
+
+    shards.write_table_atomic(tmp_path / "train.parquet", pa.table({"prompt": ["q"], "completion": ["c"]}), {"stage": "curate"})
+    with pytest.raises(UserError, match="was written by topr's curate stage, it is not a dataset"):
+        load_examples(DatasetSpec(source=str(tmp_path / "train.parquet")))

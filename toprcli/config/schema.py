@@ -49,6 +49,11 @@ class DatasetSpec:
     level: int = opt(2, "builtin:arith: difficulty 1..4.", cli=False, check=_check(lambda v: 1 <= v <= 4, "an integer 1..4"))
     seed: int = opt(0, "builtin:arith: seed of the problems.", cli=False, check=SEED)
 
+    def check(self) -> None:  # a setting that would do nothing in silence (and be recorded as if it did)
+        if self.system_prompt and not self.chat_template:
+            raise ConfigError("dataset.system_prompt needs dataset.chat_template: true (a plain-text prompt has no system turn) — "
+                              "turn --chat-template on, or put the text in --template")
+
 
 @dataclass
 class SamplingConfig:

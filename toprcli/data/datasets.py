@@ -75,7 +75,7 @@ class Preset:
 
 # Where instruction-style files keep the question and the gold: GSM8K's and MATH's presets read them too, so a
 # file recognised by its content (`#### n`, a boxed solution) in these columns is read by the preset it was recognised as.
-OTHER_QUESTION_COLUMNS = ("prompt", "input", "instruction")
+OTHER_QUESTION_COLUMNS = ("prompt", "instruction", "input")  # Alpaca: the instruction, its input after it (_question)
 OTHER_ANSWER_COLUMNS = ("solution", "output", "target")
 GSM8K_INSTRUCTION = (
     "Solve the math problem step by step. Give the final answer on its own line as '#### <number>'."
@@ -120,7 +120,7 @@ PRESETS: dict[str, Preset] = {
     # Chat datasets (formats.py): the prompt is a conversation rendered as given; these say where the gold is.
     "verl": Preset("verl", ("prompt",), ("reward_model.ground_truth",), "{question}", "{question}", verifier="data_source"),
     "trl": Preset("trl", ("prompt",), ("answer", "solution", "completion"), "{question}", "{question}", verifier="math"),
-    "messages": Preset("messages", ("messages",), (), "{question}", "{question}", verifier="math"),
+    "messages": Preset("messages", ("messages",), ("answer", "solution"), "{question}", "{question}", verifier="math"),
     "none": Preset(
         name="none",
         question_columns=("question", "problem", *OTHER_QUESTION_COLUMNS),
@@ -141,8 +141,10 @@ def _stage_of_file(path: str, mtime_ns: int) -> str | None:
 
 
 def _written_by(source: str) -> str | None:
-    """The toprcli stage that wrote a local Parquet file (its ``toprcli`` metadata), else None."""
+    """The toprcli stage that wrote a local Parquet file, or a directory's first one (its ``toprcli`` metadata), else None."""
     path = Path(source).expanduser()
+    if path.is_dir():
+        path = next(iter(sorted(path.glob("*.parquet"))), path)
     if path.suffix.lower() != ".parquet" or not path.is_file():
         return None
     return _stage_of_file(str(path), path.stat().st_mtime_ns)
@@ -159,7 +161,7 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
         return PRESETS["arith"]
     if _written_by(spec.source) == "verifier-data":
         return PRESETS["verification"]
-    name = Path(src).name if Path(spec.source).exists() else src
+    name = Path(src).name if Path(spec.source).expanduser().exists() else src
     if "gsm8k" in name or "gsm8k" in src and "math" not in name:  # the file's own name first: gsm8k-rl/math500.jsonl is MATH
         return PRESETS["gsm8k"]
     if "math" in name:
@@ -198,6 +200,8 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
 
     datasets.disable_progress_bars()
     path = Path(src).expanduser()
+    if (stage := _written_by(src)) not in (None, "verifier-data"):  # rendered prompts and completions, ids in another column
+        raise UserError(f"{src} was written by topr's {stage} stage, it is not a dataset — pass the dataset it was made from")
     try:
         if path.is_file():
             fmt = LOCAL_FORMATS.get(path.suffix.lower())
@@ -211,7 +215,7 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
                 raise UserError(f"dataset file not found: {src} — check the path")
             # A hub id, or a local directory laid out like a hub dataset repo.
             config_name = spec.config_name
-            if config_name is None and src.rstrip("/") in HUB_DEFAULT_CONFIGS:
+            if config_name is None and not path.is_dir() and src.rstrip("/") in HUB_DEFAULT_CONFIGS:  # a local gsm8k/ is no hub id
                 config_name = HUB_DEFAULT_CONFIGS[src.rstrip("/")]
             ds = datasets.load_dataset(str(path) if path.is_dir() else src, config_name, split=spec.split)
         else:
@@ -290,7 +294,7 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         )
     a_col = _pick_column(probe, spec.answer_column, preset.answer_columns, "answer", spec)
     id_col = _pick_column(probe, spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec)
-    parts = [_question(r, q_col, preset, f"dataset {spec.source!r} row {n}, column {q_col!r}", spec.answer_column is not None) for n, r in enumerate(rows)]
+    parts = [_question(r, q_col, preset, f"dataset {spec.source!r} row {n}, column {q_col!r}", a_col is not None) for n, r in enumerate(rows)]
     if a_col is None and all(reference is None for _, _, reference in parts):  # caught before hours of generation, not at scoring
         warnings.warn(f"dataset {spec.source!r} has no answer column (looked for {', '.join(preset.answer_columns)}; columns are: "
                       f"{', '.join(probe)}): every gold answer is empty and a verifier that needs one will fail — set dataset.answer_column")
@@ -346,7 +350,8 @@ def _question(row: dict[str, Any], column: str, preset: Preset, where: str, gold
         raise UserError(f"{where}: the question is a mapping (fields: {', '.join(map(str, list(value)[:4]))}) — name the field that holds it "
                         f"(--question-column {column}.FIELD)")
     if not isinstance(value, (list, tuple)) and (isinstance(value, str) or preset.name not in ("verl", "messages")):
-        return str(value), None, None
+        extra = row.get("input") if column == "instruction" else None  # Alpaca: the instruction's input goes with it
+        return str(value) + (f"\n\n{extra}" if isinstance(extra, str) and extra.strip() else ""), None, None
     messages, reference = formats.check_messages(value, where), None
     if preset.name == "messages" and not (gold_named and messages[-1]["role"] == "user"):
         messages, reference = formats.split_reference(messages, where)

@@ -74,7 +74,7 @@ def detect(row: dict[str, Any]) -> str | None:
 def split_reference(messages: list[dict[str, str]], where: str) -> tuple[list[dict[str, str]], str]:
     """A ``messages`` conversation → (the prompt turns, the last assistant turn's content)."""
     if messages[-1]["role"] != "assistant":
-        raise UserError(f"{where}: the conversation must end with the assistant's reference answer, it ends with a {messages[-1]['role']!r} turn")
+        raise UserError(f"{where}: the conversation must end with the assistant's reference answer, it ends with a {messages[-1]['role']!r} turn — or name the gold answer's column with --answer-column")
     if not any(m["role"] == "user" for m in messages[:-1]):
         raise UserError(f"{where}: the conversation has no user turn before the reference answer")
     return messages[:-1], messages[-1]["content"]
