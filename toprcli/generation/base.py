@@ -2,10 +2,11 @@
 
 A backend turns token ids into sampled token ids, ``n`` per prompt, and returns
 for every sampled token its log-probability under the distribution actually
-sampled from (after temperature, top-k, top-p): the behaviour log-probs μ that
-the off-policy losses need (docs/architecture.md §5). Two implementations:
+sampled from (after temperature, min-p, top-k, top-p): the behaviour log-probs μ
+that the off-policy losses need (docs/architecture.md §5). Two implementations:
 :mod:`toprcli.generation.vllm_backend` (the engine) and
-:mod:`toprcli.generation.hf_backend` (transformers ``generate``). Reads and
+:mod:`toprcli.generation.hf_backend` (a transformers model's forward passes, sampled
+through :mod:`toprcli.sampling`; never ``generate``). Reads and
 writes no files.
 
 Token accounting, the same in both backends: ``Completion.token_ids`` holds

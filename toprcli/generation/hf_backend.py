@@ -47,7 +47,7 @@ from toprcli.generation.model_info import config_context_length, first_line, sam
 
 
 class HFBackend:
-    """A transformers causal LM sampling with ``generate``, batched with left padding."""
+    """A transformers causal LM sampled token by token through :mod:`toprcli.sampling`, batched with left padding."""
 
     name = "hf"
 
@@ -91,7 +91,7 @@ class HFBackend:
             "dtype": self.dtype,
             "batch_size": options.batch_size,
             "max_model_len": self.max_model_len,
-            "logprobs_mode": "processed (after temperature/top-k/top-p warpers)",
+            "logprobs_mode": "processed (after temperature, min-p, top-k, top-p)",
             "engine_start_s": round(self.start_seconds, 2),
         }
 

@@ -177,7 +177,7 @@ class VLLMBackend:
             model=model,
             tokenizer=model,
             dtype=dtype,
-            seed=o.seed,
+            seed=o.seed % 2**32,  # vLLM seeds numpy with it, which takes < 2**32 (requests carry their own seeds)
             gpu_memory_utilization=gmu,
             tensor_parallel_size=o.tensor_parallel_size,
             logprobs_mode="processed_logprobs",

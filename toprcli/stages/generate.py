@@ -38,7 +38,8 @@ thread); multi-threaded CPU kernels and GPUs can change low-order bits with the
 batch, and now and then a sampled token. The sampler RNG is also reseeded with
 ``derive_seed(seed, iteration, "shard", j)`` before shard ``j`` (the HF backend,
 and vLLM with ``per_request_seed: false``, are reproducible per shard). A rerun
-redoes whole shards with the same batches, so a resumed run is exact either way.
+redoes whole shards, so a resumed run is exact either way, given the same ``--batch-size``
+for the HF backend (it reseeds per batch).
 """
 
 from __future__ import annotations
@@ -190,7 +191,6 @@ def _check_engine_context(cfg: GenerateConfig, plan: _Plan, backend: GenerationB
         drop_long(todo, engine_context, skip_long=False)
         return check_room(todo, engine_context, cfg.sampling.max_new_tokens, cfg.clip_to_context)
     except UserError as e:
-        backend.close()
         config = f"the config's {planned}" if planned is not None else "the config declares none"
         raise UserError(f"the engine's context is {engine_context} tokens ({config}): {e} "
                         f"(pass --max-model-len {engine_context} to plan for it)") from None
@@ -247,10 +247,11 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
         if backend is None:
             backend = open_backend(cfg.engine, str(cfg.model), seed=cfg.sampling.seed)
             own_backend = True
-            summary["clipped_to_context"] = _check_engine_context(cfg, plan, backend) or plan.clipped
         elif str(backend.model) != str(cfg.model):
             backend.load_weights(str(cfg.model))
-        try:
+        try:  # the engine this opened is closed whatever stops it (a refusal, a signal)
+            if own_backend:
+                summary["clipped_to_context"] = _check_engine_context(cfg, plan, backend) or plan.clipped
             engine_info = dict(getattr(backend, "info", {}))
             _run_shards(cfg, backend, plan.tokenizer, plan.blocks, plan.todo, plan.params, plan.key, out, stats, progress)
         finally:
