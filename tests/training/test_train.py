@@ -682,6 +682,13 @@ def test_resume_keeps_a_finished_out_only_if_it_was_trained_so(tiny_model_dir, d
     r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(out), "--optimizer", "adamw",
                                  "--lr", "1e-3", "--batch-size", "16", "--max-steps", "2", "--resume"])
     assert r.exit_code == 0 and "already trained (same settings), kept:" in r.stdout, r.output
+    # Another model (its path was not compared, nor its files): not this training.
+    from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", seed=7, **TINY_PRESETS["tiny"])
+    (other / "README.md").write_text("another model")  # other files whatever second it was built in
+    with pytest.raises(UserError, match=r"other settings \(changed: model \(its files\)\)"):
+        train_policy(_cfg(other, data_path, out, max_steps=2, resume=True))
 
 
 @pytest.mark.parametrize("option, words", [("kl_coef=-1", "'loss_options.kl_coef': -1 — expected a finite number >= 0"),
@@ -692,3 +699,20 @@ def test_generic_options_given_as_loss_options_are_checked_as_their_flags(tiny_m
     r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(tmp_path / "o"), "--loss-option", option])
     assert r.exit_code == 2 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
+
+
+def test_what_a_review_of_training_found_is_one_line(tiny_model_dir, data_path, tmp_path):
+    """A model dir without weights was an OSError traceback; whiten_advantages with a pairwise loss whitened its ±1 marks
+    (and a step of chosen rows only raised mid-run); a warm-up longer than the run never reached --lr, in silence."""
+    from toprcli.training.prepare import resolve_loss
+
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (no_weights / name).write_bytes((tiny_model_dir / name).read_bytes())
+    with pytest.raises(UserError, match=r"cannot load the model .*no-weights \(.*\) — pass a directory with its weights"):
+        train_policy(_cfg(no_weights, data_path, tmp_path / "p", max_steps=1))
+    with pytest.raises(UserError, match="is pairwise .* whiten_advantages and adv_clip do not apply"):
+        resolve_loss(TrainConfig(loss="dpo", whiten_advantages=True))
+    with pytest.warns(UserWarning, match=r"warmup_steps 5 > the run's 2 steps: the lr peaks at 0.40 × --lr"):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "w", max_steps=2, warmup_steps=5))

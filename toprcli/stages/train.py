@@ -107,8 +107,12 @@ def finished_summary(cfg: TrainConfig) -> dict[str, Any] | None:
     record = shards.read_manifest(out) or {}
     ignored = {*NON_SEMANTIC_KEYS, "model", "ref_model", "data"} - {"save_dtype"}
     changed = sorted(k for k in shards.changed_keys(as_now(TrainConfig, record.get("config") or {}), config_to_dict(cfg)) if k.split(".")[0] not in ignored)
-    if record.get("inputs", {}).get("data_fingerprint") not in (None, shards.fingerprint(cfg.data)):
+    inputs = record.get("inputs", {})
+    if inputs.get("data_fingerprint") not in (None, shards.fingerprint(cfg.data)):
         changed.append("data (its files)")
+    for key in ("model", "ref_model"):  # by their files: another model (or one retrained in place) is another training
+        if inputs.get(f"{key}_files") not in (None, shards.model_identity(getattr(cfg, key) or "")):
+            changed.append(f"{key} (its files)")
     if record.get("config") and changed:
         raise UserError(f"{out} is a finished training with other settings (changed: {', '.join(changed[:4])}) — pass --overwrite "
                         "to train it again, or choose another --out")
@@ -172,7 +176,8 @@ def _finish(prep: Prepared, summary: dict) -> None:
         partial,
         stage=STAGE,
         config=config_to_dict(prep.cfg),
-        inputs={"model": prep.cfg.model, "data": prep.cfg.data, "data_fingerprint": prep.data_fingerprint},
+        inputs={"model": prep.cfg.model, "data": prep.cfg.data, "data_fingerprint": prep.data_fingerprint,
+                "model_files": shards.model_identity(prep.cfg.model), "ref_model_files": shards.model_identity(prep.cfg.ref_model or "")},
         counts={"rows": summary["rows"], "steps": summary["steps"], "tokens": summary["tokens"]},
         wall_time_s=summary["wall_time_s"],
         sampling=summary["sampling"],

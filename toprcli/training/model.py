@@ -180,7 +180,11 @@ def _load_lm_with(model: str, dtype: torch.dtype, on_meta: bool, kw: dict[str, A
 
     with quiet_hf():
         if not on_meta:
-            return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, **kw)
+            try:
+                return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, **kw)
+            except OSError as e:  # a config.json without weights, a hub id not there: one line naming the model
+                raise UserError(f"cannot load the model {model} ({str(e).splitlines()[0] if str(e) else type(e).__name__}) — pass a directory with its weights "
+                                "(model.safetensors), or a hub id") from None
         from accelerate import init_empty_weights
 
         # Parameters on the meta device (no memory); buffers (rotary tables) real, as the

@@ -134,7 +134,8 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int) 
     Warm-up: (step+1)/warmup_steps for the first ``warmup_steps`` steps (full lr
     at the last warm-up step). Then ``constant``: 1; ``cosine``:
     ½(1 + cos(π · progress)), progress = (step − warmup)/(total − warmup),
-    decaying to 0 at the end of the run.
+    which reaches 0 just after the last step (as transformers' cosine schedule; the
+    last step's factor is ½(1 + cos(π(T − 1 − w)/(T − w))), 0.5 for two steps after warm-up).
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps

@@ -151,6 +151,9 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
     )
     if setup.ref_model and not setup.kl_coef:
         raise UserError("ref_model is set but kl_coef is 0 — set --kl-coef > 0 or drop --ref-model")
+    if LOSSES[cfg.loss].pairwise and (setup.whiten_advantages or setup.adv_clip):  # ±1 marks chosen/rejected: not advantages
+        raise UserError(f"--loss {cfg.loss} is pairwise (its ±1 marks chosen and rejected): whiten_advantages and adv_clip do not "
+                        "apply — turn them off")
     two = torch.zeros(2, 1)  # one (chosen, rejected) pair, so pairwise losses run too
     # One dry run validates everything the loss reads (names, aggregation, KL estimator, option values).
     policy_loss(  # raises ValueError for what the loss rejects

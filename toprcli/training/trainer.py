@@ -27,6 +27,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -156,6 +157,9 @@ def _build_model(prep: Prepared, ctx: DistContext) -> _Learner:
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = build_optimizer(cfg.optimizer, params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = build_scheduler(optimizer, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=prep.steps)
+    if cfg.warmup_steps > prep.steps and ctx.is_main:  # the warm-up never ends: --lr is never reached
+        warnings.warn(f"warmup_steps {cfg.warmup_steps} > the run's {prep.steps} steps: the lr peaks at {prep.steps / cfg.warmup_steps:.2f} × "
+                      "--lr — lower --warmup-steps", stacklevel=2)
     return _Learner(policy, lora_config, precision, params, optimizer, scheduler, lambda: precision.autocast(ctx.distributed))
 
 
