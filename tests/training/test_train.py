@@ -369,7 +369,7 @@ def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path
     with pytest.raises(Killed):
         train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))
     monkeypatch.undo()
-    with pytest.raises(UserError, match="different config"):
+    with pytest.raises(UserError, match=r"different config \(changed: lr\) — run without --resume"):
         train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", resume=True, lr=5e-3, **kw))
     # How a step is cut into forward passes is no such change: the advice after running out of memory.
     resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", resume=True, micro_batch_tokens=64, gradient_checkpointing=True,

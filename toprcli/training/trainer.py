@@ -36,11 +36,11 @@ import numpy as np
 import torch
 
 from toprcli import interrupt
-from toprcli.config import TrainConfig
+from toprcli.config import TrainConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
-from toprcli.shards import json_safe, same_model, write_atomic, write_text_atomic
+from toprcli.shards import changed_keys, json_safe, same_model, write_atomic, write_text_atomic
 from toprcli.tracking import TRACKER_FILES
 from toprcli.training import checkpoint as ckpt
 from toprcli.training.batching import TokenData, collate, collate_shared, loss_denominator, plan_micro_batches
@@ -48,7 +48,7 @@ from toprcli.training.distributed import DistContext, all_reduce, barrier
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
 from toprcli.training.prefix_packed import attention_for
-from toprcli.training.prepare import Prepared
+from toprcli.training.prepare import NON_SEMANTIC_KEYS, Prepared
 from toprcli.training.stats import StepStats, add_gap, behavior_gap
 
 METRICS_NAME = "metrics.jsonl"
@@ -96,7 +96,8 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
         behavior, ref = _load_precomputed(partial, prep.data)
     else:
         behavior, ref = _precompute(prep, model.policy, ctx, model.autocast, state)
-    state.update(config_fingerprint=prep.config_fingerprint, data_fingerprint=prep.data_fingerprint)
+    state.update(config_fingerprint=prep.config_fingerprint, data_fingerprint=prep.data_fingerprint,
+                 config=config_to_dict(prep.cfg))  # what a refused resume names as changed
     start_step = int(state["step"])
 
     metrics_file = _open_logs(prep, ctx, start_step)
@@ -236,6 +237,9 @@ def _resume(prep: Prepared, path, policy, optimizer, scheduler, ctx: DistContext
     for key, fp in (("config_fingerprint", prep.config_fingerprint), ("data_fingerprint", prep.data_fingerprint)):
         if saved.get(key) != fp:
             what = "config" if key.startswith("config") else f"data ({prep.cfg.data})"
+            if key.startswith("config") and "config" in saved:
+                changed = sorted(k for k in changed_keys(saved["config"], config_to_dict(prep.cfg)) if k.split(".")[0] not in (*NON_SEMANTIC_KEYS, "data"))
+                what += f" (changed: {', '.join(changed[:4]) or 'the model files (copied without their times?) or the data processing'})"
             raise UserError(f"the checkpoint in {path.parent} was made with a different {what} — run without --resume to start over")
     return ckpt.load_checkpoint(path, policy, optimizer, scheduler, ctx)
 
