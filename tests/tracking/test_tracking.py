@@ -64,7 +64,7 @@ def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    with pytest.raises(UserError, match=r"needs wandb — `pip install 'toprcli\[tracking\]'`"):
+    with pytest.raises(UserError, match=r"needs wandb — `pip install -e '\.\[tracking\]' in the toprcli checkout` \(or `pip install wandb`\)"):
         check_installed(["tensorboard", "wandb"])
 
 

@@ -35,7 +35,7 @@ TRACKER_FILES = (STATE_FILE, "tb", "wandb")  # what trackers keep under a run di
 # backend name → (module of toprcli.tracking, the package it needs)
 BACKENDS = {"tensorboard": ("tensorboard_run", "tensorboard"), "wandb": ("wandb_run", "wandb"),
             "mlflow": ("mlflow_run", "mlflow"), "trackio": ("trackio_run", "trackio")}
-EXTRA = "pip install 'toprcli[tracking]'"
+EXTRA = "pip install -e '.[tracking]' in the toprcli checkout"
 SAMPLE_ROWS = 8  # completions in a samples table: the first sample of the first prompts
 SAMPLE_COLUMNS = ["prompt_id", "prompt", "completion", "extracted_answer", "answer", "verdict", "reward"]
 # Names that read better than their file keys (p̃ is stored as p_effective).
