@@ -711,3 +711,16 @@ def test_out_is_never_a_scored_input_and_a_path_spelt_otherwise_is_the_same_inpu
     first = curate(CurateConfig(scored=[scored], out=out, baseline=0.0))
     again = curate(CurateConfig(scored=[scored + "/"], out=out, baseline=0.0))
     assert not first.skipped and again.skipped
+
+
+def test_a_curated_set_is_no_scored_input_and_a_refusal_names_what_differs(tmp_path, monkeypatch):
+    """A curated file given as --scored was curated again (weights reset to 1, baselines from filtered rows); `-o
+    ./t.parquet` after `-o t.parquet` was refused; the refusal never said what differed."""
+    scored = write_scored(tmp_path / "s", scored_table(["a"] * 4, [True, False, False, True]))
+    monkeypatch.chdir(tmp_path)
+    first = curate(CurateConfig(scored=[scored], out="t.parquet"))
+    assert curate(CurateConfig(scored=[scored], out="./t.parquet")).skipped
+    with pytest.raises(UserError, match=r"t.parquet already exists \(made with baseline=None there vs '0.5' now\)"):
+        curate(CurateConfig(scored=[scored], out="t.parquet", baseline="0.5"))
+    with pytest.raises(UserError, match="is a curated training set, not scored data"):
+        curate(CurateConfig(scored=[first.out], out="t2.parquet"))

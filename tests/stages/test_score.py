@@ -349,3 +349,43 @@ def test_rows_without_a_data_source_are_named_not_given_an_impossible_fix():
 
     with pytest.raises(UserError, match="some rows have no data_source value"):  # was '--verifier-by-source None=math'
         check_sources({"openai/gsm8k", None}, {"openai/gsm8k": "gsm8k"})
+
+
+def test_overwrite_never_removes_what_score_did_not_write(gsm_samples, tmp_path):
+    """`score -s S/shard-00000.parquet -o S --overwrite` (as the refusal advised) deleted S's other sample shards and
+    scored over the first; --out on another run's samples was rescored over as 'scored otherwise'."""
+    before = sorted(p.name for p in gsm_samples.iterdir())
+    with pytest.raises(UserError, match="holds the samples being scored"):
+        score(ScoreConfig(samples=str(gsm_samples / "shard-00000.parquet"), out=str(gsm_samples), overwrite=True, workers=1))
+    other = write_samples(tmp_path / "other-samples", [samples_table([("q", "#### 1", "#### 1")])])
+    with pytest.raises(UserError, match="is not a `topr score` output .* choose another --out"):
+        score_dir(gsm_samples, other, ScoreConfig(workers=1, overwrite=True))
+    assert sorted(p.name for p in gsm_samples.iterdir()) == before and (other / "shard-00000.parquet").exists()
+
+
+def test_overwrite_rescores_a_damaged_shard_and_drops_orphans_when_resumed(gsm_samples, tmp_path):
+    """A damaged output shard made --overwrite fail for good (and left the directory unfinished); a resumed --overwrite
+    kept a shard whose samples had gone since, and curate read it."""
+    out = tmp_path / "scored"
+    score_dir(gsm_samples, out, ScoreConfig(workers=1))
+    (out / "shard-00001.parquet").write_bytes(b"torn")
+    res = score_dir(gsm_samples, out, ScoreConfig(workers=1, overwrite=True))
+    assert res["rows"] == 160 and pq.read_table(out / "shard-00001.parquet").num_rows == 80
+    from toprcli.config import config_to_dict
+
+    cfg = ScoreConfig(samples=str(gsm_samples), out=str(out), workers=1, overwrite=True)
+    (out / shards.MANIFEST_NAME).unlink()  # as a killed --overwrite leaves the directory: its token kept
+    config = {k: v for k, v in config_to_dict(cfg).items() if k != "workers"}
+    shards.write_json_atomic(out / "_rescoring.json", {"config": config, "token": "killed-run"})
+    (gsm_samples / "shard-00001.parquet").unlink()  # the samples shrank before the same command was rerun
+    res = score(cfg)
+    assert sorted(shards.complete_shards(out)) == [0] and res["rows"] == 80
+
+
+def test_a_null_where_the_samples_contract_has_none_is_refused_before_scoring(tmp_path):
+    t = samples_table([("p1", "#### 1", "#### 1"), ("p2", "#### 2", "#### 2")])
+    t = t.set_column(t.schema.get_field_index("prompt_id"), "prompt_id", pa.array(["p1", None]))
+    samples = write_samples(tmp_path / "samples", [t])
+    with pytest.raises(UserError, match="column 'prompt_id' has a null"):
+        score_dir(samples, tmp_path / "scored", ScoreConfig(workers=1))
+    assert not (tmp_path / "scored").exists()

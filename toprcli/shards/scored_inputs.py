@@ -58,6 +58,8 @@ class ScoredInputs:
                     raise UserError(f"{f}: not a readable Parquet file ({e}) — regenerate it with `topr score`") from None
                 schema = meta.schema.to_arrow_schema()
                 validate_columns(schema, "scored", f)
+                if "advantage" in schema.names and "weight" in schema.names:  # a curated set: its weights and filtering are gone
+                    raise UserError(f"{f} is a curated training set, not scored data — pass the `topr score` directories it was made from")
                 files.append(f)
                 rows.append(meta.num_rows)
                 src.append(s)

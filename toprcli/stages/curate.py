@@ -149,7 +149,8 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
 def run(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> StageResult:
     """Run the curate stage for ``cfg``; raises :class:`UserError` (and writes nothing) on bad input,
     an output that cannot be written, or one another process is writing."""
-    cfg = replace(cfg, scored=[os.path.normpath(s) for s in cfg.scored])  # scored/ and ./scored are the inputs the record names
+    # scored/ and ./scored are the inputs the record names; ./train.parquet is train.parquet
+    cfg = replace(cfg, scored=[os.path.normpath(s) for s in cfg.scored], out=os.path.normpath(cfg.out) if cfg.out else cfg.out)
     kind, c_const, weights = _check_options(cfg)
     out = Path(cfg.out)
     shards.check_writable(out)
@@ -237,7 +238,7 @@ def _previous_or_refuse(cfg: CurateConfig, out: Path, config: dict[str, Any], fi
     if previous is None and out.is_dir():
         raise UserError(f"--out {out} is a directory — give a file name such as {out / 'train.parquet'}")
     if previous is None and not cfg.overwrite:
-        raise UserError(f"{out} already exists (from other inputs or settings) — pass --overwrite or choose another --out")
+        raise UserError(f"{out} already exists ({_what_differs(out, config, fingerprints)}) — pass --overwrite or choose another --out")
     return previous
 
 
@@ -421,6 +422,17 @@ def _previous_result(out: Path, config: dict[str, Any], fingerprints: dict[str, 
     if manifest is None or not shards.made_from(manifest, config, fingerprints):
         return None
     return StageResult(STAGE, str(out), {**manifest["counts"], "manifest": str(mpath)}, skipped=True)
+
+
+def _what_differs(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> str:
+    """Why an existing ``out`` is not this run's: its settings that differ, or its inputs."""
+    record = _record_in_file(out)
+    if record is None:
+        return "not a training set this topr curated"
+    changed = [c for c in shards.changes(record.get("config") or {}, config) if not c.startswith("overwrite=")]
+    if changed:
+        return "made with " + "; ".join(changed[:3])
+    return "made from other inputs" if record.get("inputs") != fingerprints else "from other inputs or settings"
 
 
 def _record_in_file(out: Path) -> dict[str, Any] | None:

@@ -142,11 +142,25 @@ def _validate_inputs(files: dict[int, Path]) -> int:
                 "produce this file with `topr generate`"
             )
         shards.validate_columns(schema, "samples", path)
+        _refuse_nulls(meta, path)
         total += meta.num_rows
     if total == 0:
         where = next(iter(files.values())).parent if len(files) > 1 else next(iter(files.values()))
         raise UserError(f"{where}: the samples hold no rows — nothing to score; check --samples")
     return total
+
+
+def _refuse_nulls(meta: Any, path: Path) -> None:
+    """A null where the samples contract has none (a prompt_id), read from the file's statistics: it was scored, and
+    curate then refused the scores, advising a rescore that wrote the same file."""
+    required = {f.name for f in shards.SAMPLES_SCHEMA if not f.nullable}
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            column = meta.row_group(g).column(c)
+            stats = column.statistics
+            if column.path_in_schema in required and stats is not None and stats.has_null_count and stats.null_count:
+                raise UserError(f"{path}: column {column.path_in_schema!r} has a null — every row needs a value there; "
+                                "regenerate the file with `topr generate` or fix that row")
 
 
 def _settings(cfg: ScoreConfig) -> dict[str, Any]:
@@ -182,8 +196,12 @@ def check_sources(sources: set[str | None], mapping: dict[str, str]) -> None:
 
 
 def _reusable(path: Path, settings: dict[str, Any], input_fp: str) -> bool:
-    """A shard scored from this input with these settings; a setting an older toprcli did not record is taken as today's."""
-    meta = shards.read_file_metadata(path).get("score") or {}
+    """A shard scored from this input with these settings; a setting an older toprcli did not record is taken as today's.
+    A damaged one is not (--overwrite scores it again)."""
+    try:
+        meta = shards.read_file_metadata(path).get("score") or {}
+    except UserError:
+        return False
     had = meta.get("settings")
     return isinstance(had, dict) and all(had.get(k, v) == v for k, v in settings.items()) and meta.get("input_fingerprint") == input_fp
 
@@ -285,6 +303,8 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
 
     # Everything a user can get wrong is checked before anything is written.
     files = input_shards(samples)
+    if any(f.resolve().is_relative_to(out.resolve()) for f in files.values()):  # --overwrite would remove or replace them
+        raise UserError(f"--out {out} holds the samples being scored — write scored shards to another directory")
     total_rows = _validate_inputs(files)
     verifier = resolve_verifier(cfg.verifier, strict=cfg.strict, by_source=cfg.verifier_by_source)
     if cfg.verifier == "data_source":
@@ -294,6 +314,7 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     fingerprints = {i: shards.fingerprint(p) for i, p in files.items()}
 
     existing = shards.complete_shards(out)
+    _refuse_foreign(out, existing)
     if not cfg.overwrite:
         _refuse_mixing(samples, files, existing, settings, fingerprints)
     shards.check_writable(out)
@@ -315,10 +336,24 @@ def _refuse_mixing(samples: Path, files: dict[int, Path], existing: dict[int, Pa
         raise ScoredOtherwise(f"{existing[stale[0]]} was scored from other samples or with other settings — use a new --out, or --overwrite to rescore")
 
 
+def _refuse_foreign(out: Path, existing: dict[int, Path]) -> None:
+    """Shards in ``out`` that `topr score` did not write (another run's samples) are never rescored over, nor removed."""
+    for p in existing.values():
+        try:
+            meta = shards.read_file_metadata(p)
+        except UserError:  # a damaged shard of ours, say: --overwrite rescores it
+            continue
+        if "score" not in meta:
+            raise UserError(f"{p} is not a `topr score` output (it has no score record) — choose another --out")
+
+
 def _rescoring(cfg: ScoreConfig, out: Path, files: dict[int, Path], existing: dict[int, Path]) -> str:
     """--overwrite rescores every shard. Its token stays in ``_rescoring.json`` until the manifest is written and
-    stamps each shard it rescored: the same command rerun after a kill keeps those. Shards of no input go first."""
+    stamps each shard it rescored: the same command rerun after a kill keeps those. Shards of no input go first,
+    also when the same command resumes (its input may have shrunk since)."""
     config = {k: v for k, v in config_to_dict(cfg).items() if k != "workers"}
+    for i in [i for i in existing if i not in files]:  # not part of this input: would mix into the output
+        existing.pop(i).unlink(missing_ok=True)
     path = out / RESCORING_FILE
     try:
         had = json.loads(path.read_text())
@@ -327,8 +362,6 @@ def _rescoring(cfg: ScoreConfig, out: Path, files: dict[int, Path], existing: di
     if isinstance(had, dict) and had.get("config") == config:
         return had["token"]
     (out / shards.MANIFEST_NAME).unlink(missing_ok=True)  # the directory is no longer finished
-    for i in [i for i in existing if i not in files]:  # not part of this input: would mix into the output
-        existing[i].unlink(missing_ok=True)
     token = secrets.token_hex(8)
     shards.write_json_atomic(path, {"config": config, "token": token})
     return token
