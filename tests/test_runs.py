@@ -209,6 +209,9 @@ def test_a_sampling_change_is_refused_while_rounds_replay_earlier_ones(tmp_path)
     cfg = IterateConfig(run_dir=str(run), replay_rounds=1)
     (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
     hotter = load_config(IterateConfig, None, sets={"run_dir": str(run), "replay_rounds": 1, "generate.sampling.temperature": 0.8})
+    # Nothing sampled yet (a warm start killed): no sample of another distribution to replay, so the change is taken.
+    assert reconcile(run, hotter, apply_from_next_round=True, write=False) == ["generate.sampling.temperature"]
+    (run / "round-001" / "samples").mkdir(parents=True)  # round 1 sampled
     with pytest.raises(UserError, match=r"generate.sampling.temperature \(the sampling distribution, while replay_rounds > 0\)"):
         reconcile(run, hotter, apply_from_next_round=True)
     no_replay = load_config(IterateConfig, None, sets={"run_dir": str(run), "generate.sampling.temperature": 0.8})
@@ -231,7 +234,9 @@ def test_a_branch_compares_with_the_round_it_starts_from_read_through_the_schema
         data = yaml.safe_load(recorded.read_text())
         del data["train"]["shared_prefix"], data["generate"]["dataset"]["few_shot"]  # as written before those keys existed
         recorded.write_text(yaml.safe_dump(data))
-    cfg = load_config(IterateConfig, config, {"run_dir": str(tmp_path / "child"), "rounds": 2}, sets={"tracking.project": "p"})
+    # How the warm start runs (its threads) is no setting of what the branch inherits (it was refused: 'the starting policy').
+    cfg = load_config(IterateConfig, config, {"run_dir": str(tmp_path / "child"), "rounds": 2},
+                      sets={"tracking.project": "p", "warm_start.train.threads": "2"})
     lineage = branch(str(old / "round-001"), tmp_path / "child", cfg)
     assert lineage["changed"] == [] and lineage["round"] == 1
     with pytest.raises(UserError, match="is a branch of .* at round 1"):
@@ -574,6 +579,39 @@ def test_round_0_takes_an_eval_change_until_its_eval_begins(tmp_path):
     (run / "round-000" / "eval").mkdir()  # its eval begun: a later change waits for the next round
     reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 1, "eval.k": 5}), apply_from_next_round=True)
     assert round_config(run, 0).eval.k == 3
+
+
+def test_round_0_judges_with_the_verifier_settings_it_was_given_before_its_eval(tmp_path):
+    """Killed in the warm start, rerun with score.strict changed: round 0's eval judged with the new verifier and the old
+    strict (its record took eval keys only), rounds 1+ with the new one, and the report compared them."""
+    from toprcli.config import IterateConfig, config_to_dict, load_config
+    from toprcli.errors import UserError
+    from toprcli.runs import reconcile, round_config
+
+    run = tmp_path / "run"
+    sets = {"run_dir": str(run), "rounds": 2}
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(load_config(IterateConfig, None, sets=sets))))
+    (run / "warmstart").mkdir()
+    (run / "round-000").mkdir()
+    shutil.copy(run / "config.yaml", run / "round-000" / "config.yaml")
+    reconcile(run, load_config(IterateConfig, None, sets={**sets, "score.strict": True}), apply_from_next_round=True)
+    assert round_config(run, 0).score.strict is True
+    (run / "round-000" / "eval").mkdir()  # its eval begun, judged with it: the verifier is the run's from now on
+    with pytest.raises(UserError, match=r"score.strict \(the verifier\) cannot change"):
+        reconcile(run, load_config(IterateConfig, None, sets={**sets, "score.strict": False}), apply_from_next_round=True)
+
+
+def test_a_recorded_config_the_schema_refuses_is_named_with_its_file(tmp_path):
+    """A stale key in RUN/config.yaml said 'unknown config key' as if it were in the user's --config."""
+    from toprcli.config import ConfigError, IterateConfig, config_to_dict
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({**config_to_dict(IterateConfig(run_dir=str(run))), "foo_removed": 1}))
+    with pytest.raises(ConfigError, match=r"run/config.yaml \(the run's record\): unknown config key: 'foo_removed'"):
+        reconcile(run, IterateConfig(run_dir=str(run)), apply_from_next_round=False)
 
 
 def test_the_warm_starts_own_memory_settings_apply_at_once(tmp_path):

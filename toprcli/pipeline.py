@@ -6,7 +6,7 @@ directory::
 
     RUN_DIR/config.yaml          the resolved config (updated when the run is extended or changed: runs.py)
     RUN_DIR/lineage.json         a branch's parent run and round (runs.py)
-    RUN_DIR/state.json           steps done, with wall times (read by `topr report`)
+    RUN_DIR/state.json           steps done, with wall times (for people, and the trackers' wall times)
     RUN_DIR/base/                the built-in tiny model (warm_start.init_model)
     RUN_DIR/warmstart/gold.parquet, policy/   supervised warm start on gold solutions
     RUN_DIR/round-000/eval/      the starting policy, evaluated
@@ -133,7 +133,7 @@ class EngineHolder:
 
 
 class State:
-    """``state.json``: what finished when; for humans and `topr report`, never for deciding what to run."""
+    """``state.json``: what finished when; for people and the trackers' wall times, never for deciding what to run."""
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / STATE_FILE

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from toprcli.config import ConfigError, IterateConfig, config_to_dict, from_dict
+from toprcli.config import ConfigError, IterateConfig, config_to_dict, from_dict, read_yaml
 from toprcli.errors import UserError
 from toprcli.shards import changed_keys, write_json_atomic, write_text_atomic
 
@@ -105,7 +105,8 @@ def _made_with(run_dir: Path, key: str) -> bool:
 def _frozen(keys: list[str], cfg: IterateConfig, run_dir: Path) -> list[str]:
     """The keys among ``keys`` that cannot change, each with why."""
     out = [f"{k} ({why})" for k in keys for prefix, why in FROZEN.items() if (k == prefix or k.startswith(prefix + ".")) and _made_with(run_dir, k)]
-    if cfg.replay_rounds > 0:  # the next round would curate its samples with an earlier round's, of another distribution
+    sampled = any((d / "samples").exists() for r, d in round_dirs(run_dir).items() if r >= 1)
+    if cfg.replay_rounds > 0 and sampled:  # the next round would curate its samples with an earlier round's, of another distribution
         out += [f"{k} (the sampling distribution, while replay_rounds > 0)" for k in keys if k in SAMPLING_KEYS]
     return out
 
@@ -133,7 +134,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
         return []
     # Read back through the schema: a key added to toprcli since the run started takes its default, which
     # is how the run behaved, so it is no change (a removed or moved key is one error listing them).
-    recorded = config_to_dict(from_dict(IterateConfig, yaml.safe_load(path.read_text()) or {}))
+    recorded = config_to_dict(_recorded(path))
     # A run may move; trackers may be added or changed (the metrics are the same, the tracked run resumes).
     changed = sorted(k for k in changed_keys(recorded, resolved) - {"run_dir"} if not k.startswith("tracking."))
     if changed and _made_nothing(run_dir):  # nothing was made with the old config (a typo refused at once): the new one replaces it
@@ -159,12 +160,18 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
         # The round in progress (and one recorded, not begun) takes what its steps to come use; validated whole first.
         # Round 0 is the warm start (frozen once begun) and round 0's eval: it takes the eval keys until its eval begins.
         updates = {r: data for r in range(begun, max(round_dirs(run_dir), default=0) + 1)
-                   if (data := _round_in_progress(run_dir, r, others if r else [k for k in others if _STEP_OF.get(k, k.split(".")[0]) == "eval"],
-                                                  resolved)) is not None}
-        write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
-        for r, data in updates.items():
+                   if (data := _round_in_progress(run_dir, r, others if r else _round_zero_keys(run_dir, others), resolved)) is not None}
+        for r, data in updates.items():  # the rounds first: a kill before the run's record is written leaves the change to do
             write_text_atomic(round_dir(run_dir, r) / CONFIG_FILE, yaml.safe_dump(data, sort_keys=False))
+        write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
     return changed
+
+
+def _round_zero_keys(run_dir: Path, keys: list[str]) -> list[str]:
+    """What round 0 (the warm start, then its eval) takes of ``keys``: the eval's until its eval begins, and the
+    verifier's (``score.*``: round 0's eval judges with it) until then too."""
+    eval_begun = (round_dir(run_dir, 0) / "eval").exists()
+    return [k for k in keys if _STEP_OF.get(k, k.split(".")[0]) == "eval" or (k.startswith("score.") and not eval_begun)]
 
 
 # The step a key configures, for the keys that are not a stage's own section.
@@ -210,7 +217,7 @@ def round_config(run_dir: Path, r: int, current: IterateConfig | None = None) ->
     path = round_dir(run_dir, r) / CONFIG_FILE
     if not path.exists():
         return None
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path)
     for key in RESOURCE_KEYS if current is not None else ():
         *parents, leaf = key.split(".")
         node, value = data, current
@@ -223,7 +230,15 @@ def round_config(run_dir: Path, r: int, current: IterateConfig | None = None) ->
             warm.pop(k, None)
             if k in current.warm_start.train:
                 warm[k] = current.warm_start.train[k]
-    return from_dict(IterateConfig, data)
+    return _recorded(path, data)
+
+
+def _recorded(path: Path, data: dict[str, Any] | None = None) -> IterateConfig:
+    """A config the run recorded, read through today's schema; a key it no longer takes is named with the file."""
+    try:
+        return from_dict(IterateConfig, read_yaml(path) if data is None else data)
+    except ConfigError as e:
+        raise ConfigError(f"{path} (the run's record): {e}") from None
 
 
 def record_round(run_dir: Path, r: int, cfg: IterateConfig) -> None:
@@ -268,7 +283,8 @@ def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | N
         raise UserError(f"--branch-from {source}: set rounds > {k} (the branch continues from round {k + 1})")
     # What round k ran with, read through the schema (keys added since take their defaults, as in reconcile).
     parent_cfg = config_to_dict(round_config(parent, k) or from_dict(IterateConfig, yaml.safe_load((parent / CONFIG_FILE).read_text()) or {}))
-    changed = sorted(key for key in changed_keys(parent_cfg, config_to_dict(cfg)) - {"run_dir", "rounds"} if not key.startswith("tracking."))
+    changed = sorted(key for key in changed_keys(parent_cfg, config_to_dict(cfg)) - {"run_dir", "rounds"}
+                     if not key.startswith("tracking.") and key not in RESOURCE_KEYS + WARM_START_RESOURCES)  # how it runs, as reconcile
     if frozen := _frozen(changed, cfg, parent):  # the inherited rounds were made with the parent's values
         raise UserError(f"--branch-from {source}: {', '.join(frozen)} differs from the parent's — the inherited rounds used the parent's")
     _check_replayed_sampling(parent, cfg, k)  # round k + 1 curates with the inherited rounds' samples, as an extension would
