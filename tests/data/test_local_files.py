@@ -69,3 +69,13 @@ def test_a_json_table_by_columns_is_one_error_naming_the_fix(tmp_path, table):
         load_examples(DatasetSpec(source=str(tmp_path / "cols.json")))
     (tmp_path / "one.json").write_text(json.dumps([{"question": "What is 2+3?", "answer": "5"}]))  # one record is a record
     assert [e.answer for e in load_examples(DatasetSpec(source=str(tmp_path / "one.json")))] == ["5"]
+
+
+@pytest.mark.parametrize("name, text, words", [("e.jsonl", "", "e.jsonl is empty — it holds no rows"),
+                                                ("w.jsonl", "\n  \n", "w.jsonl is empty"),
+                                                ("h.csv", "question,answer\n", "h.csv: it holds a header and no rows")])
+def test_an_empty_file_is_one_line_saying_so(tmp_path, name, text, words):
+    """An empty .jsonl was 'cannot read …: StopIteration'; a header-only CSV was 'Instruction "train" corresponds to no data!'."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(UserError, match=words):
+        load_examples(DatasetSpec(source=str(tmp_path / name)))

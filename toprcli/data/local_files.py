@@ -27,6 +27,8 @@ def read_local(datasets: Any, fmt: str, path: Path) -> Any:
     """A local file through ``datasets``; a file it cannot read is named with the line (or cause)."""
     import logging
 
+    if path.stat().st_size == 0 or fmt != "parquet" and not path.read_bytes()[:65536].strip():
+        raise UserError(f"{path} is empty — it holds no rows")
     logger = logging.getLogger("datasets")
     level = logger.level
     logger.setLevel(logging.CRITICAL)  # its "Failed to read file" log line would precede ours
@@ -91,10 +93,13 @@ def _diagnose_local(path: Path) -> str | None:
         elif suffix == ".csv":
             with open(path, encoding="utf-8-sig", newline="") as f:
                 reader = csv.reader(f, strict=True)
-                header = next(reader, [])
+                header, rows = next(reader, []), 0
                 for row in reader:
+                    rows += 1
                     if len(row) != len(header):
                         return f"line {reader.line_num} has {len(row)} fields, the header has {len(header)}"
+                if not rows:
+                    return "it holds a header and no rows"
         elif suffix == ".parquet":
             import pyarrow.parquet as pq
 
