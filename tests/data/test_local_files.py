@@ -79,3 +79,15 @@ def test_an_empty_file_is_one_line_saying_so(tmp_path, name, text, words):
     (tmp_path / name).write_text(text)
     with pytest.raises(UserError, match=words):
         load_examples(DatasetSpec(source=str(tmp_path / name)))
+
+
+def test_few_shot_errors_are_about_the_few_shot_split_and_a_file_of_shots_serves_any_source(tmp_path):
+    """A directory with test.jsonl alone and --few-shot said 'cannot load split train' as if --split were wrong; a file of
+    shots was taken only for a single-file source."""
+    (tmp_path / "onlytest").mkdir()
+    (tmp_path / "onlytest" / "test.jsonl").write_text(json.dumps({"question": "What is 1+1?", "answer": "#### 2"}) + "\n")
+    with pytest.raises(UserError, match=r"^few-shot examples \(--few-shot-split train\): cannot load dataset .* split 'train'"):
+        load_examples(DatasetSpec(source=str(tmp_path / "onlytest"), split="test", few_shot=1))
+    (tmp_path / "shots.jsonl").write_text(json.dumps({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}) + "\n")
+    spec = DatasetSpec(source=str(tmp_path / "onlytest"), split="test", few_shot=1, few_shot_split=str(tmp_path / "shots.jsonl"))
+    assert [s.question for s in load_examples(spec)[0].shots] == ["What is 2+2?"]

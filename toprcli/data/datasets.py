@@ -312,7 +312,10 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name))
     if spec.few_shot:
         source, split = few_shot_source(spec.source, spec.few_shot_split)
-        pool = [e for e in load_examples(dataclasses.replace(spec, source=source, split=split, few_shot=0, limit=None)) if e.solution]
+        try:
+            pool = [e for e in load_examples(dataclasses.replace(spec, source=source, split=split, few_shot=0, limit=None)) if e.solution]
+        except UserError as e:  # about the shots' split, not the one asked for
+            raise UserError(f"few-shot examples (--few-shot-split {spec.few_shot_split}): {e}") from None
         examples = [dataclasses.replace(e, shots=tuple(formats.choose_shots(pool, e.prompt_id, e.question, spec.few_shot, spec.few_shot_seed)))
                     for e in examples]
     return examples

@@ -15,10 +15,10 @@ LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv
 def few_shot_source(source: str, split: str) -> tuple[str, str]:
     """(source, split) few-shot examples come from: ``split`` of the dataset; a single local file has no splits
     (any --split reads all of it), so its shots come from another file, named by ``split``."""
+    if Path(split).suffix.lower() in LOCAL_FORMATS and Path(split).expanduser().is_file():  # a file of shots, whatever the source
+        return split, "train"
     if Path(source).suffix.lower() not in LOCAL_FORMATS or not Path(source).expanduser().is_file():
         return source, split
-    if Path(split).expanduser().is_file():
-        return split, "train"
     raise UserError(f"--few-shot with {source}: one file has no splits, so the shots would be drawn from the problems "
                     f"being evaluated — pass --few-shot-split FILE (e.g. your train.jsonl)")
 
