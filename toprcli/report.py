@@ -10,7 +10,6 @@ compared on shared axes (:func:`write_comparison`), each named by what differs i
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -20,7 +19,7 @@ from toprcli.config import IterateConfig, as_now, read_yaml
 from toprcli.errors import UserError
 from toprcli.pipeline import run_summary
 from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir, round_dirs
-from toprcli.shards import changed_keys, read_json, read_manifest, read_table
+from toprcli.shards import changed_keys, read_json, read_jsonl_records, read_manifest, read_table
 from toprcli.stages.eval import HOW_IT_RUNS
 
 VERDICT_COLORS = {"correct": "#2e7d32", "incorrect": "#c62828", "no_answer": "#9e9e9e", "timeout": "#6a1b9a", "error": "#ef6c00"}
@@ -93,12 +92,8 @@ def loss_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
         if not f.exists():
             continue
         points = []
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # cut short by a kill: training's resume drops it too
-                continue
-            if isinstance(rec, dict) and "loss" in rec and "step" in rec:
+        for rec in read_jsonl_records(f):
+            if "loss" in rec and "step" in rec:
                 points.append((int(rec["step"]), math.nan if rec["loss"] is None else float(rec["loss"])))  # null: a diverged step
         if points:
             curves[policy.parent.name] = points

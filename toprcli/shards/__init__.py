@@ -19,6 +19,7 @@ from toprcli.shards.files import (
     output_error,
     output_lock,
     read_json,
+    read_jsonl_records,
     remove_stale_temporaries,
     swap_dir_into_place,
     write_atomic,
@@ -68,6 +69,7 @@ from toprcli.shards.store import (
 )
 
 __all__ = [
+    "read_jsonl_records",
     "check_not_an_input",
     "read_json",
     "CURATED_FIELDS", "CURATED_SCHEMA", "MANIFEST_NAME", "METADATA_KEY", "SAMPLES_FIELDS", "SAMPLES_SCHEMA", "SCHEMAS",

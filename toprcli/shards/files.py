@@ -137,6 +137,18 @@ def check_not_an_input(out: str | os.PathLike[str], inputs: list[str], example: 
             raise UserError(f"--out {out} is the scored input {s} — write it to another file, e.g. {Path(s).with_name(example)}")
 
 
+def read_jsonl_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (``metrics.jsonl``), in order; a line a kill cut short (or a blank one) is
+    skipped, as training's resume drops it."""
+    for line in Path(path).read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            yield record
+
+
 def read_json(path: str | os.PathLike[str], *, needs: str | None = None) -> Any:
     """A JSON file toprcli wrote (written whole, so a bad one was edited or is not ours): its data, or one error line
     naming the file. ``needs``: a key the document must have (a mapping)."""

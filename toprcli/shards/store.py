@@ -233,7 +233,11 @@ def read_table(
         try:
             tables.append(pq.read_table(f, columns=columns))
         except (pa.ArrowInvalid, OSError) as e:
-            missing = columns and next((c for c in columns if c not in pq.read_schema(f).names), None) if _readable(f) else None
+            try:
+                names = pq.read_schema(f).names
+            except (pa.ArrowInvalid, OSError):  # not Parquet at all
+                names = None
+            missing = next((c for c in columns or () if c not in names), None) if names is not None else None
             if missing:  # pyarrow's message lists the whole schema: one line naming the column
                 raise UserError(f"{f}: no column {missing!r} — a file of another stage, or edited: regenerate it") from None
             raise UserError(f"{f}: not a readable Parquet file ({str(e).splitlines()[0]}) — regenerate it") from None
@@ -246,14 +250,6 @@ def read_table(
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise UserError(f"{', '.join(str(f) for f in files[:3])}{' ...' if len(files) > 3 else ''}: the files' columns do not match "
                         f"({str(e).splitlines()[0]}) — read files written by the same stage together") from None
-
-
-def _readable(path: Path) -> bool:
-    try:
-        pq.read_schema(path)
-        return True
-    except (pa.ArrowInvalid, OSError):
-        return False
 
 
 def read_schema(path: str | os.PathLike[str]) -> pa.Schema:

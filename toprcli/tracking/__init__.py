@@ -28,7 +28,7 @@ from toprcli import __version__
 from toprcli.config import TrackingConfig
 from toprcli.errors import UserError
 from toprcli.interrupt import Interrupted, deferred
-from toprcli.shards import complete_shards, read_table, write_json_atomic
+from toprcli.shards import complete_shards, read_jsonl_records, read_table, write_json_atomic
 
 STATE_FILE = "tracking.json"
 TRACKER_FILES = (STATE_FILE, "tb", "wandb")  # what trackers keep under a run directory
@@ -73,12 +73,8 @@ def replay(metrics: Path, sink) -> None:
     """Hand each line of a training's ``metrics.jsonl`` to ``sink`` (what a tracker may not have yet). A line a kill cut
     short is skipped, as training's resume drops it; null, which the file writes for NaN, is NaN again (a diverged loss)."""
     if metrics.exists():
-        for line in metrics.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "step" in record:
+        for record in read_jsonl_records(metrics):
+            if "step" in record:
                 sink({k: float("nan") if v is None else v for k, v in record.items()})
 
 

@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from toprcli.errors import UserError
+from toprcli.generation.model_info import first_line
 from toprcli.sampling import Processing
 from toprcli.training.checkpoint import quiet_hf
 from toprcli.training.distributed import DistContext, broadcast_object, shard_model
@@ -183,7 +184,7 @@ def _load_lm_with(model: str, dtype: torch.dtype, on_meta: bool, kw: dict[str, A
             try:
                 return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, **kw)
             except OSError as e:  # a config.json without weights, a hub id not there: one line naming the model
-                raise UserError(f"cannot load the model {model} ({str(e).splitlines()[0] if str(e) else type(e).__name__}) — pass a directory with its weights "
+                raise UserError(f"cannot load the model {model} ({first_line(e)}) — pass a directory with its weights "
                                 "(model.safetensors), or a hub id") from None
         from accelerate import init_empty_weights
 
