@@ -84,9 +84,8 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     ``backend``: an open generation backend to use (it is not closed), else one is
     opened for ``cfg.engine`` and closed at the end.
     """
-    given, cfg = cfg.verifier, check(cfg)
+    given, (cfg, done) = cfg.verifier, _checked(cfg)
     out = Path(cfg.out)
-    done = read_eval(out)
     if done is not None:
         done = _rebootstrap(out, done, cfg)
         _track(cfg, out, done)  # logged once: a tracker skips what it has
@@ -102,6 +101,11 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
 def check(cfg: EvalConfig) -> EvalConfig:
     """Everything an eval refuses before it generates (``launch.run_eval`` calls it before data-parallel passes), and
     the config as it runs: ``verifier: auto`` resolved. A finished eval under ``out`` is checked to be this one."""
+    return _checked(cfg)[0]
+
+
+def _checked(cfg: EvalConfig) -> tuple[EvalConfig, dict[str, Any] | None]:
+    """:func:`check`, and the finished eval under ``out`` (None: none)."""
     if not cfg.model:
         raise UserError("eval needs a policy — pass --model DIR_OR_HUB_ID")
     if not cfg.out:
@@ -117,7 +121,7 @@ def check(cfg: EvalConfig) -> EvalConfig:
         if done.get("model_fingerprint") not in (None, _model_fingerprint(cfg.model)):
             raise UserError(f"{out} holds an eval of the model at {cfg.model} as it was before it changed — choose another --out, "
                             f"or delete {out} to evaluate it again")
-    return cfg
+    return cfg, done
 
 
 def _verifier_resolved(cfg: EvalConfig, done: dict[str, Any] | None) -> EvalConfig:
