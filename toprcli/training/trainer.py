@@ -40,20 +40,19 @@ from toprcli.config import TrainConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.losses import policy_loss, whiten
 from toprcli.progress import ProgressFn, report
-from toprcli.shards import changed_keys, json_safe, same_model, write_atomic, write_text_atomic
+from toprcli.shards import changed_keys, json_safe, write_text_atomic
 from toprcli.tracking import TRACKER_FILES
 from toprcli.training import checkpoint as ckpt
-from toprcli.training.batching import TokenData, collate, collate_shared, loss_denominator, plan_micro_batches
+from toprcli.training.batching import collate, collate_shared, loss_denominator
 from toprcli.training.distributed import DistContext, all_reduce, barrier
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
 from toprcli.training.prefix_packed import attention_for
+from toprcli.training.precompute import PAD_ID, PRECOMPUTED_NAME, load_precomputed, micro_batches, precompute, stop_requested
 from toprcli.training.prepare import NON_SEMANTIC_KEYS, Prepared
-from toprcli.training.stats import StepStats, add_gap, behavior_gap
+from toprcli.training.stats import StepStats, add_gap
 
 METRICS_NAME = "metrics.jsonl"
-PRECOMPUTED_NAME = "precomputed.npz"
-PAD_ID = 0  # padding is never attended to (causal attention, right padding) nor scored
 
 
 @dataclass
@@ -87,18 +86,21 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     ckpt_root = partial / "checkpoints"
     resume_from = ckpt.latest_checkpoint(ckpt_root) if cfg.resume else None
     if ctx.is_main and resume_from is None:
-        _clear(partial)
+        _clear(partial, keep=PRECOMPUTED_NAME if cfg.resume else None)  # a pass saved before a kill with no checkpoint
         partial.mkdir(parents=True, exist_ok=True)
     barrier(ctx)
     state: dict[str, Any] = {"step": 0, "tokens": 0, "train_time_s": 0.0, "skipped_steps": 0, "gap": None, "first_loss": None}
     if resume_from is not None:
         state = _resume(prep, resume_from, model.policy, model.optimizer, model.scheduler, ctx)
-        behavior, ref = _load_precomputed(partial, prep.data)
+        behavior, ref = load_precomputed(prep)
     else:
-        behavior, ref = _precompute(prep, model.policy, ctx, model.autocast, state)
+        behavior, ref = precompute(prep, model.policy, ctx, model.autocast, state)
     state.update(config_fingerprint=prep.config_fingerprint, data_fingerprint=prep.data_fingerprint,
                  config=config_to_dict(prep.cfg))  # what a refused resume names as changed
     start_step = int(state["step"])
+    stop = stop_requested(ctx)  # asked while the model loaded: before a step's work
+    if stop:
+        raise interrupt.Interrupted(stop, f"stopped before step {start_step + 1} of {prep.steps}")
 
     metrics_file = _open_logs(prep, ctx, start_step)
     measure_gap = state["gap"] is None and start_step == 0
@@ -121,7 +123,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
                         on_record(last)
                 report(progress, "train", step + 1, prep.steps, loss=f"{last['loss']:.4g}")
             # Checkpoint (not after the last step: the policy itself is saved next), and on a stop request.
-            stop = _stop_requested(ctx)
+            stop = stop_requested(ctx)
             if step + 1 < prep.steps and (stop or (cfg.save_every and (step + 1) % cfg.save_every == 0)):
                 if metrics_file is not None:
                     os.fsync(metrics_file.fileno())
@@ -180,7 +182,7 @@ def _accumulate_gradients(prep: Prepared, ctx: DistContext, model: _Learner, ste
     denominator = loss_denominator(data, rows, loss.aggregation)
     make_batch = collate_shared if cfg.shared_prefix else collate
     stats = StepStats()
-    for mb_rows in _micro_batches(prep, units, ctx):
+    for mb_rows in micro_batches(prep, units, ctx):
         mb = make_batch(data, mb_rows, pad_id=PAD_ID, behavior=behavior, ref=ref, advantages=advantages).to(ctx.device)
         with _out_of_memory_hint(cfg, mb.n_tokens):
             # 2. log π of the completion tokens, under the data's sampling processing.
@@ -214,21 +216,6 @@ def _optimizer_step(model: _Learner, grad_clip: float | None, state: dict[str, A
     return grad_norm, lr
 
 
-def _micro_batches(prep: Prepared, units: np.ndarray, ctx: DistContext) -> list[np.ndarray]:
-    """This rank's micro-batches (rows) of a step; with a shared prefix each prompt's tokens are counted once."""
-    data = prep.data
-    if prep.cfg.shared_prefix:
-        return plan_micro_batches(units, prep.units, data.completion_lens, ctx.world_size, prep.cfg.micro_batch_tokens,
-                                  prompt_lens=data.prompt_lens)[ctx.rank]
-    return plan_micro_batches(units, prep.units, data.seq_lens, ctx.world_size, prep.cfg.micro_batch_tokens)[ctx.rank]
-
-
-def _stop_requested(ctx: DistContext) -> int:
-    """The signal asking to stop (0: none), agreed by every rank so that all stop at the same step."""
-    flag = torch.tensor([float(interrupt.requested() or 0)])
-    return int(all_reduce(flag, ctx, op="max").item())
-
-
 # -- before the first step ------------------------------------------------------------
 
 
@@ -244,70 +231,11 @@ def _resume(prep: Prepared, path, policy, optimizer, scheduler, ctx: DistContext
     return ckpt.load_checkpoint(path, policy, optimizer, scheduler, ctx)
 
 
-def _load_precomputed(partial, data: TokenData) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    if not (partial / PRECOMPUTED_NAME).is_file():
-        return data.behavior, None
-    pre = np.load(partial / PRECOMPUTED_NAME)
-    return (pre["behavior"] if "behavior" in pre else data.behavior), (pre["ref"] if "ref" in pre else None)
-
-
-def _precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autocast, state: dict[str, Any]) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """μ recomputed and the KL reference need the *starting* policy: one pass before step 1."""
-    cfg, loss, data = prep.cfg, prep.loss, prep.data
-    behavior, ref = data.behavior, None
-    precomputed: dict[str, np.ndarray] = {}
-    need_ref_from_policy = loss.kl_coef > 0 and (loss.ref_model is None or same_model(loss.ref_model, cfg.model))
-    recompute = prep.recomputes_behavior
-    if recompute or need_ref_from_policy:
-        policy.eval()
-        own = score_dataset(policy, prep, ctx, autocast=autocast)
-        policy.train()
-        state["gap"] = {**behavior_gap(data.behavior, own), "behavior_gap_source": "full pass"}
-        if recompute:  # μ under log π's distribution (a pairwise loss: its unprocessed reference), by this trainer's numerics
-            behavior = precomputed["behavior"] = own
-        if need_ref_from_policy:
-            ref = precomputed["ref"] = own
-    if loss.kl_coef > 0 and ref is None:
-        ref_policy, _ = load_policy(loss.ref_model, ctx, Precision.resolve(cfg.dtype, ctx.device), prep.logprob_processing, trainable=False, chunk_size=cfg.logprob_chunk_size)
-        ref = precomputed["ref"] = score_dataset(ref_policy, prep, ctx, autocast=autocast)
-        del ref_policy
-    if precomputed and ctx.is_main:
-        def save(tmp) -> None:
-            with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a path
-                np.savez(f, **precomputed)
-
-        write_atomic(prep.partial / PRECOMPUTED_NAME, save)
-    return behavior, ref
-
-
-def score_dataset(policy: PolicyLogprobs, prep: Prepared, ctx: DistContext, *, autocast) -> np.ndarray:
-    """log π of every completion token of every row (flat, aligned with ``completion_off``), in the layout training
-    computes log π in (a shared prefix too: in bf16 the layouts differ by up to ~1 in a sequence's log-prob).
-
-    Rows are split over ranks; each token is written by one rank and the
-    ranks' arrays are summed, so every rank ends with all of them.
-    """
-    data = prep.data
-    make_batch = collate_shared if prep.cfg.shared_prefix else collate
-    flat = torch.zeros(len(data.completion_ids), dtype=torch.float32)
-    off = data.completion_off
-    with torch.no_grad():
-        for rows in _micro_batches(prep, np.arange(prep.units.n_units), ctx):
-            mb = make_batch(data, rows, pad_id=PAD_ID).to(ctx.device)
-            with autocast():
-                lp, _ = policy(mb.input_ids, mb.prompt_lens, mb.completion_lens, **mb.prefix())
-            lp = lp.float().cpu()
-            for i, r in enumerate(rows):
-                flat[off[r] : off[r + 1]] = lp[i, : off[r + 1] - off[r]]
-    all_reduce(flat, ctx)
-    return flat.numpy()
-
-
-def _clear(partial) -> None:
-    """Start ``partial`` over, keeping the trackers' files: the same tracked run continues (its steps were logged)."""
+def _clear(partial, keep: str | None = None) -> None:
+    """Start ``partial`` over, keeping the trackers' files (the same tracked run continues: its steps were logged) and ``keep``."""
     if partial.exists():
         for entry in partial.iterdir():
-            if entry.name not in TRACKER_FILES:
+            if entry.name not in (*TRACKER_FILES, keep):
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
