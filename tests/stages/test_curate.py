@@ -724,3 +724,21 @@ def test_a_curated_set_is_no_scored_input_and_a_refusal_names_what_differs(tmp_p
         curate(CurateConfig(scored=[scored], out="t.parquet", baseline="0.5"))
     with pytest.raises(UserError, match="is a curated training set, not scored data"):
         curate(CurateConfig(scored=[first.out], out="t2.parquet"))
+
+
+def test_inputs_scored_with_different_rewards_are_refused(tmp_path):
+    """A replayed round scored with --reward-correct 2 was curated beside one scored with 1: two scales, silently."""
+    def scored(name: str, correct_reward: float) -> str:
+        settings = {"reward_correct": correct_reward, "reward_incorrect": -1.0, "reward_no_answer": -1.0}
+        table = scored_table(["a"] * 4, [True, False, True, False], rewards=[correct_reward, -1.0, correct_reward, -1.0])
+        shards.write_shard(tmp_path / name, 0, table, metadata={"score": {"settings": settings}})
+        shards.write_manifest(tmp_path / name, stage="score", config=settings)
+        return str(tmp_path / name)
+
+    one, other, same = scored("r1", 1.0), scored("r0", 2.0), scored("r2", 1.0)
+    with pytest.raises(UserError, match=r"scored with different rewards \(.*r1.*correct 1.0, incorrect -1.0, no answer -1.0; .*r0.*correct 2.0.*"
+                                        r"rescore one"):
+        run(tmp_path, [one, other])
+    assert not (tmp_path / "train.parquet").exists()
+    result, _ = run(tmp_path, [one, same])  # the same rewards: curated together
+    assert result["rows_out"] == 8

@@ -83,8 +83,10 @@ class ScoredInputs:
         """
         first: tuple[Path, dict[str, Any] | None] | None = None
         per_source: dict[str, Any] = {}
+        first_rewards: tuple[Path, tuple[Any, ...]] | None = None
         for f, s in zip(self.files, self.file_source):
             meta = read_file_metadata(f)
+            first_rewards = _same_rewards(first_rewards, f, meta)
             sampling = sampling_of(meta)
             per_source.setdefault(paths[s], {"sampling": sampling, "generation": meta.get("generation")})
             if first is None:
@@ -233,6 +235,25 @@ def _conform(batch: pa.Table, schema: pa.Schema) -> pa.Table:
         else:
             cols.append(pa.nulls(batch.num_rows, f.type))
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+_REWARDS = ("reward_correct", "reward_incorrect", "reward_no_answer")
+
+
+def _same_rewards(first: tuple[Path, tuple[Any, ...]] | None, f: Path, meta: dict[str, Any]) -> tuple[Path, tuple[Any, ...]] | None:
+    """The first file's rewards (as recorded by `topr score`), once ``f``'s are checked equal: one training set has one
+    reward scale (a replayed round scored with other rewards moved every advantage and p̃ in silence)."""
+    settings = (meta.get("score") or {}).get("settings") or {}
+    if not all(k in settings for k in _REWARDS):  # scored before the record, or by another tool: nothing to compare
+        return first
+    rewards = tuple(settings[k] for k in _REWARDS)
+    if first is not None and first[1] != rewards:
+        def show(r: tuple[Any, ...]) -> str:
+            return ", ".join(f"{k.removeprefix('reward_').replace('_', ' ')} {v}" for k, v in zip(_REWARDS, r))
+
+        raise UserError(f"the inputs were scored with different rewards ({first[0]}: {show(first[1])}; {f}: {show(rewards)}) — "
+                        "their advantages would mix two scales; rescore one with the other's --reward-* values, or curate them separately")
+    return first or (f, rewards)
 
 
 def _show(sampling: dict[str, Any] | None) -> str:
