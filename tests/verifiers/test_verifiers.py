@@ -82,6 +82,12 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         # The last box, not a number after it (the last number was the answer).
         ("So she makes $\\boxed{18}$ dollars (9 eggs sold at $2).", "18", "correct", "18"),
         ("Final: \\boxed{18}. That is 2 more than 16.", "18", "correct", "18"),
+        # A signed LaTeX fraction, and one after "the answer is" (were 2, and 4: the last number); "Final answer: n" (was 2).
+        ("\\boxed{-\\frac{1}{2}}", "-0.5", "correct", "-1/2"),
+        ("\\boxed{-\\frac{1}{2}}", "0.5", "incorrect", "-1/2"),
+        ("The answer is $\\frac{3}{4}$", "#### 3/4", "correct", "3/4"),
+        ("Final answer: 72\n\nNote: we used 2 months.", "72", "correct", "72"),
+        ("**Final Answer:** 72 apples in 2 days", "72", "correct", "72"),
     ],
 )
 def test_gsm8k_reading_and_numeric_comparison(completion, answer, verdict, extracted):
@@ -125,6 +131,8 @@ def test_gsm8k_is_fast_and_bounded_on_huge_inputs():
         "1e999999999 " * 8_000,
         "The answer is " + "_" * 8_000,  # was quadratic: 7.7 s, a timeout
         "The answer is " + "*" * 8_000,
+        "The answer is" + " " * 8_000 + ":" + " " * 8_000 + "x",
+        "Final answer:**" + " " * 8_000 + "*" * 8_000,
         "\\boxed{" * 20_000,
         "1/" * 50_000,
     ]

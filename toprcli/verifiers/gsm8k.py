@@ -49,10 +49,13 @@ _CLOSE = r"(?:[ \t*_}$.]|\\[)\]])*"
 # "#### 1) **Eggs**") is not the answer.
 _HASH_RE = re.compile(r"####[ \t]*" + _OPEN + "(" + _NUMBER + r")(?![\d,]|[.:)][ \t]*[*_]*[^\W\d_])")
 _HASH_LINE_RE = re.compile(r"####[ \t]*" + _OPEN + "(" + _NUMBER + ")" + _CLOSE + "$", re.M)
-# "The answer is 18", also bold, boxed or in \( \): "The answer is **18**", "is: $\boxed{18}$".
-_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is)\s*:?\s*" + _OPEN + "(" + _NUMBER + ")")  # one [*_]* (_OPEN's): linear
-# The last box holding a number, or a fraction as LaTeX writes it ("\boxed{18}", "\boxed{\frac{1}{2}}").
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\{[ \t$]*(?:(" + _NUMBER + r")|\\[dt]?frac\{(\d+)\}\{(\d+)\})[ \t$.]*\}")
+# A number, or a fraction as LaTeX writes it, signed or not ("\frac{1}{2}", "-\dfrac{3}{4}"): groups number | sign, top, bottom.
+_VALUE = "(?:(" + _NUMBER + r")|(?:\$[ \t]*)?([-−]?)\\[dt]?frac\{(\d+)\}\{(\d+)\})"
+# "The answer is 18", "Final answer: 18", also bold, boxed or in \( \): "The answer is **18**", "is: $\boxed{18}$",
+# "**Final Answer:** $\frac{3}{4}$". One [*_]* next to another only across whitespace: linear.
+_ANSWER_IS_RE = re.compile(r"(?i:the\s+(?:final\s+)?answer\s+is(?:\s*:)?|final\s+answer\s*:(?:[*_]+(?=\s))?)\s*" + _OPEN + _VALUE)
+# The last box holding a number or a fraction ("\boxed{18}", "\boxed{-\frac{1}{2}}").
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\{[ \t$]*" + _VALUE + r"[ \t$.]*\}")
 # LaTeX's thousands separators: 1{,}000, 10,\!000, 1\,000 (a thin space).
 _LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,)(?=\d{3}(?!\d))")
 _BARE_RE = re.compile(r"\s*(" + _NUMBER + r")\s*\.?\s*")
@@ -132,16 +135,21 @@ def extract(completion: str, strict: bool = False) -> str | None:
         return None
     m = _ANSWER_IS_RE.search(completion)
     if m:
-        return m.group(1)
+        return _value(m)
     box = None
     for box in _BOXED_RE.finditer(completion):
         pass
     if box is not None:  # a boxed answer, not a number said after it
-        return box.group(1) or f"{box.group(2)}/{box.group(3)}"
+        return _value(box)
     last = None
     for m in _NUMBER_RE.finditer(completion):
         last = m
     return last.group(0) if last else None
+
+
+def _value(m: re.Match) -> str:
+    """A _VALUE match as number text: ``18``, or a LaTeX fraction as ``-1/2``."""
+    return m.group(1) or f"{m.group(2)}{m.group(3)}/{m.group(4)}"
 
 
 def check(completion: str, answer: str | None, row: dict | None = None, *, strict: bool = False) -> Verdict:
