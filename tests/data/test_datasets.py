@@ -245,7 +245,11 @@ def test_content_is_read_from_the_columns_the_spec_names_and_from_the_rows_the_p
     ({"instruction": "1 + 1?", "output": "1 + 1 = 2\n#### 2"}, "2", "gsm8k"),
     ({"prompt": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}, "2", "gsm8k"),
     ({"input": "1 + 1?", "target": "so $\\boxed{2}$"}, "2", "math"),
-    ({"question": "1 + 1?", "answer": "2"}, "2", "none"),
+    # A number as the gold is read as GSM8K's (was `none`: a bare prompt, `exact` matching of the whole completion).
+    ({"question": "1 + 1?", "answer": "2"}, "2", "gsm8k"),
+    ({"question": "1 + 1?", "answer": 2}, "2", "gsm8k"),
+    ({"prompt": "1 + 1?", "solution": "1,200"}, "1200", "gsm8k"),
+    ({"question": "1 + 1?", "answer": "two"}, "two", "none"),
 ])
 def test_content_is_read_from_the_columns_the_none_preset_reads_too(tmp_path, row, gold, preset):
     """An instruction/output file with `#### n` answers got the `none` preset: the whole worked solution as gold,
@@ -285,3 +289,29 @@ def test_common_layouts_a_review_found_misread(tmp_path, monkeypatch):
     shards.write_table_atomic(tmp_path / "train.parquet", pa.table({"prompt": ["q"], "completion": ["c"]}), {"stage": "curate"})
     with pytest.raises(UserError, match="was written by topr's curate stage, it is not a dataset"):
         load_examples(DatasetSpec(source=str(tmp_path / "train.parquet")))
+
+
+def test_chat_datasets_with_gsm8k_references_are_checked_by_gsm8k(tmp_path):
+    """A conversation (or TRL prompt) whose reference ends in `#### 9` got math-verify, which ignores `####` and reads
+    another number of a completion written the same way."""
+    from toprcli.data.datasets import default_verifier
+
+    chat = [{"role": "user", "content": "4+5?"}]
+    for name, row, verifier in (("messages", {"messages": [*chat, {"role": "assistant", "content": "4+5=9\n#### 9"}]}, "gsm8k"),
+                                ("trl", {"prompt": chat, "solution": "4+5=9\n#### 9"}, "gsm8k"),
+                                ("boxed", {"prompt": chat, "solution": "$\\boxed{9}$"}, "math")):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+        spec = DatasetSpec(source=str(tmp_path / f"{name}.jsonl"), chat_template=True)
+        assert (load_examples(spec)[0].answer, default_verifier(spec)) == ("9", verifier), name
+
+
+def test_a_trl_unpaired_preference_file_and_a_template_on_chat_rows_are_refused(tmp_path):
+    """A completion labelled false was taken as the gold answer; --template on chat rows was ignored and recorded as used."""
+    (tmp_path / "kto.jsonl").write_text(json.dumps({"prompt": "What is 3*3?", "completion": " 6", "label": False}) + "\n")
+    with pytest.raises(UserError, match="unpaired-preference dataset .* --answer-column"):
+        load_examples(DatasetSpec(source=str(tmp_path / "kto.jsonl")))
+    row = {"messages": [{"role": "user", "content": "4+5?"}, {"role": "assistant", "content": "9"}]}
+    (tmp_path / "chat.jsonl").write_text(json.dumps(row) + "\n")
+    spec = DatasetSpec(source=str(tmp_path / "chat.jsonl"), chat_template=True, template="Solve: {question}")
+    with pytest.raises(UserError, match="holds chat messages, rendered as given: --template does nothing"):
+        render_prompt(load_examples(spec)[0], spec)

@@ -199,7 +199,7 @@ def test_trl_standard_text_prompt_completion_takes_the_gold_from_the_completion(
     f = tmp_path / "trl.jsonl"
     f.write_text(json.dumps({"prompt": "1 + 1?", "completion": "1 + 1 = 2\n#### 2"}) + "\n")
     ex = load_examples(DatasetSpec(source=str(f)))[0]
-    assert (ex.question, ex.answer, ex.messages) == ("1 + 1?", "2", None) and default_verifier(DatasetSpec(source=str(f))) == "math"
+    assert (ex.question, ex.answer, ex.messages) == ("1 + 1?", "2", None) and default_verifier(DatasetSpec(source=str(f))) == "gsm8k"  # a `#### n` reference
 
 
 def test_an_explicit_answer_column_wins_over_the_conversations_last_turn(tmp_path):

@@ -155,7 +155,13 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
     if spec.preset != "auto":
         return PRESETS[spec.preset]
     if row is not None and (fmt := formats.detect(row)):
-        return PRESETS[fmt]
+        preset = PRESETS[fmt]
+        if fmt == "trl" and isinstance(row.get("label"), bool) and not spec.answer_column:  # its completions were judged, right or wrong
+            raise UserError(f"{spec.source} is a TRL unpaired-preference dataset (prompt, completion, label): a completion is no gold "
+                            "answer there — give the gold answer's column with --answer-column, or use a prompt dataset")
+        if fmt in ("trl", "messages") and "####" in _reference(row, spec, preset):  # GSM8K-style references: math-verify
+            return dataclasses.replace(preset, verifier="gsm8k")  # would read another number than the `#### n` line
+        return preset
     src = spec.source.lower()
     if src.startswith("builtin:arith"):
         return PRESETS["arith"]
@@ -172,19 +178,33 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
 def _by_content(row: dict[str, Any] | None, spec: DatasetSpec) -> Preset | None:
     """A file named after neither, by its question and answer columns (the ones the spec names, else the first of the
     usual ones it has, as the presets read them): GSM8K's ``#### n`` answers, or a problem with a boxed solution."""
-    def text(column: str | None, candidates: tuple[str, ...]) -> str:
-        column = column or next((c for c in candidates if row is not None and formats.has_path(row, c)), None)
-        value = formats.get_path(row, column) if row is not None and column is not None else None
-        return value if isinstance(value, str) else ""
-
-    if not text(spec.question_column, PRESETS["none"].question_columns):
+    if not _column_text(row, spec.question_column, PRESETS["none"].question_columns):
         return None
-    answer = text(spec.answer_column, PRESETS["none"].answer_columns)
+    answer = _column_text(row, spec.answer_column, PRESETS["none"].answer_columns)
     if "####" in answer:
         return PRESETS["gsm8k"]
-    if "\\boxed" in answer or not spec.answer_column and "\\boxed" in text(None, ("solution",)):
+    if "\\boxed" in answer or not spec.answer_column and "\\boxed" in _column_text(row, None, ("solution",)):
         return PRESETS["math"]
+    if _BARE_NUMBER.fullmatch(answer):  # a number as the gold ("72", 72, "1,200", "-3/4"): read as GSM8K's, not exact text
+        return PRESETS["gsm8k"]
     return None
+
+
+def _reference(row: dict[str, Any], spec: DatasetSpec, preset: Preset) -> str:
+    """A chat row's reference answer: its answer column, else a conversation's final assistant turn."""
+    turns = row.get("messages")
+    last = turns[-1] if formats.is_messages(turns) and turns else {}
+    return _column_text(row, spec.answer_column, preset.answer_columns) or (last.get("content") or "" if last.get("role") == "assistant" else "")
+
+
+def _column_text(row: dict[str, Any] | None, column: str | None, candidates: tuple[str, ...]) -> str:
+    """A row's value in ``column``, else in the first of ``candidates`` it has, as text ("" for none, or not text or a number)."""
+    column = column or next((c for c in candidates if row is not None and formats.has_path(row, c)), None)
+    value = formats.get_path(row, column) if row is not None and column is not None else None
+    return value if isinstance(value, str) else str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+
+
+_BARE_NUMBER = re.compile(r"\s*[-−]?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?\s*\.?\s*")
 
 
 # -- loading ------------------------------------------------------------------
@@ -371,6 +391,9 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
     instruction around the question; few-shot examples first; ``system_prompt`` where there is no system turn."""
     if example.messages is not None and not spec.chat_template:
         raise UserError(f"dataset {spec.source!r} holds chat messages — pass --chat-template (dataset.chat_template: true) to render them")
+    if example.messages is not None and spec.template is not None:  # recorded as used, and the conversation rendered as given
+        raise UserError(f"dataset {spec.source!r} holds chat messages, rendered as given: --template does nothing there — drop it "
+                        "(an instruction for every prompt goes in --system-prompt)")
     if spec.template is not None and "{question}" not in spec.template:  # the chat instruction too: the problem must be in it
         raise UserError(f"prompt template {spec.template!r} has no {{question}} placeholder — add one")
     if spec.chat_template:
