@@ -665,3 +665,30 @@ def test_a_branch_does_not_need_the_parents_base_model(tmp_path):
     for r in (parent / "config.yaml", parent / "round-001" / "config.yaml"):  # the parent ran with that model, as it was then
         r.write_text(yaml.safe_dump({**yaml.safe_load(r.read_text()), "model": str(tmp_path / "gone")}))
     assert Pipeline(cfg, branch_from=str(parent / "round-001")).prepare()["round"] == 1
+
+
+def test_iterate_scores_with_the_datasets_verifier_and_records_what_auto_stood_for(tmp_path, tiny_model_dir):
+    """score.verifier defaulted to gsm8k under iterate: a MATH dataset's \\frac golds were all 'error', every reward -1."""
+    import yaml
+
+    from toprcli.config import DatasetSpec, GenerateConfig, IterateConfig, ScoreConfig
+    from toprcli.errors import UserError
+    from toprcli.pipeline import Pipeline
+
+    rows = [{"problem": f"What is {k}/6 in lowest terms?", "solution": f"It is $\\boxed{{\\frac{{{k}}}{{6}}}}$."} for k in (1, 5, 7)]
+    (tmp_path / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = IterateConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir),
+                        generate=GenerateConfig(dataset=DatasetSpec(source=str(tmp_path / "math.jsonl"))))
+    assert cfg.score.verifier == "auto"
+    pipeline = Pipeline(cfg)
+    pipeline.prepare()
+    assert pipeline.verifier() == "math" and pipeline.cfg.score.verifier == "math"
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["score"]["verifier"] == "math"
+    Pipeline(cfg).prepare()  # the same config again: auto stands for what the run recorded
+    (tmp_path / "run" / "round-000").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "run" / "round-001" / "samples").mkdir(parents=True)  # a round made with it: the verifier is frozen
+    with pytest.raises(UserError, match=r"score.verifier \(the verifier\) cannot change"):
+        Pipeline(IterateConfig(**{**cfg.__dict__, "score": ScoreConfig(verifier="gsm8k")})).prepare()
+    record = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())  # as a run with `verifier: auto` was recorded before
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({**record, "score": {**record["score"], "verifier": "auto"}}))
+    Pipeline(cfg).prepare()

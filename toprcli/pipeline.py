@@ -196,9 +196,8 @@ class Pipeline:
         return self.base_policy() if r == 0 else str(round_dir(self.run_dir, r) / "policy")
 
     @functools.cached_property
-    def _verifier(self) -> str:
-        v = self.cfg.score.verifier
-        return default_verifier(self.cfg.generate.dataset) if v == "auto" else v  # "auto" reads the dataset: once per run
+    def _verifier(self) -> str:  # "auto" reads the dataset: once per run
+        return default_verifier(self.cfg.generate.dataset) if self.cfg.score.verifier == "auto" else self.cfg.score.verifier
 
     def verifier(self) -> str:
         return self._verifier
@@ -332,6 +331,8 @@ class Pipeline:
             check_model(self.initial_model())  # a mistyped model is refused before the run dir records it (a branch: its round's policy)
         if first and self.verifier() == "data_source":  # an unmapped verl source: refused before round 0 generates
             score.check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
+        if self.cfg.score.verifier == "auto":  # recorded as what it stands for: a rerun resolves it the same, or is refused
+            self.cfg = replace(self.cfg, score=replace(self.cfg.score, verifier=self.verifier()))
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
         return lineage

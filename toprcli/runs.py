@@ -134,7 +134,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
         return []
     # Read back through the schema: a key added to toprcli since the run started takes its default, which
     # is how the run behaved, so it is no change (a removed or moved key is one error listing them).
-    recorded = config_to_dict(_recorded(path))
+    recorded = _auto_as_now(config_to_dict(_recorded(path)), resolved)
     # A run may move; trackers may be added or changed (the metrics are the same, the tracked run resumes).
     changed = sorted(k for k in changed_keys(recorded, resolved) - {"run_dir"} if not k.startswith("tracking."))
     if changed and _made_nothing(run_dir):  # nothing was made with the old config (a typo refused at once): the new one replaces it
@@ -233,6 +233,14 @@ def round_config(run_dir: Path, r: int, current: IterateConfig | None = None) ->
     return _recorded(path, data)
 
 
+def _auto_as_now(recorded: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """A record's ``score.verifier: auto`` (a run recorded before auto was resolved first) as what it stands for now:
+    the dataset it reads is frozen, so it names the verifier the run used."""
+    if recorded.get("score", {}).get("verifier") == "auto":
+        return {**recorded, "score": {**recorded["score"], "verifier": now["score"]["verifier"]}}
+    return recorded
+
+
 def _recorded(path: Path, data: dict[str, Any] | None = None) -> IterateConfig:
     """A config the run recorded, read through today's schema; a key it no longer takes is named with the file."""
     try:
@@ -283,7 +291,7 @@ def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | N
         raise UserError(f"--branch-from {source}: set rounds > {k} (the branch continues from round {k + 1})")
     # What round k ran with, read through the schema (keys added since take their defaults, as in reconcile).
     parent_cfg = config_to_dict(round_config(parent, k) or from_dict(IterateConfig, yaml.safe_load((parent / CONFIG_FILE).read_text()) or {}))
-    changed = sorted(key for key in changed_keys(parent_cfg, config_to_dict(cfg)) - {"run_dir", "rounds"}
+    changed = sorted(key for key in changed_keys(_auto_as_now(parent_cfg, config_to_dict(cfg)), config_to_dict(cfg)) - {"run_dir", "rounds"}
                      if not key.startswith("tracking.") and key not in RESOURCE_KEYS + WARM_START_RESOURCES)  # how it runs, as reconcile
     if frozen := _frozen(changed, cfg, parent):  # the inherited rounds were made with the parent's values
         raise UserError(f"--branch-from {source}: {', '.join(frozen)} differs from the parent's — the inherited rounds used the parent's")

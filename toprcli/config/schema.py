@@ -74,7 +74,7 @@ class EngineConfig:
     """The generation engine: which backend, and how it holds the model. Shared by generate and eval."""
 
     backend: Literal["auto", "vllm", "hf"] = opt("auto", "auto (vLLM when it imports), vllm or hf.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "Weights' dtype; auto: float32 on CPU, bfloat16 on GPU.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "Weights' dtype; auto: float32 on CPU, bfloat16 on GPU (float16 before Ampere).")
     tensor_parallel_size: int = opt(1, "GPUs per vLLM engine (tensor parallelism).", check=AT_LEAST_ONE)
     gpu_memory_utilization: float | None = opt(
         None, "vLLM's share of device memory (on CPU, of RAM) for weights + KV cache; unset: 0.9 on GPU, 0.2 on CPU.", check=UNIT_HALF_OPEN)
@@ -111,7 +111,8 @@ class ScoreConfig:
     samples: str = opt("", "The samples directory `topr generate` wrote (or one Parquet file).", short="-s")
     out: str = opt("", "Directory for the scored shards and _manifest.json.", short="-o")
     verifier: str = opt("gsm8k", "gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> bool | float | None) "
-                                 "| data_source (each row's verl data_source picks one through --verifier-by-source).", short="-v")
+                                 "| data_source (each row's verl data_source picks one through --verifier-by-source); under iterate also auto (its default: the "
+                                 "dataset preset's).", short="-v")
     verifier_by_source: dict[str, str] = opt(factory=lambda: dict(VERIFIER_BY_SOURCE), help=_BY_SOURCE_HELP)
     strict: bool = opt(False, _STRICT_HELP, flag="--strict/--flexible")
     workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)
@@ -240,7 +241,7 @@ class TrainConfig:
     min_p: float | None = opt(None, _CHECK_DATA.format("min-p"), check=MIN_P)
     seed: int = opt(0, "Seed of the data order and initialisation.", check=SEED)
     dtype: Literal["auto", "float32", "bfloat16", "bfloat16-pure"] = opt(
-        "auto", "auto: fp32 on CPU, bfloat16 on GPU; bfloat16: bf16 compute, fp32 master weights; bfloat16-pure: bf16 weights (small updates are lost).")
+        "auto", "auto: fp32 on CPU, bfloat16 on GPU (fp32 before Ampere); bfloat16: bf16 compute, fp32 master weights; bfloat16-pure: bf16 weights (small updates are lost).")
     save_dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "dtype of the saved weights (float32 keeps small updates).")
     gradient_checkpointing: bool | Literal["auto"] = opt(
         "auto", "Recompute activations in backward (less memory); auto: on when a micro-batch's activations would take > 1/8 of the device.")
@@ -351,7 +352,7 @@ class IterateConfig:
     eval_every: int = opt(1, "Evaluate every N rounds (and always the last).", check=AT_LEAST_ONE)
     warm_start: WarmStartConfig = opt(factory=WarmStartConfig, cli=False)
     generate: GenerateConfig = opt(factory=GenerateConfig, cli=False)
-    score: ScoreConfig = opt(factory=ScoreConfig, cli=False)
+    score: ScoreConfig = opt(factory=lambda: ScoreConfig(verifier="auto"), cli=False)  # auto: the dataset preset's verifier
     curate: CurateConfig = opt(factory=lambda: CurateConfig(unreachable_baseline=0.0), cli=False)
     train: TrainConfig = opt(factory=TrainConfig, cli=False)
     eval: EvalConfig = opt(factory=EvalConfig, cli=False)
