@@ -313,6 +313,23 @@ def test_resume_after_a_kill_reproduces_the_uninterrupted_run(tiny_model_dir, da
     assert again["final_loss"] == resumed["final_loss"]
 
 
+def test_the_last_step_is_checkpointed_so_a_kill_while_saving_the_policy_loses_no_step(tiny_model_dir, data_path, tmp_path,
+                                                                                       kill_after_checkpoint, monkeypatch):
+    """Saving the policy is the run's memory peak under FSDP; a kill there lost every step since the last checkpoint."""
+    kw = dict(max_steps=5, save_every=2, lr=1e-2)
+    full = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "a", **kw))
+    kill_after_checkpoint(5)
+    with pytest.raises(Killed):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", **kw))
+    monkeypatch.undo()
+    assert (tmp_path / "b.partial" / "checkpoints" / "step-00000005").is_dir()
+    resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw))
+    assert resumed["resumed_from_step"] == 5 and resumed["steps"] == 5
+    assert resumed["final_loss"] == full["final_loss"] and resumed["final_lr"] == full["final_lr"]
+    assert _max_diff(_weights(tmp_path / "a"), _weights(tmp_path / "b")) == 0.0
+    assert not (tmp_path / "b" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("column, value", [("completion_token_ids", [5, None, 6]), ("behavior_logprobs", None), ("advantage", None)])
 def test_a_null_where_the_contract_has_none_is_one_line_naming_column_and_row(tiny_model_dir, data_path, tmp_path, column, value):
     """A null inside a token list was read as -2**63 and blamed on the tokenizer; a null list trained on nothing."""
@@ -355,8 +372,8 @@ def test_a_kill_while_finishing_keeps_the_trained_policy(tiny_model_dir, data_pa
     monkeypatch.undo()
     resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw))
     assert resumed["steps"] == 3
-    if dies_in == "swap_dir_into_place":  # the last checkpoint is step 2's (step 3 saves the policy instead)
-        assert resumed["resumed_from_step"] == 2 and not resumed.skipped
+    if dies_in == "swap_dir_into_place":  # the last step is checkpointed too: nothing is trained again
+        assert resumed["resumed_from_step"] == 3 and not resumed.skipped
     else:
         assert resumed.skipped  # nothing to train again
     assert _max_diff(_weights(tmp_path / "a"), _weights(tmp_path / "b")) == 0.0

@@ -168,10 +168,15 @@ class BackendOptions:
 
 
 def resolve_dtype(dtype: str, on_gpu: bool) -> str:
-    """``auto`` → float32 on CPU (exact μ; bf16 matmuls on CPU are slow anyway), bfloat16 on GPU."""
+    """``auto`` → float32 on CPU (exact μ; bf16 matmuls on CPU are slow anyway), bfloat16 on GPU, float16 on a GPU
+    without bfloat16 (before Ampere: T4, V100), where vLLM refuses bfloat16 as its own ``auto`` would not pick it."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if on_gpu else "float32"
+    if not on_gpu:
+        return "float32"
+    import torch
+
+    return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
 
 
 def release_cuda_cache() -> None:

@@ -70,8 +70,8 @@ def latest_checkpoint(root: Path) -> Optional[Path]:
 
 def _rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():  # this rank's device only: a resume may see fewer GPUs (CUDA_VISIBLE_DEVICES)
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -79,8 +79,11 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):  # saved for every visible device (before toprcli saved its own only)
+        cuda = cuda[torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.current_device() < len(cuda) else None
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
 
 
 def _save_synced(obj: Any, path: Path) -> None:

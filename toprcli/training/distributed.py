@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Optional
 
 import torch
@@ -78,7 +79,7 @@ def init_distributed() -> DistContext:
         return DistContext(device=device)
     owns = False
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
+        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None, timeout=COLLECTIVE_TIMEOUT)
         owns = True
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -111,6 +112,11 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+# How long a rank waits in a collective before the job is declared hung. Rank 0 alone writes the final policy (a
+# large model's full fp32 save) while the others wait at a barrier: NCCL's 10-minute default would abort them.
+COLLECTIVE_TIMEOUT = timedelta(hours=1)
+
+
 def shard_model(model: torch.nn.Module, ctx: DistContext, *, bf16: bool) -> torch.nn.Module:
     """FSDP2: ``fully_shard`` each decoder layer, then the root (embeddings, norm, head).
 
@@ -121,7 +127,8 @@ def shard_model(model: torch.nn.Module, ctx: DistContext, *, bf16: bool) -> torc
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    # Gradients are summed over ranks in float32 always (bfloat16-pure's would otherwise be summed in bf16).
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=ctx.mesh, mp_policy=mp)
     fully_shard(model, mesh=ctx.mesh, mp_policy=mp)

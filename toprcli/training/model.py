@@ -56,8 +56,8 @@ class Precision:
 
     @classmethod
     def resolve(cls, dtype: str, device: torch.device) -> "Precision":
-        if dtype == "auto":
-            dtype = "bfloat16" if device.type == "cuda" else "float32"
+        if dtype == "auto":  # bf16 autocast on a GPU without it (before Ampere) would be emulated, slowly: float32 there
+            dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False) else "float32"
         return cls(dtype, device.type)
 
     @property

@@ -104,7 +104,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
 
     metrics_file = _open_logs(prep, ctx, start_step)
     measure_gap = state["gap"] is None and start_step == 0
-    last: dict[str, Any] = {}
+    last: dict[str, Any] = state.get("last_record") or {}  # resumed from the last step's checkpoint: no step runs
     report(progress, "train", start_step, prep.steps)
     try:
         for step in range(start_step, prep.steps):
@@ -122,13 +122,15 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
                     if on_record is not None:
                         on_record(last)
                 report(progress, "train", step + 1, prep.steps, loss=f"{last['loss']:.4g}")
-            # Checkpoint (not after the last step: the policy itself is saved next), and on a stop request.
-            stop = stop_requested(ctx)
-            if step + 1 < prep.steps and (stop or (cfg.save_every and (step + 1) % cfg.save_every == 0)):
+            # Checkpoint every save_every steps and after the last one (saving the policy next is the run's memory
+            # peak under FSDP: a kill there must not lose the steps since the last checkpoint); on a stop request too.
+            stop, final = stop_requested(ctx), step + 1 == prep.steps
+            if (stop and not final) or (cfg.save_every and ((step + 1) % cfg.save_every == 0 or final)):
                 if metrics_file is not None:
                     os.fsync(metrics_file.fileno())
+                state["last_record"] = last
                 ckpt.save_checkpoint(ckpt_root, step + 1, model.policy, model.optimizer, model.scheduler, state, ctx)
-                if stop:
+                if stop and not final:
                     raise interrupt.Interrupted(stop, f"training stopped after step {step + 1} of {prep.steps}, checkpoint saved")
     finally:
         if metrics_file is not None:
