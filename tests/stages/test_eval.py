@@ -29,6 +29,8 @@ def test_a_rerun_returns_the_eval_only_if_it_measured_the_same_thing(tiny_model_
     m = json.loads(rebooted.output.strip().splitlines()[-1])["metrics"]
     assert m["pass@1"] == metrics["pass@1"] and m["bootstrap"]["seed"] == 1 and m["bootstrap"]["resamples"] == 50
     assert json.loads((out / "eval.json").read_text())["metrics"]["bootstrap"]["seed"] == 1
+    table = CliRunner().invoke(app, [a for a in args if a != "--json"])  # the table names what checked the samples (auto: its choice)
+    assert table.exit_code == 0 and "checked by" in table.output and "gsm8k" in table.output.split("checked by")[1].splitlines()[0]
 
 
 def test_auto_is_the_verifier_it_stands_for_and_verifier_settings_need_a_verifier(tiny_model_dir, tmp_path):

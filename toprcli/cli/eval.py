@@ -28,7 +28,8 @@ DOC = """Sample k completions per test prompt, score them, and report the metric
 
 def show(result: StageResult, cfg: EvalConfig) -> None:
     m, k = result.summary["metrics"], cfg.k
-    rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("pass@1", with_interval(m, "pass@1")), (f"pass@{k}", m["pass@k"]),
+    checked_by = result.summary.get("config", {}).get("verifier") or cfg.verifier  # what auto stood for, as eval.json records it
+    rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("checked by", checked_by), ("pass@1", with_interval(m, "pass@1")), (f"pass@{k}", m["pass@k"]),
             (f"maj@{k}", with_interval(m, "maj@k")), ("invalid rate", m["invalid_rate"]), ("check errors", m.get("error_rate")), ("mean completion tokens", m["mean_completion_tokens"])]
     if "greedy_accuracy" in m:
         rows.insert(2, ("greedy accuracy", with_interval(m, "greedy_accuracy")))
