@@ -217,6 +217,10 @@ def test_candidates_without_verdicts_are_refused_before_anything_is_generated(ti
     with pytest.raises(UserError, match=r"have no 'correct', 'extracted_answer' column"):
         run(eval_config(tiny_model_dir, tmp_path / "second", candidates=str(first / "samples")), backend=hf_backend)
     assert not (tmp_path / "second").exists()
+    (first / "scored" / "_manifest.json").unlink()  # a score killed part-way: its shards so far, no manifest
+    with pytest.raises(UserError, match="has not finished"):  # it judged 720 of 1,200 candidates as a finished result
+        run(eval_config(tiny_model_dir, tmp_path / "third", candidates=str(first / "scored")), backend=hf_backend)
+    assert not (tmp_path / "third").exists()
 
 
 def test_a_judged_eval_that_moved_with_its_verifier_is_still_its_eval(tiny_model_dir, hf_backend, tmp_path):

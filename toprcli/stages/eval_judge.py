@@ -57,6 +57,7 @@ def check_judge(cfg: EvalConfig, out: Path) -> None:
     if cfg.verifier_model:
         check_model(cfg.verifier_model)
     if cfg.candidates:
+        shards.check_finished(cfg.candidates, "score")  # a killed score's shards so far: judged as if they were all
         found = shards.complete_shards(cfg.candidates)
         if not found:
             raise UserError(f"--candidates {cfg.candidates}: no scored shards there — pass a `topr score` (or an eval's scored/) directory")
