@@ -7,8 +7,10 @@ those processes may outlive it by more than a few seconds, whatever the signal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -216,3 +218,35 @@ def test_a_command_that_logged_nothing_leaves_no_empty_log(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["t"]
+
+
+@pytest.mark.parametrize("bars", ["--progress", "--no-progress"])
+def test_a_terminal_that_hangs_up_ends_the_command_with_129(tiny_model_dir, tmp_path, bars):
+    """A closed ssh session: the command's terminal (a pty here) goes away, SIGHUP arrives, and every later write to the
+    terminal fails with EIO. The interrupted line (or the bar's last refresh) was a traceback and exit 1; now 129."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    out = tmp_path / "samples"
+    args = ["generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--limit", "40", "--n", "4", "--max-new-tokens", "64", "--backend", "hf",
+            "--batch-size", "2", "--shard-size", "2", "-o", str(out), bars]
+    proc = subprocess.Popen([sys.executable, "-m", "toprcli", *args], stdin=slave, stdout=slave, stderr=slave, preexec_fn=own_terminal,
+                            cwd=REPO, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    os.close(slave)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("shard-*.parquet")) and time.monotonic() < deadline:  # generating: the hang-up comes mid-run
+        assert proc.poll() is None
+        if select.select([master], [], [], 0.1)[0]:  # keep the pty drained: a full one would block the command's writes
+            with contextlib.suppress(OSError):
+                os.read(master, 65536)
+    os.close(master)  # hang up
+    assert proc.wait(timeout=60) == 129
+    resumed = subprocess.run([sys.executable, "-m", "toprcli", *args, "--json"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr  # the shards it wrote are kept and the rest generated

@@ -141,8 +141,7 @@ def user_errors(fn: F | None = None, *, resume: str = RESUME) -> Any:
         except UserError as e:
             raise fail(str(e)) from None
         except interrupt.Interrupted as e:
-            detail = f" ({e.detail})" if e.detail else ""
-            err_console.print(f"[bold yellow]interrupted by {e.name}[/]{escape(detail)} — {escape(resume)}", highlight=False, soft_wrap=True)
+            tell_interrupted(e, resume)
             raise typer.Exit(code=e.exit_code) from None
         except OSError as e:
             err = output_error(e)
@@ -151,6 +150,15 @@ def user_errors(fn: F | None = None, *, resume: str = RESUME) -> Any:
             raise fail(str(err)) from None
 
     return wrapper
+
+
+def tell_interrupted(e: interrupt.Interrupted, resume: str | None = None) -> None:
+    """The one line a signal's stop ends with; a terminal that is gone (SIGHUP: the pty closed) takes nothing, and
+    the exit code must still say which signal (an EIO here was a traceback and exit 1)."""
+    detail = f" ({e.detail})" if e.detail else ""
+    with contextlib.suppress(OSError):
+        err_console.print(f"[bold yellow]interrupted by {e.name}[/]{escape(detail)}" + (f" — {escape(resume)}" if resume else ""),
+                          highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -174,8 +182,12 @@ def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[
         else:
             bar.update(tasks[task], completed=done, total=total, info=text)
 
-    with bar:
+    bar.start()
+    try:
         yield progress
+    finally:
+        with contextlib.suppress(OSError):  # its last refresh, to a terminal that is gone (SIGHUP), must not hide why it ended
+            bar.stop()
 
 
 def print_summary(title: str, rows: Iterable[tuple[str, Any]], as_json: bool = False) -> None:

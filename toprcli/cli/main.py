@@ -41,7 +41,7 @@ app.add_typer(config_cmd.app, name="config")
 
 def main() -> None:
     """The ``topr`` script and ``python -m toprcli``: the command owns this process."""
-    from toprcli.cli.common import begin_process, err_console, restore_output
+    from toprcli.cli.common import begin_process, restore_output, tell_interrupted
     from toprcli.interrupt import Interrupted
 
     begin_process()
@@ -49,7 +49,7 @@ def main() -> None:
         code = app(standalone_mode=False)  # click's usage errors come here (usage_error), to be one line like every other
         raise SystemExit(code if isinstance(code, int) else 0)
     except Interrupted as e:  # before a command's own handler runs, or after it returned (typer does not catch it)
-        err_console.print(f"[bold yellow]interrupted by {e.name}[/]", highlight=False)
+        tell_interrupted(e)
         raise SystemExit(e.exit_code) from None
     except Exception as e:
         if not any(c.__name__ == "UsageError" for c in type(e).__mro__):  # typer carries its own copy of click
