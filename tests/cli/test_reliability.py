@@ -92,6 +92,44 @@ def test_a_full_disk_is_one_line_and_leaves_no_shard(inputs, tmp_path, monkeypat
     assert not list(out.glob("shard-*")) and not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
 
 
+@pytest.mark.parametrize("how", ["safetensors says so", "torch.save on a full disk"])
+def test_a_full_disk_while_saving_weights_is_one_line(inputs, tiny_model_dir, tmp_path, monkeypatch, how):
+    """safetensors (SafetensorError "os error 28") and torch.save (RuntimeError "unexpected pos") report a full disk in
+    their own types: training and init-model ended in a traceback and exit 1."""
+    import safetensors
+    import torch
+    import transformers.modeling_utils
+
+    import toprcli.shards.files as files
+    from builders import write_curated
+
+    if how == "safetensors says so":
+        def full(*args, **kwargs):
+            raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+        monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+        commands = [["init-model", str(tmp_path / "m")], ["train", "-m", str(tiny_model_dir), "-d", str(write_curated(tmp_path / "t.parquet", n=8)),
+                                                          "-o", str(tmp_path / "p"), "--max-steps", "1", "--batch-size", "4", "--no-progress"]]
+    else:  # checkpoints go through write_atomic: the disk, checked before the half-written file is removed, is full
+        real = torch.save
+
+        def full(obj, f, *args, **kwargs):
+            monkeypatch.setattr(files.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 << 30, 10 << 30, 0))
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+        monkeypatch.setattr(torch, "save", full)
+        commands = [["train", "-m", str(tiny_model_dir), "-d", str(write_curated(tmp_path / "t.parquet", n=8)), "-o", str(tmp_path / "p"),
+                     "--max-steps", "2", "--save-every", "1", "--batch-size", "4", "--no-progress"]]
+    for args in commands:
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2, res.output
+        line = one_error_line(res.stderr)
+        assert "no space left on device" in line and "free disk space" in line, line
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # a failed write with room on the disk is what it was
+        files.write_atomic(tmp_path / "x.pt", lambda tmp: (_ for _ in ()).throw(RuntimeError("unexpected pos")))
+
+
 def test_max_new_tokens_past_the_context_is_refused_or_clipped_on_request(tiny_model_dir, tmp_path):
     out = tmp_path / "s"
     base = ["generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "-o", str(out), "--backend", "hf", "--limit", "3", "--n", "1"]

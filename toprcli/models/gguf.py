@@ -30,7 +30,7 @@ from typing import Any
 from toprcli.errors import UserError
 from toprcli.generation.model_info import first_line
 from toprcli.models.output import check_model_out
-from toprcli.shards import build_dir_beside, swap_dir_into_place
+from toprcli.shards import build_dir_beside, disk_full_named, swap_dir_into_place
 
 GGUF_MAGIC = b"GGUF"
 CARD = "toprcli_model.json"
@@ -106,7 +106,8 @@ def import_gguf(
 
     tmp = build_dir_beside(out)  # removes what killed builds of out left
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with disk_full_named(out):  # safetensors says so in its own exception type
+            model.save_pretrained(tmp, safe_serialization=True)
         GenerationConfig(**{k: v for k, v in special.items() if v is not None}).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         card = {"builder": "toprcli.models.gguf.import_gguf", "source": src.name, "source_sha256": sha256_file(src), "dtype": "float32", **general}

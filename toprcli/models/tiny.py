@@ -27,7 +27,7 @@ from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.models.output import check_model_out
-from toprcli.shards import build_dir_beside, swap_dir_into_place
+from toprcli.shards import build_dir_beside, disk_full_named, swap_dir_into_place
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3
@@ -180,7 +180,8 @@ def build_tiny_model(
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar for a one-file model
-        model.save_pretrained(tmp, safe_serialization=True)
+        with disk_full_named(out):  # safetensors says so in its own exception type
+            model.save_pretrained(tmp, safe_serialization=True)
         GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "toprcli_model.json").write_text(json.dumps(_card(seed, config), indent=2) + "\n")

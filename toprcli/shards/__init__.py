@@ -16,6 +16,7 @@ from toprcli.shards.files import (
     check_not_an_input,
     fsync_dir,
     check_writable,
+    disk_full_named,
     output_error,
     output_lock,
     read_json,
@@ -70,6 +71,7 @@ from toprcli.shards.store import (
 
 __all__ = [
     "read_jsonl_records",
+    "disk_full_named",
     "check_not_an_input",
     "read_json",
     "CURATED_FIELDS", "CURATED_SCHEMA", "MANIFEST_NAME", "METADATA_KEY", "SAMPLES_FIELDS", "SAMPLES_SCHEMA", "SCHEMAS",

@@ -59,7 +59,8 @@ def write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
     try:
-        write(tmp)
+        with disk_full_named(path):
+            write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -174,6 +175,30 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
 _UNWRITABLE = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted", errno.EROFS: "read-only file system"}
 _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 _NOT_A_DIR = {errno.ENOTDIR, errno.EEXIST}  # a path below a file: mkdir(parents=True) says EEXIST, open says ENOTDIR
+
+
+@contextlib.contextmanager
+def disk_full_named(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Writes by libraries that report a full disk in their own exception types (safetensors' SafetensorError,
+    torch.save's RuntimeError "unexpected pos", a checkpoint's CheckpointException): re-raised as the OSError (ENOSPC)
+    they are, naming ``path``, when the message says so or the disk holding ``path`` is full now (before the
+    caller's cleanup frees what the write took). Anything else goes on as it was."""
+    try:
+        yield
+    except OSError:
+        raise
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        if not isinstance(e, Exception) and type(e).__name__ != "CheckpointException":
+            raise  # a signal's Interrupted, KeyboardInterrupt, SystemExit
+        text, where = str(e), Path(path).absolute()
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        if "os error 28" in text or "no space left" in text.lower() or shutil.disk_usage(where).free < _FULL_BELOW:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from e
+        raise
+
+
+_FULL_BELOW = 16 << 20  # bytes free under which a failed write is the disk's fault
 
 
 def output_error(e: OSError, path: str | os.PathLike[str] | None = None) -> UserError | None:

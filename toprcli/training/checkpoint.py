@@ -32,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from toprcli.shards import fsync_dir, write_atomic, write_json_atomic
+from toprcli.shards import disk_full_named, fsync_dir, write_atomic, write_json_atomic
 from toprcli.training.distributed import DistContext, barrier
 
 CKPT_PATTERN = re.compile(r"^step-(\d{8})$")
@@ -111,7 +111,7 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     barrier(ctx)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    with quiet_hf():
+    with quiet_hf(), disk_full_named(tmp):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     _save_synced(_rng_state(), tmp / f"rng-rank{ctx.rank:05d}.pt")
     barrier(ctx)
@@ -199,7 +199,8 @@ def _save_policy(out_dir: Path, policy, ctx: DistContext, *, source: str, save_d
             model = model.merge_and_unload()
         model = model.to(save_dtype)
         out_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir, safe_serialization=True)
+        with disk_full_named(out_dir):  # safetensors says so in its own exception type
+            model.save_pretrained(out_dir, safe_serialization=True)
         try:
             GenerationConfig.from_pretrained(source).save_pretrained(out_dir)
         except (OSError, ValueError):
