@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -58,7 +59,8 @@ def test_half_written_temporary_is_ignored_and_replaced(tmp_path):
         remote.write_bytes(b"PAR1 being written elsewhere")
         assert shards.remove_stale_temporaries(tmp_path) == 1 and live.exists() and remote.exists()
         alive.kill()
-    live.unlink()
+        time.sleep(0.2)  # killed, not yet reaped: a zombie was taken for a live writer and its temporary kept for good
+        assert shards.remove_stale_temporaries(tmp_path) == 1 and not live.exists()
     remote.unlink()
     shards.write_shard(tmp_path, 1, samples_table())
     assert list(shards.complete_shards(tmp_path)) == [0, 1]

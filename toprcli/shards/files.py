@@ -323,4 +323,6 @@ def _writer_alive(name: str) -> bool:
         return False
     except PermissionError:  # alive, another user's
         return True
+    with contextlib.suppress(OSError, IndexError):  # a killed writer its parent has not reaped yet: dead, its file stale
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return True
