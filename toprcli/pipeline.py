@@ -218,7 +218,7 @@ class Pipeline:
         if cfg.warm_start.enabled:
             ws = run / "warmstart"
             steps.append(Step("warmstart/gold", lambda: (ws / "gold.parquet").exists(), lambda: warmstart.run(cfg, tokenizer=self.initial_model(), out=ws / "gold.parquet")))
-            steps.append(Step("warmstart/train", lambda: (ws / "policy" / "config.json").exists(), self._warm_start_train))
+            steps.append(Step("warmstart/train", lambda: train_stage.trained(ws / "policy"), self._warm_start_train))
         steps.append(self._eval_step(0))
         for r in range(1, cfg.rounds + 1):
             d = round_dir(run, r)
@@ -226,7 +226,7 @@ class Pipeline:
                 Step(f"{d.name}/generate", lambda d=d: read_manifest(d / "samples") is not None, lambda r=r: self._generate(r)),
                 Step(f"{d.name}/score", lambda d=d: read_manifest(d / "scored") is not None, lambda r=r: self._score(r)),
                 Step(f"{d.name}/curate", lambda d=d: (d / "train.parquet").exists(), lambda r=r: self._curate(r)),
-                Step(f"{d.name}/train", lambda d=d: (d / "policy" / "config.json").exists(), lambda r=r: self._train(r)),
+                Step(f"{d.name}/train", lambda d=d: train_stage.trained(d / "policy"), lambda r=r: self._train(r)),
             ]
             if r % self.round_cfg(r).eval_every == 0 or r == cfg.rounds:  # a round started under another eval_every keeps it
                 steps.append(self._eval_step(r))

@@ -733,3 +733,24 @@ def test_what_a_review_of_training_found_is_one_line(tiny_model_dir, data_path, 
         resolve_loss(TrainConfig(loss="dpo", whiten_advantages=True))
     with pytest.warns(UserWarning, match=r"warmup_steps 5 > the run's 2 steps: the lr peaks at 0.40 × --lr"):
         train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "w", max_steps=2, warmup_steps=5))
+
+
+def test_a_finished_policy_found_by_a_pipeline_loses_what_a_kill_left_in_it(tmp_path):
+    """Killed between the rename to <out> and the cleanup: a pipeline counts the step done and never trains again, so
+    its checkpoints (several times the model's size), the pass and the lock file stayed for good."""
+    from toprcli import shards
+    from toprcli.stages.train import trained
+    from toprcli.training.precompute import PRECOMPUTED_NAME
+
+    policy = tmp_path / "round-001" / "policy"
+    (policy / "checkpoints" / "step-00000004").mkdir(parents=True)
+    assert not trained(policy) and (policy / "checkpoints").exists()  # not finished: a resume needs them
+    (policy / "config.json").write_text("{}")
+    (policy / PRECOMPUTED_NAME).write_bytes(b"npz")
+    lock = tmp_path / "round-001" / ".policy.lock"
+    lock.write_text("pid 1 (killed)")
+    assert trained(policy)
+    assert sorted(p.name for p in policy.iterdir()) == ["config.json"] and not lock.exists()
+    with shards.output_lock(policy):  # a lock someone holds stays
+        trained(policy)
+        assert lock.exists()

@@ -21,6 +21,7 @@ from toprcli.shards.files import (
     output_lock,
     read_json,
     read_jsonl_records,
+    remove_stale_lock,
     remove_stale_temporaries,
     swap_dir_into_place,
     write_atomic,
@@ -71,6 +72,7 @@ from toprcli.shards.store import (
 
 __all__ = [
     "read_jsonl_records",
+    "remove_stale_lock",
     "disk_full_named",
     "check_not_an_input",
     "read_json",

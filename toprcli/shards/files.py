@@ -282,6 +282,13 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
         fh.close()
 
 
+def remove_stale_lock(path: str | os.PathLike[str], part: str = "") -> None:
+    """Remove the lock file a killed writer of ``path`` left (the kernel dropped its lock); a held one stays."""
+    with contextlib.suppress(UserError, OSError):
+        with output_lock(path, part):
+            pass
+
+
 def build_dir_beside(out: str | os.PathLike[str]) -> Path:
     """A new empty directory next to ``out`` to build it in, then :func:`swap_dir_into_place`. Named after
     this process and machine (``.<name>.<random>.<pid>-<host>.tmp``), so the directories killed builders

@@ -188,6 +188,16 @@ def _finish(prep: Prepared, summary: dict) -> None:
 
 
 def drop_training_state(out: Path) -> None:
-    """Remove a finished run's checkpoints and precomputed log-probs (safe to repeat)."""
+    """Remove a finished run's checkpoints, precomputed log-probs and a killed run's lock file (safe to repeat)."""
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     (out / PRECOMPUTED_NAME).unlink(missing_ok=True)
+    shards.remove_stale_lock(out)
+
+
+def trained(out: Path) -> bool:
+    """Whether ``out`` is a finished policy; what a kill between its rename and the cleanup left there goes (a
+    pipeline never runs a finished step again: checkpoints of several times the model's size stayed for good)."""
+    if not (out / "config.json").exists():
+        return False
+    drop_training_state(out)
+    return True
