@@ -24,6 +24,7 @@ from toprcli.cli.common import RESUME, Verbose, echo_json, progress_bars, send_n
 from toprcli.config import load_config, parse_override, parse_value, split_override
 from toprcli.config.fields import describe, sections
 from toprcli.errors import UserError
+from toprcli.shards import output_error
 from toprcli.stages import StageResult
 
 
@@ -159,8 +160,14 @@ def build(stage: Stage) -> Callable[..., None]:
         path = kw["config_"] or (stage.default_config() if stage.default_config else None)
         cfg = load_config(stage.config, path, overrides, sets=sets)
         send_noise_to(stage.log(cfg), kw["verbose_"])
-        with progress_bars(kw["progress_"] and not kw["json_"], transient=stage.transient) as progress:
-            result = stage.run(cfg, progress=progress, **{name: kw[name] for name in stage.extra})
+        try:
+            with progress_bars(kw["progress_"] and not kw["json_"], transient=stage.transient) as progress:
+                result = stage.run(cfg, progress=progress, **{name: kw[name] for name in stage.extra})
+        except OSError as e:  # pyarrow's disk errors name no file: what was being written is the command's output
+            err = output_error(e, getattr(cfg, "out", None) or getattr(cfg, "run_dir", None))
+            if err is None:
+                raise
+            raise err from None
         if result is None:  # a rank other than 0 under torchrun: it prints nothing
             return
         if kw["json_"]:
