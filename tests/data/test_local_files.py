@@ -91,3 +91,36 @@ def test_few_shot_errors_are_about_the_few_shot_split_and_a_file_of_shots_serves
     (tmp_path / "shots.jsonl").write_text(json.dumps({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}) + "\n")
     spec = DatasetSpec(source=str(tmp_path / "onlytest"), split="test", few_shot=1, few_shot_split=str(tmp_path / "shots.jsonl"))
     assert [s.question for s in load_examples(spec)[0].shots] == ["What is 2+2?"]
+
+
+def test_compressed_files_and_tsv_read_as_their_plain_forms(tmp_path):
+    """train.jsonl.gz (how large datasets ship) and .tsv were refused as unsupported file types."""
+    import bz2
+    import gzip
+    import lzma
+
+    rows = [{"question": "2+3?", "answer": "2+3=5\n#### 5"}, {"question": "1, 1?", "answer": "#### 2"}]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    for name, opener in (("t.jsonl.gz", gzip.open), ("t.jsonl.bz2", bz2.open), ("t.jsonl.xz", lzma.open)):
+        with opener(tmp_path / name, "wt") as f:
+            f.write(text)
+    with gzip.open(tmp_path / "t.json.gz", "wt") as f:
+        f.write(json.dumps(rows))
+    (tmp_path / "t.tsv").write_text("question\tanswer\n2+3?\t#### 5\n1, 1?\t#### 2\n")
+    with gzip.open(tmp_path / "t.csv.gz", "wt") as f:
+        f.write('question,answer\n2+3?,#### 5\n"1, 1?",#### 2\n')
+    plain = [(e.prompt_id, e.question, e.answer) for e in load_examples(DatasetSpec(source=str(_write(tmp_path / "t.jsonl", text))))]
+    for name in ("t.jsonl.gz", "t.jsonl.bz2", "t.jsonl.xz", "t.json.gz", "t.tsv", "t.csv.gz"):
+        assert [(e.prompt_id, e.question, e.answer) for e in load_examples(DatasetSpec(source=str(tmp_path / name)))] == plain, name
+    with gzip.open(tmp_path / "bad.jsonl.gz", "wt") as f:  # a broken line is named through the compression too
+        f.write(text + '{"question": \n')
+    with pytest.raises(UserError, match=r"bad.jsonl.gz: line 3 is not valid JSON"):
+        load_examples(DatasetSpec(source=str(tmp_path / "bad.jsonl.gz")))
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress(b"2+3?"))
+    with pytest.raises(UserError, match=r"unsupported file type '.txt.gz' — use .jsonl, .json, .parquet, .csv or .tsv"):
+        load_examples(DatasetSpec(source=str(tmp_path / "t.txt.gz")))
+
+
+def _write(path, text: str):
+    path.write_text(text)
+    return path

@@ -28,7 +28,7 @@ VERIFIER_BY_SOURCE = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "HuggingFaceH4/
 class DatasetSpec:
     """Where prompts come from and how they are rendered (``data/datasets.py``)."""
 
-    source: str = opt("builtin:arith", "Prompts: builtin:gsm8k, builtin:arith, a hub id (openai/gsm8k) or a local .jsonl/.json/.parquet/.csv.",
+    source: str = opt("builtin:arith", "Prompts: builtin:gsm8k, builtin:arith, a hub id (openai/gsm8k) or a local .jsonl/.json/.parquet/.csv/.tsv (.gz, .bz2, .xz too).",
                       flag="--dataset", short="-d")
     config_name: str | None = opt(None, "The hub dataset's config (openai/gsm8k: main, chosen for you).", flag="--dataset-config")
     split: str = opt("train", "Dataset split.")

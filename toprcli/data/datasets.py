@@ -27,7 +27,7 @@ from typing import Any
 from toprcli.config import DatasetSpec
 from toprcli.data import formats
 from toprcli.data.arith import arith_problems
-from toprcli.data.local_files import LOCAL_FORMATS, few_shot_source, read_local
+from toprcli.data.local_files import LOCAL_FORMATS, few_shot_source, local_suffix, read_local
 from toprcli.errors import UserError
 from toprcli.shards import read_file_metadata
 
@@ -224,14 +224,13 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
         raise UserError(f"{src} was written by topr's {stage} stage, it is not a dataset — pass the dataset it was made from")
     try:
         if path.is_file():
-            fmt = LOCAL_FORMATS.get(path.suffix.lower())
+            fmt = LOCAL_FORMATS.get(local_suffix(path))
             if fmt is None:
-                raise UserError(
-                    f"{path}: unsupported file type {path.suffix!r} — use .jsonl, .json, .parquet or .csv"
-                )
+                raise UserError(f"{path}: unsupported file type {''.join(path.suffixes[-2:])!r} — use .jsonl, .json, .parquet, .csv "
+                                "or .tsv (the text ones may be compressed: .gz, .bz2, .xz)")
             ds = read_local(datasets, fmt, path)
         elif path.is_dir() or "/" in src or re.fullmatch(r"[\w.-]+", src):
-            if not path.exists() and (src.startswith((".", "/", "~")) or Path(src).suffix.lower() in LOCAL_FORMATS):
+            if not path.exists() and (src.startswith((".", "/", "~")) or local_suffix(src) in LOCAL_FORMATS):
                 raise UserError(f"dataset file not found: {src} — check the path")
             # A hub id, or a local directory laid out like a hub dataset repo.
             config_name = spec.config_name
@@ -281,7 +280,7 @@ def _pick_column(row: dict[str, Any], explicit: str | None, candidates: tuple[st
     if explicit is not None:
         if formats.has_path(row, explicit):
             return explicit
-        if "." in explicit and Path(spec.source).suffix.lower() == ".csv":
+        if "." in explicit and local_suffix(spec.source) in (".csv", ".tsv"):
             raise UserError(f"dataset {spec.source!r}: CSV files have no nested columns, so {explicit!r} cannot be a path — use a flat column or another format")
         raise UserError(f"dataset {spec.source!r} has no column {explicit!r} for the {what} — columns are: {', '.join(row)}")
     return next((c for c in candidates if formats.has_path(row, c)), None)

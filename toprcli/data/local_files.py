@@ -1,5 +1,5 @@
-"""Local dataset files (.jsonl, .json, .parquet, .csv) read through ``datasets``: CSV cells as written, and a
-file that cannot be read named with its broken line."""
+"""Local dataset files (.jsonl, .json, .parquet, .csv, .tsv; the text ones also compressed: .gz, .bz2, .xz) read
+through ``datasets``: CSV cells as written, and a file that cannot be read named with its broken line."""
 
 from __future__ import annotations
 
@@ -9,15 +9,35 @@ from typing import Any
 from toprcli.errors import UserError
 
 
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}  # what datasets (fsspec) and Python both read
+
+
+def local_suffix(path: str | Path) -> str:
+    """A local file's format suffix, its compression's removed (``train.jsonl.gz`` → ``.jsonl``); lower case."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    compressed = bool(suffixes) and suffixes[-1] in COMPRESSIONS
+    if compressed:
+        suffixes.pop()
+    if not suffixes or compressed and suffixes[-1] == ".parquet":  # Parquet compresses inside the file
+        return ""
+    return suffixes[-1]
+
+
+def _open_text(path: Path, **kwargs: Any) -> Any:
+    """A local text file for reading, decompressed as its suffix says."""
+    import importlib
+
+    compression = COMPRESSIONS.get(path.suffix.lower())
+    return importlib.import_module(compression).open(path, "rt", **kwargs) if compression else open(path, **kwargs)
 
 
 def few_shot_source(source: str, split: str) -> tuple[str, str]:
     """(source, split) few-shot examples come from: ``split`` of the dataset; a single local file has no splits
     (any --split reads all of it), so its shots come from another file, named by ``split``."""
-    if Path(split).suffix.lower() in LOCAL_FORMATS and Path(split).expanduser().is_file():  # a file of shots, whatever the source
+    if local_suffix(split) in LOCAL_FORMATS and Path(split).expanduser().is_file():  # a file of shots, whatever the source
         return split, "train"
-    if Path(source).suffix.lower() not in LOCAL_FORMATS or not Path(source).expanduser().is_file():
+    if local_suffix(source) not in LOCAL_FORMATS or not Path(source).expanduser().is_file():
         return source, split
     raise UserError(f"--few-shot with {source}: one file has no splits, so the shots would be drawn from the problems "
                     f"being evaluated — pass --few-shot-split FILE (e.g. your train.jsonl)")
@@ -27,7 +47,7 @@ def read_local(datasets: Any, fmt: str, path: Path) -> Any:
     """A local file through ``datasets``; a file it cannot read is named with the line (or cause)."""
     import logging
 
-    if path.stat().st_size == 0 or fmt != "parquet" and not path.read_bytes()[:65536].strip():
+    if path.stat().st_size == 0 or fmt != "parquet" and not _head(path).strip():
         raise UserError(f"{path} is empty — it holds no rows")
     logger = logging.getLogger("datasets")
     level = logger.level
@@ -45,6 +65,15 @@ def read_local(datasets: Any, fmt: str, path: Path) -> Any:
     return ds
 
 
+def _head(path: Path) -> str:
+    """The first 64 KiB of a text file, decompressed ("" when it cannot be read: the reader names why)."""
+    try:
+        with _open_text(path, encoding="utf-8", errors="replace") as f:
+            return f.read(65536)
+    except (OSError, EOFError, ValueError):
+        return "x"
+
+
 def _column_oriented(row: dict[str, Any]) -> bool:
     """A row that is a whole table: every column a {row index: value} mapping or a list of plain values of one length."""
     values = list(row.values())
@@ -60,11 +89,12 @@ def _as_text(datasets: Any, fmt: str, path: Path) -> dict[str, Any]:
         return {}
     import csv
 
-    with open(path, newline="", encoding="utf-8-sig", errors="replace") as f:  # -sig: Excel's "CSV UTF-8" starts with a BOM
-        header = next(csv.reader(f), [])
+    sep = "\t" if local_suffix(path) == ".tsv" else ","
+    with _open_text(path, newline="", encoding="utf-8-sig", errors="replace") as f:  # -sig: Excel's "CSV UTF-8" starts with a BOM
+        header = next(csv.reader(f, delimiter=sep), [])
     header = [c or f"Unnamed: {i}" for i, c in enumerate(header)]  # an empty name (pandas' index, a trailing comma) as pandas names it
     features = datasets.Features({c: datasets.Value("string") for c in header}) if len(set(header)) == len(header) else None
-    return {"keep_default_na": False, **({"features": features} if features else {})}
+    return {"keep_default_na": False, "sep": sep, **({"features": features} if features else {})}
 
 
 def _diagnose_local(path: Path) -> str | None:
@@ -72,10 +102,10 @@ def _diagnose_local(path: Path) -> str | None:
     import csv
     import json
 
-    suffix = path.suffix.lower()
+    suffix = local_suffix(path)
     try:
         if suffix == ".jsonl":
-            with open(path, encoding="utf-8") as f:
+            with _open_text(path, encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
                     if not line.strip():
                         continue
@@ -87,12 +117,13 @@ def _diagnose_local(path: Path) -> str | None:
                         return f"line {n} is a JSON {type(row).__name__}, not an object of column values"
         elif suffix == ".json":
             try:
-                json.loads(path.read_text(encoding="utf-8"))
+                with _open_text(path, encoding="utf-8") as f:
+                    json.loads(f.read())
             except json.JSONDecodeError as e:
                 return f"not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
-        elif suffix == ".csv":
-            with open(path, encoding="utf-8-sig", newline="") as f:
-                reader = csv.reader(f, strict=True)
+        elif suffix in (".csv", ".tsv"):
+            with _open_text(path, encoding="utf-8-sig", newline="") as f:
+                reader = csv.reader(f, strict=True, delimiter="\t" if suffix == ".tsv" else ",")
                 header, rows = next(reader, []), 0
                 for row in reader:
                     rows += 1
