@@ -322,6 +322,29 @@ def test_a_round_recorded_with_other_engine_settings_gets_an_engine_with_them(ti
         holder.close()
 
 
+def test_an_eval_with_its_own_engine_settings_does_not_run_beside_the_runs_engine(tiny_model_dir, tmp_path, monkeypatch):
+    """With engine_handover keep and eval.engine unlike generate's, eval opened a second engine while the run's stayed
+    loaded: two models' weights and caches on one GPU. The run's gives its memory back first."""
+    from toprcli.config import EngineConfig, EvalConfig, GenerateConfig, IterateConfig
+    from toprcli.pipeline import Pipeline
+
+    cfg = IterateConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), engine_handover="keep",
+                        generate=GenerateConfig(engine=EngineConfig(backend="hf", batch_size=8)),
+                        eval=EvalConfig(engine=EngineConfig(backend="hf", batch_size=4)))
+    pipeline = Pipeline(cfg)
+    seen = []
+    monkeypatch.setattr("toprcli.pipeline.run_eval", lambda ecfg, backend, progress: seen.append((backend, pipeline.engine.backend)))
+    pipeline.engine.get(str(tiny_model_dir))
+    try:
+        pipeline._eval(0)
+        assert seen == [(None, None)]  # the stage opens its own; the run's is closed (hf cannot sleep; vLLM on a GPU sleeps)
+        pipeline.cfg = IterateConfig(**{**cfg.__dict__, "eval": EvalConfig(engine=cfg.generate.engine)})
+        pipeline._round_cfgs.clear()
+        pipeline._eval(0)  # the same settings: the run's engine serves eval
+        assert seen[1][0] is not None and seen[1][0] is seen[1][1]
+    finally:
+        pipeline.engine.close()
+
 
 def test_a_rounds_eval_with_verifier_auto_judges_its_own_dataset(tmp_path):
     """eval.verifier auto: on the rounds' task, as the rounds are scored (verifier, strict, sources); on another

@@ -44,17 +44,15 @@ from toprcli.generation.model_info import check_model
 from toprcli.launch import run_eval, run_generate, run_train, runs_in_child
 from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 from toprcli.progress import ProgressFn
-from toprcli.runs import round_dir
-from toprcli.shards import check_writable, output_lock, read_file_metadata, read_json, read_manifest, write_json_atomic
+from toprcli.runs import VERIFIER_KEYS, round_dir, round_summary, run_summary
+from toprcli.shards import check_writable, output_lock, read_manifest, write_json_atomic
 from toprcli.stages import curate, score, warmstart
-from toprcli.stages import eval as eval_stage
 from toprcli.stages import train as train_stage
 from toprcli.tracking import check_installed
 from toprcli.verifiers.registry import resolve_verifier
 
 STATE_FILE = "state.json"
 # What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
-VERIFIER_KEYS = ("best_of_k_verifier", "weighted_maj@k", "candidates_maj@k", "verifier_accuracy", "verifier_invalid_rate", "verifier_auc")
 # What a round's summary takes from its eval (a round's eval may come later than the rest: eval_every, a run extended).
 EVAL_KEYS = ("pass@1", "maj@k", "pass@k", "k", "invalid_rate", "greedy_accuracy", "intervals", "bootstrap", *VERIFIER_KEYS)
 
@@ -293,9 +291,12 @@ class Pipeline:
     def _eval(self, r: int) -> None:
         policy = self.policy_after(r)
         ecfg = self.eval_config(r, policy)
-        # The run's engine serves eval when eval's engine settings are the round's generate's (else the
-        # stage opens its own); with child engines none does, and the run's engine is closed first.
+        # The run's engine serves eval when eval's engine settings are the round's generate's; else the stage opens
+        # its own, and the run's gives its memory back first (with engine_handover keep, two engines held the device);
+        # with child engines none does, and the run's engine is closed first.
         shared = ecfg.engine == self.round_cfg(r).generate.engine
+        if not shared and ecfg.data_parallel_size == 1:
+            self.engine.release()
         backend = self._engine_for(policy, ecfg.data_parallel_size, ecfg.engine) if shared or ecfg.data_parallel_size > 1 else None
         run_eval(ecfg, backend=backend, progress=self.progress)
 
@@ -416,35 +417,3 @@ def _wants_handover(cfg: IterateConfig) -> bool:
     if cfg.engine_handover != "auto":
         return cfg.engine_handover == "release"
     return cuda_available() or runs_in_child(cfg.train) or runs_in_child(cfg.warm_start_train())
-
-
-# -- summaries ----------------------------------------------------------------
-
-
-def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
-    """Per-round numbers gathered from the files a round wrote."""
-    d = round_dir(Path(run_dir), r)
-    out: dict[str, Any] = {"round": r}
-    ev = eval_stage.read_eval(d / "eval")
-    if ev is not None:
-        m = ev["metrics"]
-        out.update({"pass@1": m["pass@1"], "maj@k": m["maj@k"], "pass@k": m["pass@k"], "k": ev["k"], "invalid_rate": m["invalid_rate"], "greedy_accuracy": m.get("greedy_accuracy")})
-        if "intervals" in m:  # 95% percentile bootstrap over prompts (evals written before they existed have none)
-            out.update({"intervals": m["intervals"], "bootstrap": m["bootstrap"]})
-        out.update({key: m[key] for key in VERIFIER_KEYS if key in m})
-    curated = d / "train.parquet"
-    if curated.exists():
-        meta = read_file_metadata(curated)
-        out.update({key: meta[key] for key in ("p", "c", "p_effective", "p_target", "rows_out") if key in meta})
-    summary = d / "policy" / "train_summary.json"
-    if summary.exists():
-        s = read_json(summary)
-        for key in ("final_loss", "steps", "tokens_per_s", "behavior_gap_mean"):
-            if key in s:
-                out[f"train_{key}"] = s[key]
-    return out
-
-
-def run_summary(run_dir: str | Path) -> list[dict[str, Any]]:
-    run_dir = Path(run_dir)
-    return [round_summary(run_dir, r) for r in runs.round_dirs(run_dir)]

@@ -17,7 +17,7 @@ from typing import Any
 
 from toprcli.config import IterateConfig, as_now, read_yaml
 from toprcli.errors import UserError
-from toprcli.pipeline import run_summary
+from toprcli.runs import run_summary
 from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir, round_dirs
 from toprcli.shards import changed_keys, read_json, read_jsonl_records, read_manifest, read_table
 from toprcli.stages.eval import HOW_IT_RUNS

@@ -48,7 +48,7 @@ def log_training(tracker: Tracker, policy: Path, sink: Callable[[dict[str, Any]]
 
 
 def log_round(tracker: Tracker, run_dir: Path, r: int, summary: dict[str, Any], wall_times: dict[str, float], eval_keys: tuple[str, ...]) -> None:
-    """Round ``r``'s numbers (``summary``: pipeline.round_summary) at step r, and a table of its eval's sample completions.
+    """Round ``r``'s numbers (``summary``: runs.round_summary) at step r, and a table of its eval's sample completions.
     The eval's part (``eval_keys``) has a mark of its own: an eval that comes after its round was logged (a run ended
     early, eval_every lowered) is logged then."""
     if summary.get("train_final_loss", 0.0) is None and summary.get("train_steps"):  # NaN, written to JSON as null: a diverged round

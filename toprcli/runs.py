@@ -32,7 +32,8 @@ import yaml
 
 from toprcli.config import ConfigError, IterateConfig, config_to_dict, from_dict, read_yaml
 from toprcli.errors import UserError
-from toprcli.shards import changed_keys, write_json_atomic, write_text_atomic
+from toprcli.shards import changed_keys, read_file_metadata, read_json, write_json_atomic, write_text_atomic
+from toprcli.stages import eval as eval_stage
 
 CONFIG_FILE = "config.yaml"
 LINEAGE_FILE = "lineage.json"
@@ -42,6 +43,7 @@ FROZEN = {"model": "the model", "warm_start": "the starting policy", "generate.d
           "score.verifier": "the verifier", "score.strict": "the verifier", "score.verifier_by_source": "the verifier",
           "score.reward_correct": "the rewards", "score.reward_incorrect": "the rewards", "score.reward_no_answer": "the rewards"}
 EVAL_KEYS = "eval."
+VERIFIER_KEYS = ("best_of_k_verifier", "weighted_maj@k", "candidates_maj@k", "verifier_accuracy", "verifier_invalid_rate", "verifier_auc")
 # The sampling distribution: a training set holds one, so rounds that replay earlier ones must keep it.
 SAMPLING_KEYS = tuple(f"generate.sampling.{k}" for k in ("temperature", "top_p", "top_k", "min_p"))  # changes allowed, but they break comparability across rounds (report says so)
 
@@ -340,3 +342,35 @@ def _merge_into(tmp: Path, run_dir: Path) -> None:
             shutil.rmtree(target)
         entry.rename(target)  # a file is replaced in one step
     tmp.rmdir()
+
+
+# -- what the rounds recorded ------------------------------------------------------
+
+
+def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
+    """Per-round numbers gathered from the files a round wrote."""
+    d = round_dir(Path(run_dir), r)
+    out: dict[str, Any] = {"round": r}
+    ev = eval_stage.read_eval(d / "eval")
+    if ev is not None:
+        m = ev["metrics"]
+        out.update({"pass@1": m["pass@1"], "maj@k": m["maj@k"], "pass@k": m["pass@k"], "k": ev["k"], "invalid_rate": m["invalid_rate"], "greedy_accuracy": m.get("greedy_accuracy")})
+        if "intervals" in m:  # 95% percentile bootstrap over prompts (evals written before they existed have none)
+            out.update({"intervals": m["intervals"], "bootstrap": m["bootstrap"]})
+        out.update({key: m[key] for key in VERIFIER_KEYS if key in m})
+    curated = d / "train.parquet"
+    if curated.exists():
+        meta = read_file_metadata(curated)
+        out.update({key: meta[key] for key in ("p", "c", "p_effective", "p_target", "rows_out") if key in meta})
+    summary = d / "policy" / "train_summary.json"
+    if summary.exists():
+        s = read_json(summary)
+        for key in ("final_loss", "steps", "tokens_per_s", "behavior_gap_mean"):
+            if key in s:
+                out[f"train_{key}"] = s[key]
+    return out
+
+
+def run_summary(run_dir: str | Path) -> list[dict[str, Any]]:
+    run_dir = Path(run_dir)
+    return [round_summary(run_dir, r) for r in round_dirs(run_dir)]

@@ -24,7 +24,7 @@ from toprcli.tracking import check_installed, metric_name, numeric, open_tracker
 
 PROJECT = "topr-tracking-test"
 CONFIG = MICRO_PIPELINE + "tracking: {{report_to: [tensorboard, wandb, mlflow, trackio], project: {project}, tags: {{variant: topr}}}}\n"
-# SIGKILLs the pipeline right after its N-th training checkpoint (the warm start saves one, round 1 three).
+# SIGKILLs the pipeline right after its N-th training checkpoint (the warm start saves two, round 1 four: the last step too).
 KILLER = textwrap.dedent(
     """
     import os, signal, sys
@@ -177,7 +177,7 @@ def tracked_run(tmp_path_factory):
     cfg.write_text(CONFIG.format(run_dir=tmp / "run", project=PROJECT))
     (tmp / "killer.py").write_text(KILLER)
     # cwd: MLflow puts a SQLite store's artifacts in ./mlruns
-    killed = subprocess.run([sys.executable, str(tmp / "killer.py"), str(cfg), "3"], env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run([sys.executable, str(tmp / "killer.py"), str(cfg), "4"], env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     marks = json.loads((tmp / "run" / "tracking.json").read_text())["backends"]["mlflow"]["logged"]
     assert marks["train"] == 2 and marks["round"] == 0  # round 0 and two steps of round 1 were logged
