@@ -352,6 +352,26 @@ def test_whitening_equal_advantages_gives_zeros_not_a_sign():
     assert m["n_neg"].item() == 0 and abs(loss.item()) < 1e-6
 
 
+def test_whitening_counts_each_row_by_its_weight():
+    """A row of weight 0 (a replayed round that counts for nothing) moved the mean and std: the three weighted rows
+    all came out negative, and TOPR tapered a positive. Curate's batch statistics count weights; so does whitening."""
+    from toprcli.losses.core import sequence_log_ratio, whiten
+
+    adv, valid = t([1.0, 0.2, -1.0, 5.0, 5.0]), torch.ones(5, dtype=torch.bool)
+    w = t([1.0, 1.0, 1.0, 0.0, 0.0])
+    torch.testing.assert_close(whiten(adv, valid, w)[:3], whiten(adv[:3], valid[:3]))  # weight 0: as if absent
+    half = t([1.0, 1.0, 0.5, 0.5, 0.5])  # weight 0.5: counts as half a row (mean 1.7, population std by weight)
+    mean = (1.0 + 0.2 + 0.5 * (-1.0 + 5.0 + 5.0)) / 3.5
+    std = math.sqrt(((1.0 - mean) ** 2 + (0.2 - mean) ** 2 + 0.5 * ((-1.0 - mean) ** 2 + 2 * (5.0 - mean) ** 2)) / 3.5)
+    torch.testing.assert_close(whiten(adv, valid, half), (adv - mean) / (std + 1e-8))
+    torch.testing.assert_close(whiten(adv, valid, torch.ones(5, dtype=D)), whiten(adv, valid))  # equal weights: as before
+    lp, mask = t([[-1.0]] * 5), torch.ones(5, 1, dtype=D)
+    _, m = policy_loss("topr", lp, lp, adv, mask, weights=w, whiten_advantages=True)
+    assert (m["n_pos"].item(), m["n_neg"].item()) == (2, 1)  # was 0 and 3
+    pad = t([[-1.0, -math.inf]])  # a pad holding −inf: 0·inf was NaN in the public helper
+    assert sequence_log_ratio(pad, t([[-0.5, 0.0]]), t([[1.0, 0.0]])).item() == pytest.approx(-0.5)
+
+
 def test_entropy_bonus_and_advantage_options():
     lp, mask = t([[-1.0, -2.0], [-1.0, -1.0]]), torch.ones(2, 2, dtype=D)
     ent = t([[0.5, 1.5], [1.0, 1.0]], grad=True)

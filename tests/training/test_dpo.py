@@ -94,6 +94,21 @@ def test_greedy_or_foreign_data_also_recomputes_and_missing_pairs_are_refused(tm
         prepare(_cfg(tiny_model_dir, plain, tmp_path / "o"))
 
 
+def test_a_pair_with_an_empty_completion_is_refused(tmp_path, tiny_model_dir):
+    """A row of no tokens counts 0 in the aggregation: its pair's loss was spread over one row and weighed half."""
+    data = pair_data(tmp_path / "t1.parquet", tiny_model_dir, temperature=1.0)
+    table = pa.parquet.read_table(data)
+    ids = table.column("completion_token_ids").to_pylist()
+    mu = table.column("behavior_logprobs").to_pylist()
+    ids[3], mu[3] = [], []
+    table = table.set_column(table.schema.get_field_index("completion_token_ids"), "completion_token_ids",
+                             pa.array(ids, table.schema.field("completion_token_ids").type))
+    table = table.set_column(table.schema.get_field_index("behavior_logprobs"), "behavior_logprobs", pa.array(mu, table.schema.field("behavior_logprobs").type))
+    write_table_atomic(tmp_path / "empty.parquet", table)
+    with pytest.raises(UserError, match=r"row 3 has no completion tokens — a preference pair compares two completions"):
+        prepare(_cfg(tiny_model_dir, tmp_path / "empty.parquet", tmp_path / "o"))
+
+
 def test_a_broken_pair_is_named_by_its_own_pair_id():
     """Units are numbered in their own order, not pair_id's sorted one: [5, 5, 3] names 3 (it named 5)."""
     from toprcli.training.prepare import batch_units

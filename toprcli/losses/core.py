@@ -198,7 +198,7 @@ def aggregate(
 
 def sequence_log_ratio(logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor) -> Tensor:
     """s_i = Σ_t m_{i,t} (log π − log μ), detached.  (B, T) → (B,)"""
-    d = (logprobs.detach() - behavior_logprobs) * mask
+    d = torch.where(mask > 0, logprobs.detach() - behavior_logprobs, 0.0)  # a pad's −inf: 0, not 0·inf = NaN
     return d.sum(-1)
 
 
@@ -262,7 +262,8 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     on-policy is 0 (no pull toward ref at all); ∇k3 = (1 − ref/π) ∇log π follows
     KL(ref ‖ π); ∇k2 = d ∇log π follows KL(π ‖ ref), which the ``+`` forms keep while
     logging the unbiased value. d is clamped to ±20 inside exp, k3's value to ≤ 10 and its slope
-    1 − ref/π to ±10 (bounded, not zeroed, where the value is capped). Here
+    1 − ref/π to ±10 everywhere (from d ≈ −2.40, a little before the value's cap at d ≈ −2.61: the slope is
+    then not the value's derivative); bounded, not zeroed, where the value is capped. Here
     tokens come from μ, not π, so all are off-policy estimates. Shapes: (B, T), (B, T) → (B, T).
     """
     if estimator not in KL_ESTIMATORS:
@@ -286,15 +287,16 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
 # --------------------------------------------------------------------------- #
 
 
-def whiten(advantages: Tensor, valid: Tensor) -> Tensor:
-    """(A − mean) / (std + 1e-8) with mean and population std over the ``valid`` rows.  (B,), (B,) bool → (B,)
+def whiten(advantages: Tensor, valid: Tensor, weights: Tensor | None = None) -> Tensor:
+    """(A − mean) / (std + 1e-8) with mean and population std over the ``valid`` rows, each counted by its
+    weight (a replayed round's 0.5; a row of weight 0 not at all).  (B,), (B,) bool, (B,) → (B,)
 
     Rows that are not valid (no completion tokens) take part in neither statistic.
     Whitening moves the sign boundary TOPR splits positives from negatives at.
     """
     a = advantages.double()  # float32's 1-ulp error in the mean of equal values, / 1e-8, would be O(1)
-    v = valid.double()
-    n = v.sum().clamp(min=1.0)
+    v = valid.double() * (1.0 if weights is None else weights.detach().double())
+    n = v.sum().clamp(min=1e-12)
     mean = (a * v).sum() / n
     std = (((a - mean) ** 2 * v).sum() / n).sqrt()
     return ((a - mean) / (std + 1e-8)).to(advantages.dtype)
@@ -369,7 +371,7 @@ def policy_loss(
     w = None if weights is None else weights.detach().to(dtype)
 
     if whiten_advantages:
-        adv = whiten(adv, m.sum(-1) > 0)  # statistics over the sequences that have tokens
+        adv = whiten(adv, m.sum(-1) > 0, w)  # statistics over the sequences that have tokens, by weight
     if adv_clip:
         adv = adv.clamp(-float(adv_clip), float(adv_clip))
 

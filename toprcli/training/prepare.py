@@ -386,6 +386,9 @@ def prepare(cfg: TrainConfig) -> Prepared:
         )
     units = batch_units(extra_table, cfg.data, pairwise=pairwise, group_by_prompt=cfg.group_by_prompt or cfg.shared_prefix)
     reference = None
+    if pairwise and (empty := np.flatnonzero(data.completion_lens == 0)).size:  # its pair would weigh half (a row of L = 0 counts 0)
+        raise UserError(f"{cfg.data}: row {int(empty[0])} has no completion tokens — a preference pair compares two completions; "
+                        "drop that pair (topr curate never writes one)")
     if pairwise:  # ±1 marks chosen/rejected for the loss; the reference rides in the μ slot
         data.advantages = np.where(extra_table.column("chosen").to_numpy(zero_copy_only=False), 1.0, -1.0).astype(np.float32)
         reference = pairwise_reference(cfg, sampling, processing, policies)

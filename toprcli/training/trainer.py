@@ -180,7 +180,8 @@ def _accumulate_gradients(prep: Prepared, ctx: DistContext, model: _Learner, ste
     if loss.whiten_advantages:
         advantages = data.advantages.copy()
         has_tokens = torch.from_numpy(data.completion_lens[rows] > 0)
-        advantages[rows] = whiten(torch.from_numpy(data.advantages[rows]).double(), has_tokens).float().numpy()
+        weights = torch.from_numpy(data.weights[rows]).double()
+        advantages[rows] = whiten(torch.from_numpy(data.advantages[rows]).double(), has_tokens, weights).float().numpy()
     denominator = loss_denominator(data, rows, loss.aggregation)
     make_batch = collate_shared if cfg.shared_prefix else collate
     stats = StepStats()
