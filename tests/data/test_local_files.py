@@ -32,8 +32,8 @@ def test_a_csv_saved_with_a_bom_reads_like_one_without(tmp_path):
 def test_json_answers_that_are_whole_numbers_read_as_integers(tmp_path):
     """A JSON column of 5 and 2.5 is read as floats; the answer 5 was the text "5.0"."""
     f = tmp_path / "qa.jsonl"
-    f.write_text("\n".join(json.dumps({"question": q, "answer": a}) for q, a in (("A?", 5), ("B?", 2.5))) + "\n")
-    assert [e.answer for e in load_examples(DatasetSpec(source=str(f)))] == ["5", "2.5"]
+    f.write_text("\n".join(json.dumps({"question": q, "answer": a}) for q, a in (("A?", 5), ("B?", 2.5), ("C?", 1e-05))) + "\n")
+    assert [e.answer for e in load_examples(DatasetSpec(source=str(f)))] == ["5", "2.5", "0.00001"]  # 1e-05: no number reader's gold
 
 
 def test_few_shot_examples_of_a_local_file_come_from_another_file(tmp_path):

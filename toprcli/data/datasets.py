@@ -15,9 +15,11 @@ splits, shipped as package data with their MIT licence in ``toprcli/data/gsm8k/`
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import functools
 import hashlib
 import json
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -358,6 +360,8 @@ def _answer_text(value: Any) -> str | None:
         return value[-1]["content"] if value else None
     if isinstance(value, float) and value.is_integer():  # JSON answers 5 and 2.5 in one column are read as floats: 5 is "5"
         return str(int(value))
+    if isinstance(value, float) and math.isfinite(value):  # 1e-05 is "0.00001": a gold a number reader reads
+        return f"{decimal.Decimal(repr(value)):f}"
     return _text(value)
 
 
