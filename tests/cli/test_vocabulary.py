@@ -50,7 +50,8 @@ def test_every_field_is_reachable_and_its_help_shows_the_real_default(stage):
         value = _get(default, path)
         if path in flagged:
             opt = params[flagged[path].param]
-            assert f"(default: {_show(value)})" in opt.help, (path, opt.help)
+            shown = _show(value, f"{opt.opts[0]}/{opt.secondary_opts[0]}") if opt.secondary_opts else _show(value)  # --x/--y: the one on
+            assert f"(default: {shown}" in opt.help, (path, opt.help)
         # --set reaches every key, flagged or not: set it to its default and read it back.
         cfg = load_config(stage.config, sets={path: config_to_dict(default) and _plain(value)})
         assert _get(cfg, path) == value, path

@@ -95,7 +95,10 @@ def _metavar(tp: Any, meta: Any) -> str | None:
     return "<number|name>" if len(args) > 1 and bool not in args else None
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, decl: str | None = None) -> str:
+    """A default as --help shows it; a --x/--y flag's: the one that is on (``--flexible``, not ``False``)."""
+    if decl is not None and isinstance(value, bool):
+        return decl.split("/")[0 if value else 1]
     return "unset" if value is None or value == [] or value == {} else '""' if value == "" else str(value)
 
 
@@ -120,7 +123,8 @@ def flags(cls: type) -> list[Flag]:
             metavar = _metavar(hints[f.name], meta)
             allowed = f" ({describe(hints[f.name])})" if typing.get_origin(hints[f.name]) is Literal else f" ({meta['allowed']})" if kind is str and "allowed" in meta else ""
             allowed = "" if metavar and metavar.count("|") and metavar != "<number|name>" else allowed  # the choices are in the type column
-            option = typer.Option(*names, help=f"{meta.get('help', '')}{allowed} (default: {_show(value)})", show_default=False, metavar=metavar)
+            shown = _show(value, decl if kind is bool else None) + (f"; --set {prefix}{f.name}={value}" if kind is bool and not isinstance(value, bool) else "")
+            option = typer.Option(*names, help=f"{meta.get('help', '')}{allowed} (default: {shown})", show_default=False, metavar=metavar)
             out.append(Flag(prefix + f.name, (prefix + f.name).replace(".", "__"), Annotated[kind | None, option], parse))
 
     walk(cls, cls(), "")

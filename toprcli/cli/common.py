@@ -233,5 +233,8 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
             return f"{value:.3g}"
-        return f"{value:.4f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.1f}"
+        if abs(value) >= 1000:  # tokens/s 19,342.5, not 19342.4597
+            return f"{value:,.1f}"
+        text = f"{value:.4f}".rstrip("0")
+        return text + "0" if text.endswith(".") else text  # 0.99999999 is 1.0, as 1.0 is (it was "1")
     return str(value)

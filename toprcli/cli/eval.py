@@ -18,7 +18,7 @@ DOC = """Sample k completions per test prompt, score them, and report the metric
     accuracy, invalid-verdict rate and AUC on the candidates.
 
     Examples:
-      [bold]topr eval -c configs/demo.yaml --model runs/demo/round-003/policy --out eval/r3[/]   (the demo's eval settings)
+      [bold]topr eval -c configs/demo.yaml --model runs/demo/round-003/policy --out eval/r3 --iteration 3[/]   (round 3's eval, to the digit: the round seeds it)
       [bold]topr eval -m models/smollm2 -d builtin:gsm8k -o eval/smollm2 --chat-template --k 4 --limit 16[/]
       [bold]topr eval --model meta-llama/Meta-Llama-3-8B-Instruct --dataset openai/gsm8k --out eval/base --chat-template[/]
       [bold]topr eval -c configs/demo.yaml -m runs/demo/round-003/policy -o eval/v --verifier-model runs/verifier-demo/topr/round-003/policy[/]
