@@ -155,7 +155,7 @@ def test_verification_prompts_past_the_verifiers_context_are_refused(tiny_model_
     questions = [{"question": "What is " + " + ".join(["1"] * 120) + "?", "answer": "120"}]
     (tmp_path / "long.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions))
     cfg = eval_config(tiny_model_dir, tmp_path / "eval", verifier_model=str(tiny_model_dir), k=2,
-                      dataset=DatasetSpec(source=str(tmp_path / "long.jsonl")), sampling=SamplingConfig(max_new_tokens=8, seed=1))
+                      dataset=DatasetSpec(source=str(tmp_path / "long.jsonl"), preset="none"), sampling=SamplingConfig(max_new_tokens=8, seed=1))
     with pytest.raises(UserError, match=r"2 of 2 verification prompts do not fit the verifier's context of 512 tokens"):
         run(cfg, backend=hf_backend)
 
