@@ -261,9 +261,8 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     As a loss term the gradient matters, not the value: ∇k1 = ∇log π, whose mean
     on-policy is 0 (no pull toward ref at all); ∇k3 = (1 − ref/π) ∇log π follows
     KL(ref ‖ π); ∇k2 = d ∇log π follows KL(π ‖ ref), which the ``+`` forms keep while
-    logging the unbiased value. d is clamped to ±20 inside exp, k3's value to ≤ 10 and its slope
-    1 − ref/π to ±10 everywhere (from d ≈ −2.40, a little before the value's cap at d ≈ −2.61: the slope is
-    then not the value's derivative); bounded, not zeroed, where the value is capped. Here
+    logging the unbiased value. d is clamped to ±20 inside exp, k3's value to ≤ 10, its slope 1 − ref/π to ±10
+    everywhere (from d ≈ −2.40, before the value's cap at −2.61; bounded, not zeroed, where it is capped). Here
     tokens come from μ, not π, so all are off-policy estimates. Shapes: (B, T), (B, T) → (B, T).
     """
     if estimator not in KL_ESTIMATORS:
@@ -288,8 +287,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
 
 
 def whiten(advantages: Tensor, valid: Tensor, weights: Tensor | None = None) -> Tensor:
-    """(A − mean) / (std + 1e-8) with mean and population std over the ``valid`` rows, each counted by its
-    weight (a replayed round's 0.5; a row of weight 0 not at all).  (B,), (B,) bool, (B,) → (B,)
+    """(A − mean) / (std + 1e-8), mean and population std over the ``valid`` rows by ``weights``.  (B,), (B,) bool, (B,) → (B,)
 
     Rows that are not valid (no completion tokens) take part in neither statistic.
     Whitening moves the sign boundary TOPR splits positives from negatives at.
