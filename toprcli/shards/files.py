@@ -284,6 +284,8 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
 
 def remove_stale_lock(path: str | os.PathLike[str], part: str = "") -> None:
     """Remove the lock file a killed writer of ``path`` left (the kernel dropped its lock); a held one stays."""
+    if not _lock_path(Path(path).absolute(), part).exists():  # the usual case: nothing to take (a check, not a write)
+        return
     with contextlib.suppress(UserError, OSError):
         with output_lock(path, part):
             pass
