@@ -248,3 +248,16 @@ def test_a_text_question_column_is_the_question_under_the_chat_presets_too(tmp_p
     (tmp_path / "d.jsonl").write_text(json.dumps({"question": {"text": "2+3?"}, "answer": "5"}) + "\n")  # it was the text "{'text': ...}"
     with pytest.raises(UserError, match=r"the question is a mapping \(fields: text\) — .*\(--question-column question.FIELD\)"):
         load_examples(DatasetSpec(source=str(tmp_path / "d.jsonl")))
+
+
+def test_a_verl_ground_truth_list_of_one_is_its_answer_and_of_several_is_refused(tmp_path):
+    """verl QA sets write ``ground_truth`` as a list of accepted answers; read as text, "['5']" matched no completion."""
+    prompt = [[{"role": "user", "content": "What is 2+3?"}], [{"role": "user", "content": "What is 2+2?"}]]
+    rows = {"data_source": ["qa", "qa"], "prompt": prompt, "ability": ["math", "math"]}
+    pq.write_table(pa.table({**rows, "reward_model": [{"ground_truth": ["5"], "style": "rule"}, {"ground_truth": ["4"], "style": "rule"}]}),
+                   tmp_path / "one.parquet")
+    assert [e.answer for e in load_examples(DatasetSpec(source=str(tmp_path / "one.parquet"), split="test"))] == ["5", "4"]
+    pq.write_table(pa.table({**rows, "reward_model": [{"ground_truth": ["5"], "style": "rule"}, {"ground_truth": ["4", "four"], "style": "rule"}]}),
+                   tmp_path / "two.parquet")
+    with pytest.raises(UserError, match=r"row 1, column 'reward_model.ground_truth': the gold answer is a list of 2"):
+        load_examples(DatasetSpec(source=str(tmp_path / "two.parquet"), split="test"))
