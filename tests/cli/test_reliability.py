@@ -306,3 +306,35 @@ def test_json_output_is_json_when_a_number_is_not_finite(monkeypatch):
     common.echo_json({"final_loss": float("nan"), "final_grad_norm": float("inf"), "steps": [1.5, float("-inf")], "name": "x"})
     assert json.loads(printed[0], parse_constant=lambda c: pytest.fail(f"not JSON: {c}")) == {
         "final_loss": None, "final_grad_norm": None, "steps": [1.5, None], "name": "x"}
+
+
+def test_off_a_terminal_progress_is_a_line_now_and_then_and_one_at_the_end(tiny_model_dir, tmp_path, monkeypatch):
+    """Piped to a log (`topr generate ... 2> log`), a bar was one line at the very end, or none: an hour of generation
+    showed nothing. Off a terminal each task prints a plain line every LINE_EVERY_S and one when it completes."""
+    import toprcli.cli.common as common
+
+    clock = iter(range(0, 10_000, 20))  # each call 20 s after the last
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock))
+    lines: list[str] = []
+    monkeypatch.setattr(common.err_console, "print", lambda text, **kw: lines.append(text))
+    progress = common._progress_lines(30)
+    for done in range(4):
+        progress("generate", done, 3, completions=done * 2)  # a line at 40 s, and its end at 60 s (20 s after that line)
+    progress("generate", 3, 3)  # the end, told twice: one line
+    progress("generate", 0, 3)  # the next round's, done within 30 s: nothing (the command's summary follows)
+    progress("generate", 3, 3)
+    assert lines == ["generate 2/3 · completions 4 · 0:40", "generate 3/3 · completions 6 · 1:00"]
+    for done in (0, 1, 3):
+        progress("generate", done, 3)  # its end 40 s after it began
+    assert lines[2:] == ["generate 3/3 · 0:40"]
+
+    monkeypatch.undo()
+    out = tmp_path / "s"
+    args = ["generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--limit", "8", "--n", "2", "--max-new-tokens", "4",
+            "--backend", "hf", "-o", str(out), "--shard-size", "4"]
+    monkeypatch.setattr(common, "LINE_EVERY_S", 0.0)
+    res = CliRunner().invoke(app, args)  # not a terminal
+    assert res.exit_code == 0, res.output
+    assert "generate 8/8 · completions 16 · tok/s" in res.stderr and "━" not in res.stderr
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.stderr == "" and json.loads(res.stdout)["stage"] == "generate"

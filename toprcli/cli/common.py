@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -165,11 +166,15 @@ def tell_interrupted(e: interrupt.Interrupted, resume: str | None = None) -> Non
 def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[ProgressFn | None]:
     """A :data:`toprcli.progress.ProgressFn` that draws one rich bar per task (None when disabled).
 
-    Each new ``task`` name gets a bar; ``info`` values show after it (``key value``). Off a terminal a
-    transient bar would leave only a blank line (before an error line, too): none is drawn.
+    Each new ``task`` name gets a bar; ``info`` values show after it (``key value``). Off a terminal (a log file,
+    CI) a bar is drawn once, at its end, or not at all: a task gets a plain line every :data:`LINE_EVERY_S` instead,
+    and one when it completes.
     """
-    if not enabled or (transient and not err_console.is_terminal):
+    if not enabled:
         yield None
+        return
+    if not err_console.is_terminal:
+        yield _progress_lines(LINE_EVERY_S)
         return
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=transient)  # stderr: stdout stays clean
@@ -188,6 +193,37 @@ def progress_bars(enabled: bool = True, *, transient: bool = False) -> Iterator[
     finally:
         with contextlib.suppress(OSError):  # its last refresh, to a terminal that is gone (SIGHUP), must not hide why it ended
             bar.stop()
+
+
+LINE_EVERY_S = 30.0  # off a terminal: how often a running task's line is printed
+
+
+def _progress_lines(every_s: float) -> ProgressFn:
+    """A :data:`~toprcli.progress.ProgressFn` printing ``task done/total · info · elapsed`` lines on stderr: each time a
+    task has run ``every_s`` since its last line, and when a task that printed one completes."""
+    started: dict[str, float] = {}
+    last: dict[str, float] = {}
+    counted: dict[str, int] = {}
+    ended: set[str] = set()
+
+    def progress(task: str, done: int, total: int | None = None, **info: Any) -> None:
+        now = time.monotonic()
+        complete = total is not None and done >= total
+        if task not in started or done < counted[task] or task in ended and not complete:  # a task run again (iterate's next round)
+            started[task], last[task] = now, now
+            ended.discard(task)
+        counted[task] = done
+        if task in ended or now - last[task] < every_s and not (complete and last[task] > started[task]):
+            return  # a task done within every_s prints nothing: its command's summary follows
+        last[task] = now
+        if complete:
+            ended.add(task)
+        count = f"{done:,}/{total:,}" if total is not None else f"{done:,}"
+        minutes, seconds = divmod(int(now - started[task]), 60)
+        text = " · ".join([f"{task} {count}", *(f"{k} {v}" for k, v in info.items()), f"{minutes}:{seconds:02d}"])
+        err_console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    return progress
 
 
 def print_summary(title: str, rows: Iterable[tuple[str, Any]], as_json: bool = False) -> None:
