@@ -692,3 +692,22 @@ def test_iterate_scores_with_the_datasets_verifier_and_records_what_auto_stood_f
     record = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())  # as a run with `verifier: auto` was recorded before
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({**record, "score": {**record["score"], "verifier": "auto"}}))
     Pipeline(cfg).prepare()
+
+
+def test_a_change_no_step_left_would_take_is_refused_not_recorded(tmp_path):
+    """`--set train.lr=5e-3 --apply-from-next-round` on a run that had trained all its rounds ran nothing and exited 0,
+    yet its config.yaml said lr 5e-3 from then on, and `report` labelled the run with it."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.errors import UserError
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    _recorded_run(run, 2)
+    before = (run / "config.yaml").read_text()
+    with pytest.raises(UserError, match=r"has begun all its 2 rounds: train.lr would apply to no step left — extend it \(--rounds 3"):
+        reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 2, "train.lr": 5e-3}), apply_from_next_round=True)
+    assert (run / "config.yaml").read_text() == before
+    # Round 2's eval has not begun: an eval change still has a step to take it; so has an extension.
+    assert reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 2, "eval.k": 3}), apply_from_next_round=True) == ["eval.k"]
+    assert reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 3, "eval.k": 3, "train.lr": 5e-3}),
+                     apply_from_next_round=True) == ["rounds", "train.lr"]

@@ -158,11 +158,14 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
         raise UserError(f"run dir {run_dir} was started with a different config (changed: {shown}) — pass --apply-from-next-round "
                         "to use it from the next round on (and for the steps the round in progress has not begun), rerun with the "
                         "original config, or pass a new --run-dir")
+    # The round in progress (and one recorded, not begun) takes what its steps to come use; validated whole first.
+    # Round 0 is the warm start (frozen once begun) and round 0's eval: it takes the eval keys until its eval begins.
+    updates = {r: data for r in range(begun, max(round_dirs(run_dir), default=0) + 1)
+               if (data := _round_in_progress(run_dir, r, others if r else _round_zero_keys(run_dir, others), resolved)) is not None}
+    if others and begun >= cfg.rounds and not updates:  # recorded, it would say the run used what no round did
+        raise UserError(f"run dir {run_dir} has begun all its {cfg.rounds} rounds: {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} "
+                        f"would apply to no step left — extend it (--rounds {cfg.rounds + 1} --apply-from-next-round), or pass a new --run-dir")
     if changed and write:
-        # The round in progress (and one recorded, not begun) takes what its steps to come use; validated whole first.
-        # Round 0 is the warm start (frozen once begun) and round 0's eval: it takes the eval keys until its eval begins.
-        updates = {r: data for r in range(begun, max(round_dirs(run_dir), default=0) + 1)
-                   if (data := _round_in_progress(run_dir, r, others if r else _round_zero_keys(run_dir, others), resolved)) is not None}
         for r, data in updates.items():  # the rounds first: a kill before the run's record is written leaves the change to do
             write_text_atomic(round_dir(run_dir, r) / CONFIG_FILE, yaml.safe_dump(data, sort_keys=False))
         write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
