@@ -77,6 +77,9 @@ def test_extend_a_finished_run_and_change_the_lr_from_the_next_round(tmp_path):
     run = tmp_path / "run"
     iterate(config)
     round1 = digests(run / "round-001")
+    # --run-dir alone goes on with the run's recorded config (it ran the demo's and refused every key that differs).
+    r = CliRunner().invoke(app, ["iterate", "--run-dir", str(run), "--no-report", "--no-progress"])
+    assert r.exit_code == 0 and f"goes on with its recorded config ({run / 'config.yaml'})" in r.stderr, r.output
     # A changed lr is refused without the flag, named with the way out.
     line = refused(config, "--rounds", "2", "--set", "train.lr=5e-4")
     assert "changed: train.lr" in line and "--apply-from-next-round" in line

@@ -50,7 +50,7 @@ class Stage:
     log: Callable[[Any], str | None] = lambda cfg: f"{Path(cfg.out)}.log" if cfg.out else None  # beside the output (out/ → out.log)
     resume: str = RESUME  # the advice printed when a signal stops the command
     more: str | None = None  # a list field that also takes positional values (curate -s a b c)
-    default_config: Callable[[], Any] | None = None  # the config file used when --config is not given
+    default_config: Callable[[dict[str, Any]], Any] | None = None  # the config file used when --config is not given (given the flags)
     transient: bool = True  # progress bars vanish when the stage ends
     extra: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # own options: name → (annotation, default), passed to run
 
@@ -137,7 +137,7 @@ def _param(name: str, annotation: Any, default: Any = None) -> inspect.Parameter
 
 def _common_options(stage: Stage) -> dict[str, tuple[Any, Any]]:
     """The vocabulary every stage command shares, as ``Stage.extra``: name → (annotation, default)."""
-    found = "the built-in demo settings" if stage.default_config else "none"
+    found = "a given --run-dir's own, else the built-in demo settings" if stage.default_config else "none"
     return {
         "config_": (Annotated[str | None, typer.Option("--config", "-c", help=f"YAML config: a stage's keys, or a pipeline config with a section per stage; the options here override it (default: {found}).", show_default=False)], None),
         "set_": (Annotated[list[str] | None, typer.Option("--set", metavar="<key=value>", help="Set any key, KEY=VALUE (repeatable): dotted (sampling.top_p=0.9), or its last part where that is unambiguous (top_p=0.9).", show_default=False)], None),
@@ -161,7 +161,7 @@ def build(stage: Stage) -> Callable[..., None]:
             short = {f.name: f for f in dataclasses.fields(stage.config)}[stage.more].metadata.get("short")
             overrides[stage.more] = _in_given_order((f"--{stage.more}", short), overrides[stage.more] or [], list(kw["more_"]))
         sets = dict(split_override(s) for s in kw["set_"] or [])  # text: load_config reads it by the field's type
-        path = kw["config_"] or (stage.default_config() if stage.default_config else None)
+        path = kw["config_"] or (stage.default_config({**overrides, **sets}) if stage.default_config else None)
         cfg = load_config(stage.config, path, overrides, sets=sets)
         send_noise_to(stage.log(cfg), kw["verbose_"])
         try:

@@ -15,9 +15,10 @@ from toprcli.stages import StageResult
 
 DOC = """Run generate → score → curate → train → eval per round; killed at any point, rerun to resume.
 
-    Without --config it runs the built-in demo settings (configs/demo.yaml): the CPU demo,
-    built-in task and tiny model, into runs/demo (the defaults below are those of a config
-    that leaves a key out). Every key of every stage is reachable with --set.
+    Without --config it goes on with an existing --run-dir's recorded config, else runs the
+    built-in demo settings (configs/demo.yaml): the CPU demo, built-in task and tiny model, into
+    runs/demo (the defaults below are those of a config that leaves a key out). Every key of
+    every stage is reachable with --set.
 
     Examples:
       [bold]topr iterate[/]
@@ -25,7 +26,7 @@ DOC = """Run generate → score → curate → train → eval per round; killed 
       [bold]topr iterate -c configs/gsm8k-llama3-8b.yaml --run-dir runs/gsm8k[/]
       [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft[/]
       [bold]topr iterate -c configs/demo.yaml --report-to tensorboard --report-to wandb --project topr-demo[/]
-      [bold]topr iterate -c configs/demo.yaml --rounds 5[/]   (a finished 3-round demo, extended)
+      [bold]topr iterate --run-dir runs/demo --rounds 5[/]   (a finished 3-round demo, extended with its own config)
       [bold]topr iterate -c configs/demo.yaml --set train.lr=1e-4 --apply-from-next-round[/]
       [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft-from-1 --branch-from runs/demo/round-001[/]
     """
@@ -47,7 +48,12 @@ def print_rounds(title: str, rows: list[dict], *, wall: bool = True) -> None:
         console.print(record_table("the verifier judging the candidates", VERIFIER_COLUMNS, judged))
 
 
-def default_config() -> Path:
+def default_config(given: dict) -> Path:
+    """Without --config: an existing --run-dir's recorded config (extend or resume it as it ran), else the demo's."""
+    recorded = Path(given["run_dir"]) / "config.yaml" if given.get("run_dir") else None
+    if recorded is not None and recorded.is_file():
+        err_console.print(f"No --config given: run {given['run_dir']} goes on with its recorded config ({recorded}).", highlight=False, markup=False)
+        return recorded
     err_console.print(f"[bold]No --config given: running the built-in demo settings ({DEMO}).[/]", highlight=False)
     return DEMO
 
