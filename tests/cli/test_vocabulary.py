@@ -234,3 +234,27 @@ def test_lines_on_stderr_are_not_wrapped_off_a_terminal(tmp_path):
     deep.write_text("rounds: 1\n")
     done = subprocess.run([sys.executable, "-m", "toprcli", "config", "check", str(deep)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and f"ok: {deep} is a valid pipeline config" in done.stderr.splitlines(), done.stderr
+
+
+def test_a_table_title_off_a_terminal_is_one_line_and_a_long_value_on_one_is_folded_not_cut(monkeypatch):
+    """`topr score -o <a long path> > log` split the title's path over four lines (grep found nothing); at 80 columns a
+    path or a number too long for its column was cut to `experiments/gsm8k-sm…`, and which input had which weight was lost."""
+    from rich.console import Console
+
+    from toprcli.cli import common
+
+    path = "experiments/gsm8k-smollm2-topr-positive-fraction-0.15-lr-1e-6/round-003/scored"
+    wide = Console(width=1_000_000, force_terminal=False, record=True)
+    monkeypatch.setattr(common, "console", wide)
+    wide.print(common.grid_table(f"scored → {path} (gsm8k)", ["metric", "value"], [["rows", 128]]))
+    assert f"scored → {path} (gsm8k)" in wide.export_text().splitlines()[0]
+    narrow = Console(width=60, force_terminal=True, record=True)
+    monkeypatch.setattr(common, "console", narrow)
+    narrow.print(common.grid_table("sources", ["input", "weight"], [[path, 0.5], [path.replace("003", "002"), 1.0]]))
+    text = narrow.export_text()
+    assert "…" not in text and "0.5" in text and "round-0" in text.replace("│", "").replace(" ", "")
+
+
+def test_version():
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.startswith("topr ") and r.stdout.split()[1][0].isdigit()

@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.cells import cell_len
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -240,9 +241,11 @@ def summary_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
 
 
 def grid_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    table = Table(title=escape(title), show_header=True, header_style="bold")  # paths and values: [v1] is text, not markup
+    # Paths and values: [v1] is text, not markup. Off a terminal the title (often a path) is not wrapped to the
+    # table's width; on one, a value too long for its column folds onto the next line rather than being cut.
+    table = Table(title=escape(title), show_header=True, header_style="bold", min_width=None if console.is_terminal else cell_len(title))
     for i, c in enumerate(columns):
-        table.add_column(escape(c), justify="left" if i == 0 else "right")
+        table.add_column(escape(c), justify="left" if i == 0 else "right", overflow="fold")
     for row in rows:
         table.add_row(*(escape(_fmt(v)) for v in row))
     return table

@@ -7,6 +7,7 @@ built from import the loss registry (torch), so `topr --help` takes about two se
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 from typer import rich_utils
@@ -30,6 +31,21 @@ app = typer.Typer(
 
 if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():  # `--help | less`: 80 columns split the examples' commands
     rich_utils.MAX_WIDTH = 200  # (TERMINAL_WIDTH, when set, still decides)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"topr {version('toprcli')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _topr(version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
+                                                help="Print topr's version and exit (`topr info`: every package's).")] = False) -> None:
+    pass
+
 
 app.command("info")(info.info)
 app.command("init-model")(models.init_model)
