@@ -258,3 +258,31 @@ def test_a_table_title_off_a_terminal_is_one_line_and_a_long_value_on_one_is_fol
 def test_version():
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and r.stdout.startswith("topr ") and r.stdout.split()[1][0].isdigit()
+
+
+def test_help_on_an_80_column_terminal_keeps_every_flag_whole():
+    """typer's option table needs ~120 columns: at 80, `train --help` cut 26 lines (`--micro-batch-to…`, `--gradient-check…`).
+    Below 120 the help is click's plain layout, which wraps text and never cuts a flag; the examples keep their lines."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": "80", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "toprcli", "train", "--help"], stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the pty
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=120) == 0
+    os.close(master)
+    text = b"".join(chunks).decode()
+    assert "…" not in text and "[bold]" not in text
+    for flag in ("--micro-batch-tokens", "--gradient-checkpointing / --no-gradient-checkpointing", "--recompute-behavior"):
+        assert flag in text, flag
+    assert "\n    topr train -m runs/r0/policy -d runs/r1/train.parquet -o runs/r1/policy --loss topr" in text.replace("\r\n", "\n")

@@ -124,7 +124,7 @@ def flags(cls: type) -> list[Flag]:
             allowed = f" ({describe(hints[f.name])})" if typing.get_origin(hints[f.name]) is Literal else f" ({meta['allowed']})" if kind is str and "allowed" in meta else ""
             allowed = "" if metavar and metavar.count("|") and metavar != "<number|name>" else allowed  # the choices are in the type column
             shown = _show(value, decl if kind is bool else None) + (f"; --set {prefix}{f.name}={value}" if kind is bool and not isinstance(value, bool) else "")
-            option = typer.Option(*names, help=f"{meta.get('help', '')}{allowed} (default: {shown})", show_default=False, metavar=metavar)
+            option = typer.Option(*names, help=f"{meta.get('help', '')}{allowed} (default: {shown})", show_default=False, metavar="" if kind is bool else metavar)
             out.append(Flag(prefix + f.name, (prefix + f.name).replace(".", "__"), Annotated[kind | None, option], parse))
 
     walk(cls, cls(), "")
@@ -141,8 +141,8 @@ def _common_options(stage: Stage) -> dict[str, tuple[Any, Any]]:
     return {
         "config_": (Annotated[str | None, typer.Option("--config", "-c", help=f"YAML config: a stage's keys, or a pipeline config with a section per stage; the options here override it (default: {found}).", show_default=False)], None),
         "set_": (Annotated[list[str] | None, typer.Option("--set", metavar="<key=value>", help="Set any key, KEY=VALUE (repeatable): dotted (sampling.top_p=0.9), or its last part where that is unambiguous (top_p=0.9).", show_default=False)], None),
-        "json_": (Annotated[bool, typer.Option("--json", help="Print the stage result as JSON on stdout instead of tables.")], False),
-        "progress_": (Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars (on stderr) (default: on).", show_default=False)], True),
+        "json_": (Annotated[bool, typer.Option("--json", metavar="", help="Print the stage result as JSON on stdout instead of tables.")], False),
+        "progress_": (Annotated[bool, typer.Option("--progress/--no-progress", metavar="", help="Show progress bars (on stderr) (default: on).", show_default=False)], True),
         "verbose_": (Verbose, False),
     }
 

@@ -34,9 +34,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 Verbose = Annotated[
     bool,
-    typer.Option("--verbose", help="Show other libraries' warnings, banners and progress bars (by default they go to the command's log file)."),
+    typer.Option("--verbose", metavar="", help="Show other libraries' warnings, banners and progress bars (by default they go to the command's log file)."),
 ]
-Json = Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout instead of a table.")]
+Json = Annotated[bool, typer.Option("--json", metavar="", help="Print the summary as JSON on stdout instead of a table.")]
 RESUME = "rerun the same command to resume (complete work is kept)"
 
 

@@ -83,11 +83,11 @@ def check(
 def import_roll(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="A ROLL RLVR config (Hydra YAML), e.g. examples/qwen2.5-7B-rlvr-offpolicy/rlvr_config.yaml.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The topr pipeline config to write (YAML).")],
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace an existing --out.")] = False,
     allow_unknown: Annotated[
         bool, typer.Option("--allow-unknown", help="Import even when the file has keys ROLL does not define (they are listed and skipped).")
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the key table and call-outs as JSON on stdout instead of a table.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", metavar="", help="Print the key table and call-outs as JSON on stdout instead of a table.")] = False,
 ) -> None:
     """Turn a ROLL RLVR config into a topr pipeline config, with a table of every ROLL key.
 

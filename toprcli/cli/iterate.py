@@ -99,8 +99,8 @@ def log_file(cfg: IterateConfig) -> Path:
 
 
 EXTRA = {
-    "report": (Annotated[bool, typer.Option(help="Write plots and summary.md into RUN_DIR/report at the end.")], True),
-    "apply_from_next_round": (Annotated[bool, typer.Option(help="Use a changed config from the next round on (rounds already started keep theirs).")], False),
+    "report": (Annotated[bool, typer.Option(metavar="", show_default=False, help="Write plots and summary.md into RUN_DIR/report at the end (default: --report).")], True),
+    "apply_from_next_round": (Annotated[bool, typer.Option(metavar="", show_default=False, help="Use a changed config from the next round on (rounds already started keep theirs) (default: --no-apply-from-next-round).")], False),
     "branch_from": (Annotated[str | None, typer.Option(help="Start --run-dir from RUN/round-00K of another run (hard links, no copies); the config applies from round K+1.")], None),
 }
 STAGE = Stage("iterate", IterateConfig, run, show, DOC, log=log_file, default_config=default_config, extra=EXTRA)

@@ -6,6 +6,9 @@ built from import the loss registry (torch), so `topr --help` takes about two se
 
 from __future__ import annotations
 
+import inspect
+import re
+import shutil
 import sys
 from typing import Annotated
 
@@ -42,7 +45,7 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _topr(version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
+def _topr(version: Annotated[bool, typer.Option("--version", "-V", metavar="", callback=_print_version, is_eager=True,
                                                 help="Print topr's version and exit (`topr info`: every package's).")] = False) -> None:
     pass
 
@@ -53,6 +56,22 @@ app.command("import-gguf")(models.import_gguf)
 register(app, generate.STAGE, score.STAGE, curate.STAGE, train.STAGE, eval_cli.STAGE, iterate.STAGE, verifier_data.STAGE)
 app.command("report")(report.report)
 app.add_typer(config_cmd.app, name="config")
+
+HELP_COLUMNS = 120  # typer's option table (flag, --no-flag, type, help) needs this many: below, flag names are cut
+
+
+def _plain_help(doc: str | None) -> str | None:
+    """A command's help without rich markup for click's plain formatter; an indented block (the examples) kept as written."""
+    if doc is None:
+        return None
+    paragraphs = inspect.cleandoc(re.sub(r"\[/?bold\]|\[/\]", "", doc)).split("\n\n")
+    return "\n\n".join("\b\n" + p if any(line.startswith(" ") for line in p.splitlines()) else p for p in paragraphs)
+
+
+if sys.stdout.isatty() and shutil.get_terminal_size().columns < HELP_COLUMNS:  # an 80-column terminal: click's help wraps
+    app.rich_markup_mode = config_cmd.app.rich_markup_mode = None
+    for command in [*app.registered_commands, *config_cmd.app.registered_commands]:
+        command.help = _plain_help(command.help or command.callback.__doc__)
 
 
 def main() -> None:

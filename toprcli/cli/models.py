@@ -9,7 +9,7 @@ import typer
 
 from toprcli.cli.common import Json, Verbose, err_console, print_summary, send_noise_to, user_errors
 
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty directory.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace an existing non-empty directory.")]
 
 
 def _output_dir(text: str) -> Path:

@@ -15,7 +15,7 @@ def report(
     run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", help="One or more `topr iterate` run directories.")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Where the files go: one run's plots and summary.md (default: RUN_DIR/report); "
                                                                  "with several runs, compare.png and compare.md (required).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the per-round metrics as JSON (one run: a list of rounds; several: every run's series).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the per-round metrics as JSON (one run: a list of rounds; several: every run's series).")] = False,
 ) -> None:
     """Plot a run's rounds and write their summary; compare several runs.
 
