@@ -63,6 +63,7 @@ def test_stage_writes_contract_shards_and_resumes(tiny_model_dir, tmp_path):
     mtimes = {p.name: p.stat().st_mtime_ns for p in shards.values()}
     s2 = generate_samples(cfg)
     assert s2["shards_skipped"] == 3 and s2["shards_written"] == 0
+    assert (s2["prompts"], s2["completions"]) == (10, 30)  # the output's counts (a rerun said 0 prompts, 0 completions)
     assert {p.name: p.stat().st_mtime_ns for p in complete_shards(out).values()} == mtimes
 
     # Other settings into the same directory: refused, nothing mixed.

@@ -35,7 +35,7 @@ def show(result: StageResult, cfg: GenerateConfig) -> None:
         c = s["clipped_to_context"]
         rows.append(("clipped to the context", f"{c['prompts_clipped']} prompts (max_new_tokens {c['max_new_tokens_requested']} → ≥ {c['max_new_tokens_min_effective']})"))
     rows.append(("wall time (s)", float(result.wall_time_s)))
-    console.print(summary_table(f"generate → {result.out}", rows))
+    console.print(summary_table(f"generate → {result.out}{' (already generated)' if result.skipped else ''}", rows))
 
 
 STAGE = Stage("generate", GenerateConfig, lazy("toprcli.launch:run_generate"), show, DOC, transient=False)

@@ -238,7 +238,6 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
         "shards_written": 0,
     }
     engine_info: dict[str, Any] = {}
-    stats = _Stats()
     own_backend = False
     if plan.todo:
         out.mkdir(parents=True, exist_ok=True)
@@ -253,20 +252,19 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
             if own_backend:
                 summary["clipped_to_context"] = _check_engine_context(cfg, plan, backend) or plan.clipped
             engine_info = dict(getattr(backend, "info", {}))
-            _run_shards(cfg, backend, plan.tokenizer, plan.blocks, plan.todo, plan.params, plan.key, out, stats, progress)
+            _run_shards(cfg, backend, plan.tokenizer, plan.blocks, plan.todo, plan.params, plan.key, out, progress)
         finally:
             if own_backend:
                 backend.close()
     summary["shards_written"] = len(plan.todo)
-    summary.update(stats.as_dict())
-    wall = time.perf_counter() - t_start
-    summary["wall_time_s"] = round(wall, 3)
+    summary.update(_shard_counts(out, plan.mine))  # the output's, whichever run wrote them (a rerun said 0 prompts)
+    summary["wall_time_s"] = round(wall := time.perf_counter() - t_start, 3)
     _write_manifests(cfg, out, plan.key, plan.blocks, plan.mine, summary, engine_info, wall, plan.long, made=bool(plan.todo))
     return StageResult(STAGE, str(out), summary, skipped=not plan.todo, wall_time_s=wall)
 
 
 class _Stats:
-    """Counts over the shards written in this run."""
+    """Counts over shards, from what each recorded of itself."""
 
     def __init__(self) -> None:
         self.prompts = self.completions = self.tokens = self.max_len = 0
@@ -294,6 +292,13 @@ class _Stats:
         }
 
 
+def _shard_counts(out: Path, indices: list[int]) -> dict[str, Any]:
+    done, agg = shards.complete_shards(out) if out.is_dir() else {}, _Stats()
+    for j in (j for j in indices if j in done):
+        agg.add(shards.read_file_metadata(done[j]).get("shard", {}))
+    return agg.as_dict()
+
+
 def _run_shards(
     cfg: GenerateConfig,
     backend: GenerationBackend,
@@ -303,7 +308,6 @@ def _run_shards(
     params: SamplingParams,
     key: dict[str, Any],
     out: Path,
-    stats: _Stats,
     progress: ProgressFn | None,
 ) -> None:
     gen_meta = {
@@ -346,7 +350,6 @@ def _run_shards(
         table, shard_stats = _shard_table(block, results, tokenizer, cfg, str(cfg.model))
         shard_stats.update(index=j, generate_s=round(gen_s, 4), prompt_ids_sha=_ids_digest(block), prompts_sha=_content_digest(block))
         shards.write_shard(out, j, table, metadata={"stage": STAGE, "generation": gen_meta, "sampling": gen_meta["sampling"], "run_key": key, "shard": shard_stats})
-        stats.add(shard_stats)
         base_prompts += len(block)
         base_comps += shard_stats["completions"]
         base_tokens += shard_stats["completion_tokens"]
@@ -432,10 +435,7 @@ def _write_manifests(
     if any(j not in done for j in range(len(blocks))) or not made and (out / shards.MANIFEST_NAME).exists():
         return  # unfinished; or finished, and this run made nothing: the record stays the one of the run that did
     _check_existing(out, done, key, blocks, str(cfg.model))  # data-parallel parts checked each other only when they began
-    agg = _Stats()
-    for j in range(len(blocks)):
-        agg.add(shards.read_file_metadata(done[j]).get("shard", {}) | {"index": j})
-    counts = agg.as_dict()
+    counts = _shard_counts(out, list(range(len(blocks))))
     counts.update(shards=len(blocks), skipped_long=len(long))
     shards.write_manifest(
         out,
