@@ -62,9 +62,10 @@ def run_train(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record
     if runs_in_child(cfg):
         done = train_stage.finished_summary(cfg)  # kept as it is: no ranks start (and its warnings are not said again)
         if done is not None:
-            train_stage.drop_training_state(Path(cfg.out))  # what a kill right after the rename left
-        summary = done or train_in_child(cfg, on_launch)
-        result = StageResult(train_stage.STAGE, cfg.out, summary, skipped=done is not None, wall_time_s=summary.get("wall_time_s", 0.0))
+            result = train_stage.kept(cfg, done, on_record)
+        else:
+            summary = train_in_child(cfg, on_launch)
+            result = StageResult(train_stage.STAGE, cfg.out, summary, wall_time_s=summary.get("wall_time_s", 0.0))
     else:
         result = train_stage.run(cfg, progress=progress, on_record=on_record)
     train_stage.warn_skipped_steps(result)

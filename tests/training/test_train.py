@@ -453,8 +453,9 @@ def test_existing_output_needs_overwrite(tiny_model_dir, data_path, tmp_path):
     out = tmp_path / "o"
     train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1))
     before = _weights(out)
+    assert train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1)).skipped  # the same command again: nothing to do
     with pytest.raises(UserError, match="--overwrite"):
-        train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=1))
+        train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2))
     train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, overwrite=True))
     assert _max_diff(before, _weights(out)) > 0
     assert [p.name for p in tmp_path.iterdir()] == ["o"]
@@ -681,10 +682,9 @@ def test_resume_into_a_dir_that_is_not_a_training_output_says_so(tiny_model_dir,
     """`topr train -m M -o M --resume` advised "(or --resume to keep a finished run)" to a command that had --resume."""
     from toprcli.errors import UserError
 
-    with pytest.raises(UserError, match=r"exists and is not a finished training output \(no train_summary.json\) — pass --overwrite to replace it$"):
-        train_policy(_cfg(tiny_model_dir, data_path, tiny_model_dir, resume=True))
-    with pytest.raises(UserError, match=r"already exists — pass --overwrite to replace it \(or --resume to keep a finished run\)"):
-        train_policy(_cfg(tiny_model_dir, data_path, tiny_model_dir))
+    for resume in (True, False):
+        with pytest.raises(UserError, match=r"exists and is not a finished training output \(no train_summary.json\) — pass --overwrite to replace it"):
+            train_policy(_cfg(tiny_model_dir, data_path, tiny_model_dir, resume=resume))
 
 
 def test_resume_keeps_a_finished_out_only_if_it_was_trained_so(tiny_model_dir, data_path, tmp_path):
@@ -694,6 +694,9 @@ def test_resume_keeps_a_finished_out_only_if_it_was_trained_so(tiny_model_dir, d
     first = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2))
     kept = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, resume=True, micro_batch_tokens=1024, threads=1))
     assert kept.skipped and kept["final_loss"] == first["final_loss"]
+    # The same command run again (no --resume) does nothing, as every stage: a `set -e` script can be rerun.
+    again = train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2))
+    assert again.skipped and again["final_loss"] == first["final_loss"]
     with pytest.raises(UserError, match=r"is a finished training with other settings \(changed: loss, lr\)"):
         train_policy(_cfg(tiny_model_dir, data_path, out, max_steps=2, resume=True, loss="sft", lr=1e-5))
     r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(out), "--optimizer", "adamw",

@@ -15,8 +15,9 @@ the trackers' ``tracking.json`` (and ``tb/``, ``wandb/``). While running, everyt
 policy is complete, so ``<out>`` never holds a partial policy.
 
 Re-running:
-* ``<out>`` complete: error, unless ``overwrite`` (train again, replace it at
-  the end) or ``resume`` (nothing to do; the saved summary is returned).
+* ``<out>`` complete: with the same settings and data, nothing to do (the saved
+  summary is returned); with others, an error unless ``overwrite`` (train again,
+  replace it at the end).
 * ``<out>.partial`` left by a killed run: ``resume`` continues from its latest
   checkpoint (same config and data required) and ends with the same weights as
   an uninterrupted run; without ``resume`` it is discarded and training starts over.
@@ -67,9 +68,8 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
     reports to ``cfg.tracking``'s own.
     """
     done = finished_summary(cfg)
-    if done is not None:  # resume of a finished run: nothing to do but what a kill in _finish left
-        drop_training_state(Path(cfg.out))
-        return StageResult(STAGE, str(cfg.out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
+    if done is not None:  # a finished run: nothing to do but what a kill in _finish left, and its trackers' gaps
+        return kept(cfg, done, on_record)
     check_installed(cfg.tracking.report_to)
     prep = prepare(cfg)
     # One writer per output: rank 0 holds the lock for the whole run (its peers write only their shards).
@@ -98,11 +98,11 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
 
 
 def finished_summary(cfg: TrainConfig) -> dict[str, Any] | None:
-    """With ``resume`` (and not ``overwrite``): the summary of a complete ``<out>`` trained with these settings and data,
-    else None; one trained otherwise is refused (it was kept and reported as trained). How it ran (memory, threads, ranks)
-    and where its model and data lay (a run dir that moved) are no difference."""
+    """Without ``overwrite``: the summary of a complete ``<out>`` trained with these settings and data (the same command
+    run again does nothing, as every stage), else None; one trained otherwise is refused (it was kept and reported as
+    trained). How it ran (memory, threads, ranks) and where its model and data lay (a run dir that moved) are no difference."""
     out = Path(cfg.out) if cfg.out else None
-    if out is None or not cfg.resume or cfg.overwrite or not ((out / SUMMARY_NAME).is_file() and (out / "config.json").is_file()):
+    if out is None or cfg.overwrite or not ((out / SUMMARY_NAME).is_file() and (out / "config.json").is_file()):
         return None
     record = shards.read_manifest(out) or {}
     ignored = {*NON_SEMANTIC_KEYS, "model", "ref_model", "data"} - {"save_dtype"}
@@ -117,6 +117,18 @@ def finished_summary(cfg: TrainConfig) -> dict[str, Any] | None:
         raise UserError(f"{out} is a finished training with other settings (changed: {', '.join(changed[:4])}) — pass --overwrite "
                         "to train it again, or choose another --out")
     return shards.read_json(out / SUMMARY_NAME)
+
+
+def kept(cfg: TrainConfig, done: dict[str, Any], on_record: Callable[[dict[str, Any]], None] | None = None) -> StageResult:
+    """A finished ``<out>`` (:func:`finished_summary`) kept as it is: what a kill right after its rename left is tidied,
+    and its own trackers get the steps they lack (a backend that failed mid-run, or one named since)."""
+    out = Path(cfg.out)
+    drop_training_state(out)
+    if on_record is None and env_rank() == 0 and cfg.tracking.report_to:
+        check_installed(cfg.tracking.report_to)
+        with open_tracker(cfg.tracking, out, config=config_to_dict(cfg), name=out.name) as tracker:
+            replay(out / METRICS_NAME, lambda record: tracker.log("train", record, record["step"]))
+    return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
 
 
 def check_loss(cfg: TrainConfig) -> None:
