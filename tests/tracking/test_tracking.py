@@ -583,3 +583,58 @@ def test_an_mlflow_store_is_saved_absolute_and_a_scheme_word_as_it_is(tmp_path, 
     assert _absolute("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
     assert _absolute("sqlite:////abs/m.db") == "sqlite:////abs/m.db" and _absolute("./mlruns") == str(tmp_path / "mlruns")
     assert _absolute("databricks") == "databricks" and _absolute("http://host:5000") == "http://host:5000"
+
+
+def test_mlflow_takes_tag_and_config_keys_it_would_refuse_and_gives_up_on_a_dead_server_in_seconds(tmp_path, monkeypatch):
+    """`--tag split@k=test` refused MLflow's whole run (an empty run left RUNNING, every rerun the same); a server that
+    is down held the command ~4 minutes in MLflow's retries while a SIGTERM waited (a Slurm job killed before its
+    checkpoint)."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with open_tracker(TrackingConfig(report_to=["mlflow"], tags={"split@k": "test"}), tmp_path / "run", config={"a@b": {"c#d": 1}}) as tracker:
+            tracker.log("train", {"loss": 1.0}, 1)
+            run_id = tracker.state["backends"]["mlflow"]["run_id"]
+    assert not [w for w in caught if "tracking" in str(w.message)]
+    run = MlflowClient().get_run(run_id)
+    assert run.data.tags["split_k"] == "test" and run.data.params["a_b.c_d"] == "1" and run.info.status == "FINISHED"
+
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
+    t0 = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        open_tracker(TrackingConfig(report_to=["mlflow"]), tmp_path / "down", config={}).close()
+    assert time.monotonic() - t0 < 60 and any("mlflow tracking could not start" in str(w.message) for w in caught)
+
+
+def test_a_damaged_tracking_record_is_one_line_naming_it(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tracking.json").write_text('{"backends": {')
+    with pytest.raises(UserError, match=r"tracking.json is not valid JSON .* restore or delete it"):
+        open_tracker(TrackingConfig(report_to=["tensorboard"]), tmp_path / "run", config={})
+
+
+def test_a_finished_training_run_again_catches_up_a_tracker_named_since(tiny_model_dir, tmp_path, monkeypatch):
+    """The rerun of a finished `topr train` returned before its trackers: a backend that failed mid-run (or one added)
+    never got the steps it lacked, and MLflow's run stayed RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    from builders import write_curated
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    data, out = write_curated(tmp_path / "train.parquet", n=16), tmp_path / "pol"
+    args = ["train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--optimizer", "adamw", "--lr", "1e-3", "--batch-size", "4",
+            "--max-steps", "3", "--no-progress", "--report-to", "tensorboard"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    again = CliRunner().invoke(app, [*args, "--report-to", "mlflow", "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["skipped"], again.output
+    state = json.loads((out / "tracking.json").read_text())["backends"]["mlflow"]
+    client = MlflowClient()
+    assert [m.step for m in client.get_metric_history(state["run_id"], "train/loss")] == [1, 2, 3]
+    assert client.get_run(state["run_id"]).info.status == "FINISHED"

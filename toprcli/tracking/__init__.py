@@ -14,9 +14,9 @@ stops the work it tracks: a backend that fails is one warning and is dropped for
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
-import json
 import re
 import subprocess
 import warnings
@@ -28,7 +28,7 @@ from toprcli import __version__
 from toprcli.config import TrackingConfig
 from toprcli.errors import UserError
 from toprcli.interrupt import Interrupted, deferred
-from toprcli.shards import complete_shards, read_jsonl_records, read_table, write_json_atomic
+from toprcli.shards import complete_shards, read_json, read_jsonl_records, read_table, write_json_atomic
 
 STATE_FILE = "tracking.json"
 TRACKER_FILES = (STATE_FILE, "tb", "wandb")  # what trackers keep under a run directory
@@ -163,7 +163,7 @@ class Tracker:
     def __init__(self, cfg: TrackingConfig, info: RunInfo, config: dict[str, Any]):
         check_installed(cfg.report_to)
         self.path = info.root / STATE_FILE
-        self.state: dict[str, Any] = {"backends": json.loads(self.path.read_text())["backends"] if self.path.exists() else {}}
+        self.state: dict[str, Any] = {"backends": read_json(self.path, needs="backends")["backends"] if self.path.exists() else {}}
         self.backends: dict[str, Backend] = {}
         config = {**config, **code_version()}
         for name in dict.fromkeys(cfg.report_to):  # in order, once each
@@ -189,7 +189,9 @@ class Tracker:
             return fn()
         except Exception as e:  # noqa: BLE001 - any backend error, by design
             warnings.warn(f"{name} tracking {'could not start' if opening else 'failed'} and is off for this run: {type(e).__name__}: {e}", stacklevel=3)
-            self.backends.pop(name, None)
+            dropped = self.backends.pop(name, None)
+            with contextlib.suppress(Exception):  # not left RUNNING where the backend can still end it (a rerun catches it up)
+                dropped is not None and dropped.close("failed")
             return None
 
     def _each(self, mark: str, step: int, call) -> None:

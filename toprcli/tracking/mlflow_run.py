@@ -5,6 +5,7 @@ synchronous, so what returned is stored."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -13,20 +14,32 @@ from typing import Any
 
 MAX_PARAM = 6000  # MLflow's limit on a parameter's value
 UID_TAG = "toprcli_uid"  # the tag that finds a run whose start was killed before its id was saved
+# MLflow retries an HTTP call 7 times with a doubling back-off (~4 min) and signals wait for a tracker's call: a server
+# that is down held a Slurm job past its SIGTERM grace. A failed call turns MLflow off for the run, and the next run
+# catches it up; what the user set is kept.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def key(name: str) -> str:
+    """A parameter or tag key in MLflow's characters (letters, digits, ``_ - . / `` and space): one ``@`` in a tag key
+    refused the whole run's start."""
+    return re.sub(r"[^\w\-./ ]", "_", name)
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
-    for key, value in config.items():
+    for name, value in config.items():
         if isinstance(value, dict) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(_flatten(value, f"{prefix}{name}."))
         else:
-            out[f"{prefix}{key}"] = str(value)[:MAX_PARAM]
+            out[key(f"{prefix}{name}")] = str(value)[:MAX_PARAM]
     return out
 
 
 class MlflowRun:
     def __init__(self, info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None]):
+        for name, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=state.get("tracking_uri"))  # a run resumes in the store it was made in
@@ -41,7 +54,8 @@ class MlflowRun:
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
         started = self.client.search_runs([experiment_id], filter_string=f"tags.{UID_TAG} = '{state['uid']}'")
-        tags = {**info.tags, **({"group": info.group} if info.group else {}), "run_dir": str(info.run_dir.resolve()), UID_TAG: state["uid"]}
+        tags = {key(k): v for k, v in {**info.tags, **({"group": info.group} if info.group else {}), "run_dir": str(info.run_dir.resolve()),
+                                       UID_TAG: state["uid"]}.items()}
         run = started[0] if started else self.client.create_run(experiment_id, run_name=info.name, tags=tags)
         self.run_id = run.info.run_id
         self.log_config(config, logged=run.data.params)  # a started run keeps what it has (a rerun's `resume: true` too)

@@ -365,8 +365,8 @@ def prepare(cfg: TrainConfig) -> Prepared:
     out = Path(cfg.out)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     if out.exists() and not cfg.overwrite and (not out.is_dir() or any(out.iterdir())):
-        why = " and is not a finished training output (no train_summary.json)" if cfg.resume else ""
-        raise UserError(f"{out} already exists{why} — pass --overwrite to replace it{'' if cfg.resume else ' (or --resume to keep a finished run)'}")
+        raise UserError(f"{out} already exists and is not a finished training output (no train_summary.json) — pass --overwrite to "
+                        "replace it, or choose another --out")
     check_writable(partial)
 
     mcfg = model_config(cfg.model)
