@@ -363,3 +363,15 @@ def test_a_seed_outside_what_torch_and_numpy_take_is_refused(tmp_path, key):
     for bad in (-1, 2**64):
         with pytest.raises(ConfigError, match=r"expected an integer in \[0, 2\*\*63\)"):
             load_config(IterateConfig, None, sets={key: str(bad)})
+
+
+def test_report_to_takes_what_trl_users_write(tmp_path):
+    """`report_to: wandb` (TRL's form) was 'expected a list of a string'; `--report-to wandb,mlflow` and `none` were refused."""
+    from toprcli.config import TrainConfig, load_config
+
+    (tmp_path / "t.yaml").write_text("tracking: {report_to: wandb}\n")
+    assert load_config(TrainConfig, tmp_path / "t.yaml").tracking.report_to == ["wandb"]
+    assert load_config(TrainConfig, None, {"tracking.report_to": ["wandb,mlflow", "tensorboard"]}).tracking.report_to == ["wandb", "mlflow", "tensorboard"]
+    assert load_config(TrainConfig, None, sets={"report_to": "none"}).tracking.report_to == []
+    with pytest.raises(ConfigError, match=r"'tracking.report_to': \['wandb', 'comet'\] — expected a list of tensorboard"):
+        load_config(TrainConfig, None, {"tracking.report_to": ["wandb,comet"]})

@@ -200,12 +200,21 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 class TrackingConfig:
     """Experiment trackers the run also reports to (``tracking/``): one tracked run per run directory, resumed with it."""
 
-    report_to: list[str] = opt(factory=list, help="Trackers (repeatable): tensorboard (<run>/tb), wandb, mlflow, trackio. See docs/tracking.md.",
+    report_to: list[str] = opt(factory=list, help="Trackers (repeatable, or a comma list): tensorboard (<run>/tb), wandb, mlflow, trackio; none. See docs/tracking.md.",
                                check=_check(lambda v: set(v) <= set(TRACKERS), f"a list of {', '.join(TRACKERS)}"))
     project: str | None = opt(None, "W&B or trackio project, MLflow experiment; unset: WANDB_PROJECT or MLFLOW_EXPERIMENT_NAME, else toprcli.")
     run_name: str | None = opt(None, "The tracked run's name; unset: the run directory's name.")
     group: str | None = opt(None, "Group of runs (W&B and trackio group, MLflow tag); unset: a branch's parent run's name.")
     tags: dict[str, Any] = opt(factory=dict, help="A tag as KEY=VALUE (repeatable), e.g. variant=topr.", flag="--tag")
+
+    @staticmethod
+    def migrate(data: dict[str, Any]) -> dict[str, Any]:
+        """``report_to`` as TRL users write it: one name (``report_to: wandb``), a comma list (``wandb,mlflow``), ``none``."""
+        given = data.get("report_to")
+        if isinstance(given, str) or isinstance(given, list) and all(isinstance(name, str) for name in given):
+            names = [part.strip() for name in ([given] if isinstance(given, str) else given) for part in name.split(",") if part.strip()]
+            data["report_to"] = [] if names == ["none"] else names
+        return data
 
 
 _CHECK_DATA = "Check against the data's sampling {} (read from the data; a different value is refused)."
