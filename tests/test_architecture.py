@@ -44,6 +44,7 @@ LAYERS = {
     "toprcli.pipeline": 5,
     "toprcli.runs": 5,  # runs that grow: extension, changes from the next round, branches
     "toprcli.report": 5,
+    "toprcli.compare": 5,  # several runs: seeds as one variant, paired differences
     "toprcli.run_tracking": 5,  # what iterate reports to the trackers, read from the round's files
     "toprcli.cli": 6,
     "toprcli.__main__": 6,

@@ -1,48 +1,11 @@
-"""report.py: what a comparison of runs may pair."""
+"""report.py: one run's rounds, as tables, plots and summary.md."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from toprcli.config import EvalConfig, SamplingConfig, config_to_dict
-from toprcli.report import comparison_markdown, paired_difference
-
-
-def _run(root: Path, name: str, per_prompt: dict[str, float], **eval_settings) -> Path:
-    """A run dir whose last round's eval.json holds these per-prompt pass@1 scores and eval settings."""
-    config = config_to_dict(EvalConfig(**eval_settings))
-    path = root / name / "round-001" / "eval" / "eval.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"iteration": 1, "config": config, "per_prompt": {"pass@1": per_prompt},
-                                "metrics": {"bootstrap": {"resamples": 200, "seed": 0}}}))
-    return root / name
-
-
-def test_runs_evaluated_on_another_task_are_not_paired(tmp_path):
-    """Same prompt ids, another k: the evals measure different things, so no paired difference 'within the noise'
-    (they were paired by prompt id and labelled). Another sampling seed is the same task."""
-    scores = {f"p{i}": i % 2 * 1.0 for i in range(10)}
-    a = _run(tmp_path, "a", scores, k=4)
-    b = _run(tmp_path, "b", {p: 1.0 for p in scores}, k=4, sampling=SamplingConfig(seed=7))
-    c = _run(tmp_path, "c", scores, k=8)
-    same_task = paired_difference(a, b)
-    assert same_task["pass@1"]["prompts"] == 10 and same_task["pass@1"]["difference"] == 0.5
-    other = paired_difference(a, c)
-    assert other["not_comparable"] == ["k"] and "pass@1" not in other
-    text = comparison_markdown([{"label": "a", "lineage": None, "rounds": [{"round": 1}]},
-                                {"label": "c", "lineage": None, "rounds": [{"round": 1}], "paired_vs_first": other}])
-    assert "c and a were evaluated differently (k): no paired difference." in text
-
-
-def test_a_paired_difference_names_the_rounds_it_pairs(tmp_path):
-    """The table shows each run's last round; the difference uses the last *evaluated* one, which may be earlier."""
-    scores = {f"p{i}": i % 2 * 1.0 for i in range(10)}
-    a, b = _run(tmp_path, "a", scores), _run(tmp_path, "b", {p: 1.0 for p in scores})
-    (b / "round-002").mkdir()  # started, not evaluated
-    text = comparison_markdown([{"label": "a", "lineage": None, "rounds": [{"round": 1}]},
-                                {"label": "b", "lineage": None, "rounds": [{"round": 1}, {"round": 2}], "paired_vs_first": paired_difference(a, b)}])
-    assert "b (round 1) − a (round 1), pass@1: +0.500" in text
+from toprcli.config import config_to_dict
 
 
 def test_error_bars_of_an_interval_that_misses_its_point_are_drawn(tmp_path):
@@ -52,10 +15,10 @@ def test_error_bars_of_an_interval_that_misses_its_point_are_drawn(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from toprcli.report import _series
+    from toprcli.report import plot_series
 
     fig, ax = plt.subplots()
-    _series(ax, [{"round": 0, "pass@1": 0.375, "intervals": {"pass@1": [0.125, 0.125]}}, {"round": 1, "pass@1": 0.5}], "pass@1", "pass@1")
+    plot_series(ax, [{"round": 0, "pass@1": 0.375, "intervals": {"pass@1": [0.125, 0.125]}}, {"round": 1, "pass@1": 0.5}], "pass@1", "pass@1")
     (line,) = ax.get_lines()[:1]
     assert list(line.get_ydata()) == [0.375, 0.5]
     plt.close(fig)
@@ -79,7 +42,8 @@ def test_collect_reads_round_configs_through_the_schema_and_only_finished_scores
 
     from toprcli import shards
     from toprcli.config import IterateConfig
-    from toprcli.report import collect, run_label
+    from toprcli.compare import label
+    from toprcli.report import collect
     from toprcli.runs import round_dirs, trained_rounds
 
     run, full = tmp_path / "run", config_to_dict(IterateConfig())
@@ -97,12 +61,14 @@ def test_collect_reads_round_configs_through_the_schema_and_only_finished_scores
     assert list(round_dirs(run)) == [0, 1, 2] and trained_rounds(run) == 0
     rows = collect(run)
     assert [r["round"] for r in rows] == [0, 1, 2] and [r["eval_comparable"] for r in rows] == [True] * 3
-    assert rows[1]["config_changed"] == ["eval.workers"] and "reward_mean" not in rows[1] and rows[2]["reward_mean"] == 0.0
-    (run / "config.yaml").write_text(yaml.safe_dump({**full, "train": {**full["train"], "lr": 1e-6}, "tracking": {**full["tracking"], "run_name": "x"}}))
-    assert run_label(run, full) == "run (train.lr=1e-06)"  # a sweep's tracked names are not what differs
+    assert rows[1]["config_changed"] == [] and "reward_mean" not in rows[1] and rows[2]["reward_mean"] == 0.0  # workers: how it ran
+    changed = {**full, "train": {**full["train"], "lr": 1e-6}, "tracking": {**full["tracking"], "run_name": "x"}}
+    assert label(["run"], changed, full, rows)[0] == "run (train.lr=1e-06)"  # a sweep's tracked names are not what differs
     # A run written before a key existed is labelled by what differs, not by the key it lacks ('rerun (eval.bootstrap_seed=None)').
+    from toprcli.report import recorded_config
+
     (run / "config.yaml").write_text(yaml.safe_dump(old))
-    assert run_label(run, full) == "run"
+    assert label(["run"], recorded_config(run), full, rows)[0] == "run"
 
 
 def test_the_headline_compares_only_rounds_evaluated_alike():
@@ -112,15 +78,6 @@ def test_the_headline_compares_only_rounds_evaluated_alike():
     rows = [{"round": 0, "pass@1": 0.2}, {"round": 1, "pass@1": 0.3}, {"round": 3, "pass@1": 0.5, "eval_comparable": False}]
     text = markdown(rows, Path("runs/x"))
     assert "pass@1 went from 20.0% (round 0) to 30.0% (round 1): +10.0 points." in text and "(round 3):" not in text
-
-
-def test_runs_with_one_directory_name_are_told_apart(tmp_path):
-    """Comparing a/demo with b/demo labelled both "demo", and the paired difference read "demo − demo"."""
-    from toprcli.report import run_names
-
-    a, b = tmp_path / "a" / "demo", tmp_path / "b" / "demo"
-    assert run_names([a, b]) == ["a/demo", "b/demo"]
-    assert run_names([a, tmp_path / "other"]) == ["demo", "other"]
 
 
 def test_a_damaged_file_in_a_run_is_one_line_naming_it_and_nothing_is_written(tmp_path):
@@ -166,3 +123,27 @@ def test_report_writes_where_out_says_and_refuses_a_run_given_twice(tmp_path):
     assert r.exit_code == 0 and (tmp_path / "elsewhere" / "summary.md").is_file() and not (run / "report").exists(), r.output
     r = CliRunner().invoke(app, ["report", str(run), f"{run}/", "--out", str(tmp_path / "c")])
     assert r.exit_code == 2 and "a run is given twice" in r.output and not (tmp_path / "c").exists()
+
+
+def test_rounds_losses_follow_one_another_and_other_eval_settings_are_drawn_apart(tmp_path, monkeypatch):
+    """loss.png drew every round at steps 1..n on top of one another, beside the warm start's supervised loss 100× larger;
+    accuracy.png joined a round evaluated with another k to the rounds before it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.figure
+    import matplotlib.pyplot as plt
+
+    from toprcli.report import _loss_plot, plot_series
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    _loss_plot({"warmstart": [(1, 4.0), (2, 3.0)], "round-001": [(1, 0.1), (2, 0.2)], "round-002": [(1, 0.3), (2, 0.4)]}, tmp_path / "loss.png")
+    rounds, warm = drawn[0].axes
+    assert [list(line.get_xdata()) for line in rounds.get_lines()] == [[1, 2], [3, 4]] and list(warm.get_lines()[0].get_ydata()) == [4.0, 3.0]
+    fig, ax = plt.subplots()
+    plot_series(ax, [{"round": 0, "pass@1": 0.2}, {"round": 1, "pass@1": 0.3}, {"round": 2, "pass@1": 0.6, "eval_comparable": False}], "pass@1", "pass@1")
+    joined, apart = ax.get_lines()[:2]
+    assert list(joined.get_xdata()) == [0, 1] and list(apart.get_xdata()) == [2] and apart.get_linestyle() == "None"
+    assert ax.get_legend_handles_labels()[1] == ["pass@1", "pass@1 (other eval settings)"]
+    plt.close(fig)

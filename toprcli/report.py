@@ -5,20 +5,19 @@ Reads ``RUN_DIR/round-*/eval/eval.json``, ``round-*/train.parquet`` metadata,
 Writes ``RUN_DIR/report/{accuracy,mix,rewards,loss}.png`` and
 ``RUN_DIR/report/summary.md``; each round says which settings changed from the round before
 (``round-*/config.yaml``) and a branch names its parent (``lineage.json``). Several runs are
-compared on shared axes (:func:`write_comparison`), each named by what differs in its config.
+compared in ``compare.py``.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from toprcli.config import IterateConfig, as_now, read_yaml
 from toprcli.errors import UserError
 from toprcli.runs import run_summary
-from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir, round_dirs
+from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, RESOURCE_KEYS, WARM_START_RESOURCES, round_dir, round_dirs
 from toprcli.shards import changed_keys, read_json, read_jsonl_records, read_manifest, read_table
 from toprcli.stages.eval import HOW_IT_RUNS
 
@@ -41,18 +40,26 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
             configs[row["round"]] = config
             before = configs.get(row["round"] - 1)
             if before is not None:
-                # As runs.reconcile counts a change: where the run lives and what it reports to are not its settings.
-                row["config_changed"] = sorted(k for k in changed_keys(before, config) - {"rounds", "run_dir"} if not k.startswith("tracking."))
+                row["config_changed"] = differing(before, config)
             row["eval_comparable"] = not any(k.startswith("eval.") and not _how_eval_runs(k) for k in changed_keys(configs[min(configs)], config))
     return rows
 
 
+def differing(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    """The settings two recorded configs differ in, as ``runs.reconcile`` counts a change: not where a run lives, how
+    long it runs, what it reports to, or how it ran (memory, workers: ``runs.RESOURCE_KEYS``)."""
+    if a is None or b is None:
+        return []
+    how = {"run_dir", "rounds", *RESOURCE_KEYS, *WARM_START_RESOURCES}
+    return sorted(k for k in changed_keys(a, b) if k not in how and not k.startswith("tracking."))
+
+
 def _round_config(run_dir: Path, r: int) -> dict[str, Any] | None:
     """Round ``r``'s recorded config read through today's schema (a key added since is its default, not a change)."""
-    return _config_in(round_dir(run_dir, r))
+    return recorded_config(round_dir(run_dir, r))
 
 
-def _config_in(directory: Path) -> dict[str, Any] | None:
+def recorded_config(directory: Path) -> dict[str, Any] | None:
     """The config recorded in a run or round directory, read through today's schema; None where there is none."""
     path = directory / CONFIG_FILE
     return as_now(IterateConfig, read_yaml(path)) if path.exists() else None
@@ -100,7 +107,7 @@ def loss_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return curves
 
 
-def _fmt(v: Any) -> str:
+def fmt(v: Any) -> str:
     if v is None:
         return "–"
     if isinstance(v, float):
@@ -111,7 +118,7 @@ def _fmt(v: Any) -> str:
 def _with_ci(row: dict[str, Any], key: str) -> str:
     """A metric and, where the eval has one, its 95% interval: ``0.412 [0.371, 0.455]``."""
     ci = (row.get("intervals") or {}).get(key)
-    return _fmt(row.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+    return fmt(row.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
 def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
@@ -151,14 +158,23 @@ def _changes(rows: list[dict[str, Any]], run_dir: Path) -> list[str]:
     return out
 
 
-def _series(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
-    """One metric over rounds, with its 95% interval as error bars where the round's eval has one."""
-    pts = [(r["round"], r[key], (r.get("intervals") or {}).get(key)) for r in rows if r.get(key) is not None]
-    if pts:
-        xs, ys, cis = zip(*pts)
-        # A percentile interval need not contain the mean (few resamples): matplotlib refuses negative error bars.
-        err = [[max(0.0, y - (c or (y, y))[0]) for y, c in zip(ys, cis)], [max(0.0, (c or (y, y))[1] - y) for y, c in zip(ys, cis)]]
-        ax.errorbar(xs, ys, yerr=err if any(cis) else None, marker="o", capsize=3, label=label)
+EVAL_KEYS = ("pass@1", "maj@k", "greedy_accuracy", "invalid_rate", "best_of_k_verifier", "weighted_maj@k")  # what eval settings change
+
+
+def plot_series(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
+    """One metric over rounds, with its 95% interval as error bars where the round's eval has one; an eval metric of
+    rounds evaluated with other settings (``eval_comparable``) is drawn apart, unjoined to the rounds before it."""
+    apart = key in EVAL_KEYS and any(r.get("eval_comparable") is False for r in rows)
+    parts = [([r for r in rows if r.get("eval_comparable") is not False], label, "-")]
+    if apart:
+        parts.append(([r for r in rows if r.get("eval_comparable") is False], f"{label} (other eval settings)", "none"))
+    for part, name, line in parts:
+        pts = [(r["round"], r[key], (r.get("intervals") or {}).get(key)) for r in part if r.get(key) is not None]
+        if pts:
+            xs, ys, cis = zip(*pts)
+            # A percentile interval need not contain the mean (few resamples): matplotlib refuses negative error bars.
+            err = [[max(0.0, y - (c or (y, y))[0]) for y, c in zip(ys, cis)], [max(0.0, (c or (y, y))[1] - y) for y, c in zip(ys, cis)]]
+            ax.errorbar(xs, ys, yerr=err if any(cis) else None, marker="o" if line == "-" else "s", linestyle=line, capsize=3, label=name)
 
 
 def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str, series: tuple[tuple[str, str], ...]) -> None:
@@ -168,7 +184,7 @@ def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str,
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in series:
-        _series(ax, rows, key, label)
+        plot_series(ax, rows, key, label)
     ax.set(xlabel="round", ylabel=ylabel, title=title, ylim=(0, 1))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
@@ -184,9 +200,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[li
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
     run_dir = Path(run_dir)
     rows, curves = collect(run_dir), loss_curves(run_dir)  # everything read before anything is written
     out = run_dir / "report" if out is None else Path(out)
@@ -197,6 +210,16 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[li
                  ("best_of_k_verifier", "best-of-k (verifier)"), ("weighted_maj@k", "verifier-weighted maj@k")))
     _round_plot(rows, out / "mix.png", "Training mix per round", "share",
                 (("p", "raw positive share p"), ("p_target", "p̃ target"), ("p_effective", "effective positive share p̃")))
+
+    _rewards_plot(rows, out / "rewards.png")
+    _loss_plot(curves, out / "loss.png")
+    (out / "summary.md").write_text(markdown(rows, run_dir))
+    return rows, out
+
+
+def _rewards_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))
     scored = [r for r in rows if r.get("verdicts")]
@@ -211,140 +234,30 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[li
     if scored:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "rewards.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in curves.items():
-        ax.plot(*zip(*points), label=name)
-    ax.set(xlabel="step", ylabel="loss", title="Training loss")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=120)
-    plt.close(fig)
 
-    (out / "summary.md").write_text(markdown(rows, run_dir))
-    return rows, out
-
-
-COMPARED = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("p", "p (raw positive share)"), ("p_effective", "p̃ (effective positive share)"),
-            ("train_final_loss", "training loss (final step)"))
-
-
-def run_label(run_dir: Path, reference: dict[str, Any] | None, name: str | None = None) -> str:
-    """A run's name in a comparison: its directory (``name``), and what differs in its config from the first run's."""
-    cfg = _config_in(run_dir) or {}
-    keys = sorted(k for k in changed_keys(reference, cfg) - {"run_dir", "rounds"} if not k.startswith("tracking.")) if reference is not None else []
-
-    def value(key: str) -> Any:
-        node: Any = cfg
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        return node
-
-    diff = ", ".join(f"{k}={value(k)}" for k in keys[:3]) + (" ..." if len(keys) > 3 else "")
-    name = name or run_dir.name
-    return f"{name} ({diff})" if diff else name
-
-
-def run_names(dirs: list[Path]) -> list[str]:
-    """Each run's directory name; where two share one (a/demo, b/demo), their paths below the common parent."""
-    names = [d.name for d in dirs]
-    if len(set(names)) == len(names):
-        return names
-    common = Path(os.path.commonpath([d.resolve() for d in dirs]))
-    return [str(d.resolve().relative_to(common)) if d.resolve() != common else str(d) for d in dirs]
-
-
-def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[list[dict[str, Any]], Path]:
-    """Several runs on one set of axes per metric (``compare.png``) and their final rounds side by side (``compare.md``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def _loss_plot(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    """The rounds' training loss over the run's steps (each round's after the last: they were drawn on one another at
+    steps 1..n), and the warm start's (supervised, on another scale) in a panel of its own."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    dirs = [Path(d) for d in run_dirs]
-    if len({d.resolve() for d in dirs}) < len(dirs):
-        raise UserError("a run is given twice — compare different runs")
-    reference = _config_in(dirs[0])
-    runs = [{"run_dir": str(d), "label": run_label(d, reference if i else None, name), "lineage": lineage(d), "rounds": collect(d)}
-            for i, (d, name) in enumerate(zip(dirs, run_names(dirs)))]
-    for run in runs[1:]:
-        run["paired_vs_first"] = paired_difference(dirs[0], Path(run["run_dir"]))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, len(COMPARED), figsize=(4 * len(COMPARED), 3.6))
-    for ax, (key, title) in zip(axes, COMPARED):
-        for run in runs:
-            _series(ax, run["rounds"], key, run["label"])
-        ax.set(xlabel="round", title=title)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    warm = curves.get("warmstart")
+    rounds = {name: points for name, points in curves.items() if name != "warmstart"}
+    fig, axes = plt.subplots(1, 2 if warm else 1, figsize=(11 if warm else 6, 4), squeeze=False)
+    offset = 0
+    for name, points in rounds.items():
+        axes[0][0].plot([offset + step for step, _ in points], [loss for _, loss in points], label=name)
+        offset += max(step for step, _ in points)
+    axes[0][0].set(xlabel="step (over the run's rounds)", ylabel="loss", title="Training loss per round")
+    if warm:
+        axes[0][1].plot(*zip(*warm), color="gray")
+        axes[0][1].set(xlabel="step", ylabel="loss", title="Warm start (supervised)")
+    for ax in axes[0]:
         ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(runs), 3), fontsize="small")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(out / "compare.png", dpi=110)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    (out / "compare.md").write_text(comparison_markdown(runs))
-    return runs, out
-
-
-def paired_difference(a: Path, b: Path) -> dict[str, Any] | None:
-    """``b``'s final evaluated round minus ``a``'s, per metric, with a paired bootstrap interval over the
-    prompts both were evaluated on (None when either has no per-prompt scores or they share no prompt)."""
-    from toprcli.evaluation import paired_bootstrap_interval
-
-    def last_eval(run: Path) -> dict[str, Any] | None:
-        evals = [d / "eval" / "eval.json" for d in round_dirs(run).values() if (d / "eval" / "eval.json").exists()]
-        return read_json(evals[-1], needs="metrics") if evals else None
-
-    ea, eb = last_eval(a), last_eval(b)
-    if not ea or not eb or "per_prompt" not in ea or "per_prompt" not in eb:
-        return None
-    boot = ea["metrics"].get("bootstrap", {})
-    out: dict[str, Any] = {"rounds": [ea["iteration"], eb["iteration"]], "bootstrap": boot}
-    # Pairs are prompts of one eval task: another test set, k, sampling distribution or verifier measures something else.
-    def task(e: dict[str, Any]) -> dict[str, Any]:
-        c = e.get("config") or {}
-        return {"dataset": c.get("dataset"), "k": c.get("k"), "verifier": c.get("verifier"),
-                "sampling": {k: v for k, v in (c.get("sampling") or {}).items() if k != "seed"}}
-
-    if different := sorted(k for k, v in task(ea).items() if task(eb)[k] != v):
-        return {**out, "not_comparable": different}
-    for key in sorted(set(ea["per_prompt"]) & set(eb["per_prompt"])):  # a stable order in compare.md
-        pa, pb = ea["per_prompt"][key], eb["per_prompt"][key]
-        shared = set(pa) & set(pb)
-        if shared:
-            lo, hi, n = paired_bootstrap_interval(pb, pa, resamples=boot.get("resamples", 1000), seed=boot.get("seed", 0))
-            out[key] = {"difference": sum(pb[p] - pa[p] for p in shared) / n, "interval": [lo, hi], "prompts": n,
-                        "outside_noise": lo > 0 or hi < 0}
-    return out
-
-
-def final_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
-    """Metric × run: each run's last round."""
-    last = [run["rounds"][-1] for run in runs]
-    return [["round", *[r["round"] for r in last]], *[[title, *[r.get(key) for r in last]] for key, title in COMPARED]]
-
-
-def comparison_markdown(runs: list[dict[str, Any]]) -> str:
-    head = ["metric", *[run["label"] for run in runs]]
-    lines = ["# Runs compared", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in final_rows(runs)]
-    for run in runs:
-        if run["lineage"]:
-            lines += ["", f"{run['label']}: branched from {run['lineage']['parent']} at round {run['lineage']['round']}."]
-        if (run.get("paired_vs_first") or {}).get("not_comparable"):
-            lines += ["", f"{run['label']} and {runs[0]['label']} were evaluated differently "
-                          f"({', '.join(run['paired_vs_first']['not_comparable'])}): no paired difference."]
-        for key, d in (run.get("paired_vs_first") or {}).items():
-            if isinstance(d, dict) and "interval" in d:
-                verdict = "outside the noise" if d["outside_noise"] else "within the noise"
-                ra, rb = run["paired_vs_first"]["rounds"]  # the last evaluated rounds, which the table's last round may not be
-                lines += ["", f"{run['label']} (round {rb}) − {runs[0]['label']} (round {ra}), {key}: {d['difference']:+.3f} "
-                              f"[{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}] over {d['prompts']} shared prompts (paired bootstrap): {verdict}."]
-    return "\n".join(lines + ["", "Plot: `compare.png`.", ""])

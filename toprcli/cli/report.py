@@ -15,30 +15,36 @@ def report(
     run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", help="One or more `topr iterate` run directories.")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Where the files go: one run's plots and summary.md (default: RUN_DIR/report); "
                                                                  "with several runs, compare.png and compare.md (required).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the per-round metrics as JSON (one run: a list of rounds; several: every run's series).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar="", help="Print the per-round metrics as JSON (one run: a list of rounds; several: every run's rounds and the variants compared).")] = False,
 ) -> None:
     """Plot a run's rounds and write their summary; compare several runs.
 
     Per-round pass@1, maj@k, invalid rate, p and p̃, rewards and loss curves, as PNG plots and markdown;
     what changed when, and a branch's parent. Several runs: their curves on shared axes, named by what
-    differs in their configs, and their final rounds side by side.
+    differs in their configs, and their last evaluated rounds side by side, each paired with the first
+    (paired bootstrap). Runs that differ only in seeds are one variant: mean ± standard deviation.
 
     Examples:
       [bold]topr report runs/demo[/]
       [bold]topr report runs/demo --json | jq '.[] | {round, "pass@1"}'[/]
       [bold]topr report runs/demo runs/sft --out runs/compare[/]
+      [bold]topr report runs/topr-s0 runs/topr-s1 runs/sft-s0 runs/sft-s1 --out runs/compare[/]   (2 seeds each)
     """
+    from toprcli.compare import final_rows, notes, write_comparison
     from toprcli.errors import UserError
-    from toprcli.report import final_rows, write_comparison, write_report
+    from toprcli.report import write_report
 
     if len(run_dirs) > 1:
         if out is None:
             raise UserError("several runs: pass --out DIR for the comparison's plot and table")
-        runs, where = write_comparison(run_dirs, out)
+        compared, where = write_comparison(run_dirs, out)
         if as_json:
-            echo_json({"runs": runs})
+            echo_json(compared)
             return
-        console.print(grid_table("final rounds", ["", *[r["label"] for r in runs]], final_rows(runs)))
+        groups = compared["variants"]
+        console.print(grid_table("runs compared", ["", *[g["label"] for g in groups]], final_rows(groups)))
+        for note in notes(groups, compared["runs"]):
+            console.print(note, highlight=False, markup=False, soft_wrap=True)
         console.print(f"wrote {where}/compare.png and {where}/compare.md", highlight=False, markup=False)  # paths: [v1] is text
         return
     rows, where = write_report(run_dirs[0], out)
