@@ -375,3 +375,17 @@ def test_report_to_takes_what_trl_users_write(tmp_path):
     assert load_config(TrainConfig, None, sets={"report_to": "none"}).tracking.report_to == []
     with pytest.raises(ConfigError, match=r"'tracking.report_to': \['wandb', 'comet'\] — expected a list of tensorboard"):
         load_config(TrainConfig, None, {"tracking.report_to": ["wandb,comet"]})
+
+
+def test_config_check_takes_the_stage_config_config_show_writes(tmp_path):
+    """`topr config show train > t.yaml && topr config check t.yaml` refused ~45 keys as moved (to train.*), though
+    `topr train -c t.yaml` takes the file: a stage's config is checked as that stage's, found or named with --stage."""
+    shown = CliRunner().invoke(app, ["config", "show", "train"]).stdout
+    (tmp_path / "t.yaml").write_text(shown)
+    r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "t.yaml")])
+    assert r.exit_code == 0 and "is a valid train config" in r.stderr, r.output
+    (tmp_path / "t.yaml").write_text(shown.replace("\nlr: 5.0e-07", "\nlr: -1"))
+    r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "t.yaml")])
+    assert r.exit_code == 2 and "bad value for 'lr': -1" in r.output, r.output
+    r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "t.yaml"), "--stage", "generate"])
+    assert r.exit_code == 2 and "unknown config keys" in r.output

@@ -52,30 +52,59 @@ def show(
 @app.command("check")
 @user_errors
 def check(
-    file: Annotated[Path, typer.Argument(metavar="FILE", help="A pipeline config YAML (as used by `topr iterate`).")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A pipeline config YAML (as used by `topr iterate`), or one stage's.")],
+    stage: Annotated[str | None, typer.Option("--stage", help="Check FILE as this stage's config (generate, train, ...); "
+                                                              "unset: a pipeline config, else the one stage whose config it is.")] = None,
 ) -> None:
-    """Validate a pipeline config and print it fully resolved (defaults filled in).
+    """Validate a config and print it fully resolved (defaults filled in).
 
     Checks what `topr iterate` checks before any work (every key, value and cross-stage rule, the loss
     options, the verifier specs, a starting model named there and the trackers' packages); a problem is one error
-    line and exit 2 (every unknown or moved key at once).
+    line and exit 2 (every unknown or moved key at once). A stage's own config (`topr config show train`) is
+    checked as that stage's.
 
-    Example:
+    Examples:
       [bold]topr config check configs/demo.yaml[/]
+      [bold]topr config check train.yaml --stage train[/]
     """
     from toprcli.config import IterateConfig, config_to_dict, load_config
-    from toprcli.pipeline import Pipeline
 
+    cls, what = _config_class(file, stage)
+    cfg = load_config(cls, file)
+    if cls is IterateConfig:
+        _check_pipeline(cfg)
+    typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
+    err_console.print(f"[green]ok[/]: {escape(str(file))} is a valid {what} config", highlight=False)
+
+
+def _config_class(file: Path, stage: str | None) -> tuple[type, str]:
+    """The config class FILE is checked as: ``stage``'s, else the pipeline's, else the one stage whose keys it has."""
+    from toprcli.config import STAGES, ConfigError, IterateConfig
+
+    if stage is not None:
+        if stage.replace("-", "_") not in STAGES:
+            raise ConfigError(f"--stage {stage}: no such stage — choose one of: {', '.join(STAGES)}")
+        return STAGES[stage.replace("-", "_")], ("pipeline" if stage == "iterate" else stage)
+    from toprcli.config import read_yaml
+    from toprcli.config.fields import migrate, unknown_keys
+
+    data = read_yaml(file)
+    if unknown_keys(IterateConfig, migrate(IterateConfig, dict(data))):  # not a pipeline's keys: the one stage that has them all
+        fits = [name for name, cls in STAGES.items() if name != "iterate" and not unknown_keys(cls, migrate(cls, dict(data)))]
+        if len(fits) == 1:
+            return STAGES[fits[0]], fits[0].replace("_", "-")
+    return IterateConfig, "pipeline"  # its own error names every unknown key
+
+
+def _check_pipeline(cfg) -> None:
     from toprcli.generation.model_info import check_model
+    from toprcli.pipeline import Pipeline
     from toprcli.tracking import check_installed
 
-    cfg = load_config(IterateConfig, file)
     Pipeline(cfg).check_settings()  # loss options and verifier specs, as `topr iterate` checks them first
     check_installed(cfg.tracking.report_to)
     if cfg.model and not cfg.warm_start.init_model:  # a model given is one (none: iterate's --model gives it; init_model builds it)
         check_model(cfg.model)
-    typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
-    err_console.print(f"[green]ok[/]: {escape(str(file))} is a valid pipeline config", highlight=False)
 
 
 @app.command("import-roll")
@@ -85,7 +114,7 @@ def import_roll(
     out: Annotated[Path, typer.Option("--out", "-o", help="The topr pipeline config to write (YAML).")],
     overwrite: Annotated[bool, typer.Option("--overwrite", metavar="", help="Replace an existing --out.")] = False,
     allow_unknown: Annotated[
-        bool, typer.Option("--allow-unknown", help="Import even when the file has keys ROLL does not define (they are listed and skipped).")
+        bool, typer.Option("--allow-unknown", metavar="", help="Import even when the file has keys ROLL does not define (they are listed and skipped).")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", metavar="", help="Print the key table and call-outs as JSON on stdout instead of a table.")] = False,
 ) -> None:
