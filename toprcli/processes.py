@@ -185,18 +185,20 @@ if __name__ == "__main__":
 # -- other libraries' output ------------------------------------------------------------
 
 
-def redirect_output(log: str | os.PathLike[str]) -> tuple[int, int] | None:
+def redirect_output(log: str | os.PathLike[str] | None) -> tuple[int, int] | None:
     """Point file descriptors 1 and 2 (this process's and every child's stdout and stderr) at
-    ``log``; returns duplicates of the original two, or None when stdout/stderr are not 1 and 2
-    (e.g. replaced by a test runner)."""
+    ``log`` (None: stdout at stderr, so that stdout holds only what the command writes to the saved one);
+    returns duplicates of the original two, or None when stdout/stderr are not 1 and 2 (e.g. replaced by a
+    test runner)."""
     try:
         if sys.stdout.fileno() != 1 or sys.stderr.fileno() != 2:
             return None
     except (AttributeError, OSError, ValueError):
         return None
     try:  # a log that cannot be made keeps the output on the terminal; the command's own output then says what is wrong
-        Path(log).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if log is not None:
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log is not None else os.dup(2)
     except OSError:
         return None
     sys.stdout.flush()

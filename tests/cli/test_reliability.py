@@ -338,3 +338,14 @@ def test_off_a_terminal_progress_is_a_line_now_and_then_and_one_at_the_end(tiny_
     assert "generate 8/8 · completions 16 · tok/s" in res.stderr and "━" not in res.stderr
     res = CliRunner().invoke(app, [*args, "--json"])
     assert res.stderr == "" and json.loads(res.stdout)["stage"] == "generate"
+
+
+def test_json_with_verbose_keeps_other_programs_output_off_stdout(inputs, tmp_path):
+    """`--json --verbose`: a plugin's print (and vLLM's log, which goes to stdout) came before the JSON: no JSON at all.
+    Other programs' output goes to stderr then; stdout is the stage result alone."""
+    (tmp_path / "noisy.py").write_text("def reward(completion, answer, row):\n    print('checking', row.get('prompt_id'))\n    return False\n")
+    done = subprocess.run([sys.executable, "-m", "toprcli", "score", "-s", str(inputs["samples"]), "-o", str(tmp_path / "sc"),
+                           "--verifier", "python:noisy:reward", "--workers", "1", "--json", "--verbose"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["stage"] == "score" and "checking" in done.stderr

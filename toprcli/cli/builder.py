@@ -163,7 +163,7 @@ def build(stage: Stage) -> Callable[..., None]:
         sets = dict(split_override(s) for s in kw["set_"] or [])  # text: load_config reads it by the field's type
         path = kw["config_"] or (stage.default_config({**overrides, **sets}) if stage.default_config else None)
         cfg = load_config(stage.config, path, overrides, sets=sets)
-        send_noise_to(stage.log(cfg), kw["verbose_"])
+        send_noise_to(stage.log(cfg), kw["verbose_"], kw["json_"])
         try:
             with progress_bars(kw["progress_"] and not kw["json_"], transient=stage.transient) as progress:
                 result = stage.run(cfg, progress=progress, **{name: kw[name] for name in stage.extra})

@@ -58,19 +58,24 @@ def begin_process() -> None:
     start_watchdog()
 
 
-def send_noise_to(log: str | os.PathLike[str] | None, verbose: bool = False) -> None:
+def send_noise_to(log: str | os.PathLike[str] | None, verbose: bool = False, json_out: bool = False) -> None:
     """From here on, other libraries' output (warnings, banners, bars, child processes) goes to ``log``;
-    topr's consoles keep the terminal. Only where the command owns its process, and not with ``verbose``."""
+    topr's consoles keep the terminal. Only where the command owns its process, and not with ``verbose``:
+    then, under ``json_out``, it goes to stderr (a plugin's print or vLLM's log on stdout broke the JSON)."""
     global _saved_fds, _log
     from toprcli.processes import redirect_output
 
-    if log is None or verbose or not _own_process or _saved_fds is not None:
+    if not _own_process or _saved_fds is not None or (log is None or verbose) and not json_out:
         return
-    _made_for_log[:] = [d for d in Path(log).absolute().parents if not d.exists()]
+    if log is None or verbose:
+        log = None
+    else:
+        _made_for_log[:] = [d for d in Path(log).absolute().parents if not d.exists()]
     _saved_fds = redirect_output(log)
     if _saved_fds is not None:
         console.file, err_console.file = (os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace") for fd in _saved_fds)
-        warnings.showwarning, _log = _show_warning, Path(log)
+        if log is not None:
+            warnings.showwarning, _log = _show_warning, Path(log)
 
 
 def restore_output() -> None:
