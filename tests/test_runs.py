@@ -714,3 +714,16 @@ def test_a_change_no_step_left_would_take_is_refused_not_recorded(tmp_path):
     assert reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 2, "eval.k": 3}), apply_from_next_round=True) == ["eval.k"]
     assert reconcile(run, load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 3, "eval.k": 3, "train.lr": 5e-3}),
                      apply_from_next_round=True) == ["rounds", "train.lr"]
+
+
+def test_off_a_terminal_each_round_prints_its_own_row(tmp_path):
+    """Piped to a log, iterate printed nothing until the end; then every round printed the whole table again (N²/2 rows
+    in an N-round log). Each round's row is printed when the round ends."""
+    config = tmp_path / "micro.yaml"
+    config.write_text(MICRO.format(run_dir=tmp_path / "run"))
+    r = CliRunner().invoke(app, ["iterate", "-c", str(config), "--no-report", "--rounds", "2"])
+    assert r.exit_code == 0, r.output
+    tables = r.stdout.split("after round ")[1:]
+    assert [t.split()[0] for t in tables] == ["0", "1", "2"]
+    rows = [[line.split("│")[1].strip() for line in t.splitlines() if line.startswith("│")] for t in tables]
+    assert rows == [["0"], ["1"], ["2"]]

@@ -73,8 +73,8 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
     def on_round(r: int, summary: dict) -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
         seen.append(summary)
-        if progress is not None:  # not under --json
-            print_rounds(f"after round {r}", seen)
+        if progress is not None:  # not under --json; off a terminal (a log) the new round alone, not the whole table again
+            print_rounds(f"after round {r}", seen if console.is_terminal else seen[-1:])
 
     pipeline = Pipeline(cfg, progress=progress, on_start=on_start, on_round=on_round, apply_from_next_round=apply_from_next_round,
                         branch_from=branch_from, report=(lambda run_dir: write_report(run_dir)[1]) if report else None)
