@@ -725,5 +725,5 @@ def test_off_a_terminal_each_round_prints_its_own_row(tmp_path):
     assert r.exit_code == 0, r.output
     tables = r.stdout.split("after round ")[1:]
     assert [t.split()[0] for t in tables] == ["0", "1", "2"]
-    rows = [[line.split("│")[1].strip() for line in t.splitlines() if line.startswith("│")] for t in tables]
+    rows = [[line.split("│")[1].strip() for line in t.split("└")[0].splitlines() if line.startswith("│")] for t in tables]
     assert rows == [["0"], ["1"], ["2"]]
