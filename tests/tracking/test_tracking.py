@@ -638,3 +638,25 @@ def test_a_finished_training_run_again_catches_up_a_tracker_named_since(tiny_mod
     client = MlflowClient()
     assert [m.step for m in client.get_metric_history(state["run_id"], "train/loss")] == [1, 2, 3]
     assert client.get_run(state["run_id"]).info.status == "FINISHED"
+
+
+def test_wandb_system_metrics_on_when_asked_for(tmp_path, monkeypatch):
+    """WANDB_X_DISABLE_STATS=false wrote no system metrics: the tracker turned them off whatever the user said."""
+    import time
+
+    from toprcli.tracking.wandb_run import offline_records
+
+    def stats_records(run: Path) -> int:
+        with open_tracker(TrackingConfig(report_to=["wandb"], project="p"), run, config={"a": 1}) as tracker:
+            tracker.log("train", {"loss": 1.0}, 1)
+            time.sleep(3)
+        (run_file,) = run.glob("wandb/offline-run-*/run-*.wandb")
+        return sum(r.WhichOneof("record_type") == "stats" for r in offline_records(run_file))
+
+    for key, value in _env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("WANDB_X_DISABLE_STATS", raising=False)
+    assert stats_records(tmp_path / "off") == 0  # by default: W&B's sampler shares a small machine's cores
+    monkeypatch.setenv("WANDB_X_DISABLE_STATS", "false")
+    monkeypatch.setenv("WANDB_X_STATS_SAMPLING_INTERVAL", "1")
+    assert stats_records(tmp_path / "on") > 0

@@ -224,7 +224,7 @@ _CHECK_DATA = "Check against the data's sampling {} (read from the data; a diffe
 class TrainConfig:
     model: str = opt("", "Starting policy: an HF model dir or hub id; the policy that generated the data (π_k).", short="-m")
     data: str = opt("", "Curated training set (Parquet file or shard dir from `topr curate`).", short="-d")
-    out: str = opt("", "Output dir for the new policy (HF format) + metrics.jsonl + train_summary.json.", short="-o")
+    out: str = opt("", "Output dir for the new policy (HF format) + metrics.jsonl + train_summary.json (while it trains: <out>.partial/).", short="-o")
     loss: str = opt("topr", "Policy loss.", check=choice(LOSSES, "a registered loss:"))
     loss_options: dict[str, Any] = opt(factory=dict, help="A loss option as KEY=VALUE (repeatable), e.g. ratio_level=token.", flag="--loss-option")
     aggregation: str = opt("seq-mean-token-mean", "How per-token losses are averaged.", check=choice(AGGREGATIONS))

@@ -188,7 +188,8 @@ class Tracker:
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - any backend error, by design
-            warnings.warn(f"{name} tracking {'could not start' if opening else 'failed'} and is off for this run: {type(e).__name__}: {e}", stacklevel=3)
+            said = (str(e).strip().splitlines() or [""])[0][:300]  # one line: a database error carried its SQL and parameters
+            warnings.warn(f"{name} tracking {'could not start' if opening else 'failed'} and is off for this run: {type(e).__name__}: {said}", stacklevel=3)
             dropped = self.backends.pop(name, None)
             with contextlib.suppress(Exception):  # not left RUNNING where the backend can still end it (a rerun catches it up)
                 dropped is not None and dropped.close("failed")

@@ -20,6 +20,12 @@ from typing import Any
 BLOCK = 32768  # the run file is a leveldb-style log: 32 KiB blocks of records with a 7-byte header
 
 
+def _stats() -> dict[str, bool]:
+    """System metrics (CPU, GPU, memory) only when asked for (``WANDB_X_DISABLE_STATS=false``): W&B samples them in a
+    process of its own, which a small machine's training shares its cores with."""
+    return {} if "WANDB_X_DISABLE_STATS" in os.environ else {"x_disable_stats": True}
+
+
 class WandbRun:
     def __init__(self, info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None]):
         import wandb
@@ -32,7 +38,7 @@ class WandbRun:
         self.run = wandb.init(
             project=info.project or os.environ.get("WANDB_PROJECT") or "toprcli", name=info.name, group=info.group,
             tags=[f"{k}={v}"[:64] for k, v in info.tags.items()], id=state["id"], resume="allow", config=config,
-            dir=os.environ.get("WANDB_DIR") or str(info.root), settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+            dir=os.environ.get("WANDB_DIR") or str(info.root), settings=wandb.Settings(console="off", silent=True, **_stats()),
         )
         files = [f for f in sorted(Path(self.run.settings.wandb_dir).glob(f"offline-run-*-{state['id']}*/run-{state['id']}.wandb"))
                  if f.parent != Path(self.run.settings.sync_dir)]  # the earlier sessions' files, not this one's
