@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from typer.testing import CliRunner
 
@@ -389,3 +391,15 @@ def test_config_check_takes_the_stage_config_config_show_writes(tmp_path):
     assert r.exit_code == 2 and "bad value for 'lr': -1" in r.output, r.output
     r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "t.yaml"), "--stage", "generate"])
     assert r.exit_code == 2 and "unknown config keys" in r.output
+
+
+def test_pairs_for_a_loss_that_reads_rows_one_by_one_is_said():
+    """A DPO config's curate.pairs carried into a TOPR branch trained each round on paired rows only (32 of 192 kept),
+    in silence."""
+    from toprcli.config import IterateConfig, load_config
+
+    with pytest.warns(UserWarning, match="curate.pairs is matched but train.loss topr reads rows one by one"):
+        load_config(IterateConfig, None, sets={"curate.pairs": "matched"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(IterateConfig, None, sets={"curate.pairs": "matched", "train.loss": "dpo"})

@@ -9,6 +9,7 @@ aggregations, KL estimators, optimizers).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -388,6 +389,10 @@ class IterateConfig:
         if LOSSES[self.train.loss].pairwise and self.curate.pairs == "none":
             raise ConfigError(f"train.loss {self.train.loss} trains on preference pairs but curate.pairs is none — "
                               "set curate.pairs=matched (or all)")
+        if not LOSSES[self.train.loss].pairwise and self.curate.pairs != "none":  # a DPO config's pairs, carried to a branch
+            warnings.warn(f"curate.pairs is {self.curate.pairs} but train.loss {self.train.loss} reads rows one by one: each round "
+                          "trains on paired rows only (prompts with no right-and-wrong pair dropped, p = 0.5) — set curate.pairs=none "
+                          "unless that is meant", stacklevel=2)
         # Training a verifier: each round's policy judges eval.candidates, rendered as its training prompts were.
         if self.eval.candidates and self.eval.verifier_chat_template != self.generate.dataset.chat_template:
             raise ConfigError(f"eval.verifier_chat_template is {self.eval.verifier_chat_template} but generate.dataset.chat_template is "
