@@ -631,7 +631,8 @@ def test_a_finished_training_run_again_catches_up_a_tracker_named_since(tiny_mod
     data, out = write_curated(tmp_path / "train.parquet", n=16), tmp_path / "pol"
     args = ["train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--optimizer", "adamw", "--lr", "1e-3", "--batch-size", "4",
             "--max-steps", "3", "--no-progress", "--report-to", "tensorboard"]
-    assert CliRunner().invoke(app, args).exit_code == 0
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0 and f"tensorboard: {out / 'tb'}" in first.stdout, first.output  # train said nowhere; iterate did
     again = CliRunner().invoke(app, [*args, "--report-to", "mlflow", "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["skipped"], again.output
     state = json.loads((out / "tracking.json").read_text())["backends"]["mlflow"]

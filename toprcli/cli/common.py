@@ -232,6 +232,14 @@ def _progress_lines(every_s: float) -> ProgressFn:
     return progress
 
 
+def print_tracked(run_root: str | os.PathLike[str], report_to: list[str]) -> None:
+    """Where a command's tracked runs are (``tensorboard: runs/x/tb``), a line each, as `topr iterate` ends."""
+    from toprcli.tracking import tracked_in
+
+    for name, where in tracked_in(run_root, report_to).items():
+        console.print(f"{name}: {where}", highlight=False, markup=False)
+
+
 def print_summary(title: str, rows: Iterable[tuple[str, Any]], as_json: bool = False) -> None:
     """A command's (label, value) summary: a table, or with ``--json`` one object keyed by label (``hidden_size``)."""
     if as_json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from toprcli.cli.builder import Stage, lazy
-from toprcli.cli.common import console, err_console, summary_table, with_interval
+from toprcli.cli.common import console, err_console, print_tracked, summary_table, with_interval
 from toprcli.config import EvalConfig
 from toprcli.stages import StageResult
 
@@ -49,6 +49,7 @@ def show(result: StageResult, cfg: EvalConfig) -> None:
         err_console.print(f"[yellow]warning:[/] {m['error_rate']:.1%} of the samples could not be checked (verifier error or timeout) "
                           f"and count as wrong — examples in {Path(cfg.out) / 'scored' / '_manifest.json'}", highlight=False)
     console.print(f"{'already evaluated (same model and settings):' if result.skipped else 'wrote'} {Path(cfg.out) / 'eval.json'}", highlight=False, markup=False)  # paths: [v1] is text
+    print_tracked(cfg.out, cfg.tracking.report_to)
 
 
 STAGE = Stage("eval", EvalConfig, lazy("toprcli.launch:run_eval"), show, DOC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from toprcli.cli.builder import Stage
-from toprcli.cli.common import console, err_console, summary_table
+from toprcli.cli.common import console, err_console, print_tracked, summary_table
 from toprcli.config import TrainConfig
 from toprcli.stages import StageResult
 
@@ -64,6 +64,7 @@ def show(result: StageResult, cfg: TrainConfig) -> None:
     if s.get("world_size", 1) > 1:
         rows.append(("ranks", s["world_size"]))
     console.print(summary_table(f"{'already trained (same settings), kept:' if result.skipped else 'trained'} {Path(result.out)}", rows))
+    print_tracked(result.out, cfg.tracking.report_to)
 
 
 STAGE = Stage("train", TrainConfig, run, show, DOC, log=log_file, transient=False,

@@ -218,9 +218,8 @@ class Tracker:
             self._each(f"table:{key}", step, lambda b: (b.log_table(key, rows, step), b.flush()))
 
     def where(self) -> dict[str, str]:
-        """Each backend's run, in words: where to look for it."""
-        shown = {"tensorboard": "{log_dir}", "wandb": "run {id}", "mlflow": "run {run_id} in {tracking_uri}", "trackio": "run {name} of project {project}"}
-        return {name: shown[name].format_map(_Missing(self.state["backends"][name])) for name in self.backends}
+        """Each open backend's run, in words: where to look for it."""
+        return where(self.state["backends"], list(self.backends))
 
     def log_artifacts(self, directory: Path, name: str) -> None:
         for backend_name, backend in list(self.backends.items()):
@@ -241,6 +240,18 @@ class Tracker:
         """A run that stops on an error or a signal is not reported as finished."""
         killed = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, Interrupted))
         self.close("finished" if exc_type is None else "killed" if killed else "failed")
+
+
+def where(backends: dict[str, Any], names: list[str]) -> dict[str, str]:
+    """Where each of ``names``' tracked runs is, in words, from their state (``tracking.json``'s ``backends``)."""
+    shown = {"tensorboard": "{log_dir}", "wandb": "run {id}", "mlflow": "run {run_id} in {tracking_uri}", "trackio": "run {name} of project {project}"}
+    return {name: shown[name].format_map(_Missing(backends[name])) for name in names if name in backends}
+
+
+def tracked_in(root: str | Path, names: list[str]) -> dict[str, str]:
+    """Where the tracked runs of the run directory ``root`` are (none: it tracked nothing)."""
+    path = Path(root) / STATE_FILE
+    return where(read_json(path, needs="backends")["backends"], names) if names and path.is_file() else {}
 
 
 class _Missing(dict):

@@ -42,5 +42,5 @@ def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable
     run = TensorBoardRun(info.root / "tb")
     if "log_dir" not in state:  # a new run: the config once
         run.log_config(config)
-        state["log_dir"] = str(info.run_dir / "tb")  # where to look: <out>/tb once a training's <out>.partial is renamed
+        state["log_dir"] = str((info.run_dir / "tb").absolute())  # where to look: <out>/tb once a training's <out>.partial is renamed
     return run
