@@ -95,22 +95,36 @@ def test_seeds_are_one_variant_with_mean_and_std_and_pooled_pairs(tmp_path):
 
 
 def test_a_variant_is_compared_at_its_last_evaluated_round_and_labelled_with_what_its_rounds_ran(tmp_path):
-    """A run killed in round 2 was shown at round 2 (pass@1 –) and paired at round 1; a change applied from round 2 on
+    """A run killed in round 3 was shown at round 3 (pass@1 –) and paired at round 2; a change applied from round 2 on
     (--apply-from-next-round) was labelled as the run's setting. Runs compared at other rounds are said to be."""
     from toprcli.compare import write_comparison
 
     per = {f"p{i}": float(i < 3) for i in range(6)}
-    base = _recorded(tmp_path, "base", [per, per, per])
-    lr = _recorded(tmp_path, "lr", [per, per], **{"train.lr": 1e-4})
-    (lr / "round-002").mkdir()  # begun, not evaluated
-    changed = yaml.safe_load((lr / "round-001" / "config.yaml").read_text())
+    base = _recorded(tmp_path, "base", [per, per, per, per])
+    lr = _recorded(tmp_path, "lr", [per, per, per], **{"train.lr": 1e-4})
+    (lr / "round-003").mkdir()  # begun, not evaluated
+    changed = yaml.safe_load((lr / "round-002" / "config.yaml").read_text())
     changed["train"]["lr"] = 1e-3
     (lr / "config.yaml").write_text(yaml.safe_dump(changed))
-    (lr / "round-001" / "config.yaml").write_text(yaml.safe_dump(changed))
+    (lr / "round-002" / "config.yaml").write_text(yaml.safe_dump(changed))
     compared, out = write_comparison([base, lr], tmp_path / "cmp")
     first, second = compared["variants"]
-    assert (first["round"], second["round"]) == (2, 1) and second["final"]["pass@1"] == 0.5
-    assert second["label"] == "lr (train.lr=0.001 from round 1)"
+    assert (first["round"], second["round"]) == (3, 2) and second["final"]["pass@1"] == 0.5
+    assert second["label"] == "lr (train.lr=0.001 from round 2)"
     r = CliRunner().invoke(app, ["report", str(base), str(lr), "--out", str(tmp_path / "cmp2")])
-    assert r.exit_code == 0 and "compared at their last evaluated rounds, which differ: base round 2, lr (train.lr=0.001 from round 1) round 1" in r.stdout
+    assert r.exit_code == 0 and "compared at their last evaluated rounds, which differ: base round 3, lr (train.lr=0.001 from round 2) round 2" in r.stdout
     assert "(paired bootstrap): within the noise." in r.stdout  # the notes were in compare.md alone
+
+
+def test_a_branch_is_labelled_by_what_differs_not_from_the_round_it_began(tmp_path):
+    """Branches of one round 0 with train.loss=sft were labelled 'train.loss=sft from round 1': their own first round."""
+    from toprcli.compare import write_comparison
+
+    per = {f"p{i}": float(i < 3) for i in range(6)}
+    parent = _recorded(tmp_path, "parent", [per, per])
+    branch = _recorded(tmp_path, "branch", [per, per], **{"train.loss": "sft"})
+    zero = yaml.safe_load((parent / "round-000" / "config.yaml").read_text())
+    (branch / "round-000" / "config.yaml").write_text(yaml.safe_dump(zero))  # round 0 is the parent's, as a branch links it
+    (branch / "lineage.json").write_text(json.dumps({"parent": str(parent), "round": 0, "links": "hardlink", "changed": ["train.loss"]}))
+    compared, _ = write_comparison([parent, branch], tmp_path / "cmp")
+    assert compared["variants"][1]["label"] == "branch (train.loss=sft)"

@@ -56,13 +56,15 @@ def _value(cfg: dict[str, Any], key: str) -> Any:
     return cfg
 
 
-def label(names: list[str], cfg: dict[str, Any] | None, reference: dict[str, Any] | None, rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
+def label(names: list[str], cfg: dict[str, Any] | None, reference: dict[str, Any] | None, rows: list[dict[str, Any]],
+          first: int = 1) -> tuple[str, list[str]]:
     """A variant's name (its runs') and what differs in its settings from the first variant's, each with the round it
-    applies from when the run changed it on the way (``--apply-from-next-round``); (label, every difference)."""
+    applies from when the run changed it on the way (``--apply-from-next-round``; ``first``: the first round the run made
+    itself, a branch's after the rounds it took from its parent); (label, every difference)."""
     keys = [k for k in differing(reference, cfg) if k not in SEED_KEYS] if reference is not None else []
 
     def said(key: str) -> str:
-        since = max((r["round"] for r in rows if key in (r.get("config_changed") or [])), default=None)
+        since = max((r["round"] for r in rows if r["round"] > first and key in (r.get("config_changed") or [])), default=None)
         return f"{key}={_value(cfg or {}, key)}" + (f" from round {since}" if since is not None else "")
 
     shown = [said(k) for k in keys]
@@ -103,7 +105,8 @@ def variants(dirs: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any
     out = []
     for group in group_seeds(configs):
         members = [runs[i] for i in group]
-        text, keys = label([m["name"] for m in members], configs[group[0]], configs[0] if out else None, members[0]["rounds"])
+        first = members[0]["lineage"]["round"] + 1 if members[0]["lineage"] else 1  # a branch's own rounds start after its parent's
+        text, keys = label([m["name"] for m in members], configs[group[0]], configs[0] if out else None, members[0]["rounds"], first)
         rounds = [last_evaluated(m["rounds"]) for m in members]
         series = _mean_rows(members)
         at = min(rounds)
