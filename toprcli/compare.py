@@ -21,9 +21,10 @@ from toprcli.shards import read_json
 
 # Seeds of the randomness a run draws (not of its data: dataset seeds pick other problems, few-shot seeds other prompts).
 SEED_KEYS = ("warm_start.model_seed", "generate.sampling.seed", "curate.seed", "train.seed", "eval.sampling.seed", "eval.bootstrap_seed")
-COMPARED = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("p", "p (raw positive share)"),
-            ("p_effective", "p̃ (effective positive share)"), ("train_final_loss", "training loss (final step)"))
-RATES = ("pass@1", "maj@k", "greedy_accuracy", "p", "p_effective")  # drawn on 0..1
+# The training loss is not among them: losses differ in scale and meaning (DPO starts at log 2); each run's loss.png has it.
+COMPARED = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("reward_positive_share", "correct share of the samples"),
+            ("p", "p (correct share of the training rows)"), ("p_effective", "p̃ (effective positive share)"))
+RATES = tuple(key for key, _ in COMPARED)  # drawn on 0..1
 SHOWN_KEYS = 4  # settings named in a label; compare.md lists them all
 
 
