@@ -128,3 +128,23 @@ def test_a_branch_is_labelled_by_what_differs_not_from_the_round_it_began(tmp_pa
     (branch / "lineage.json").write_text(json.dumps({"parent": str(parent), "round": 0, "links": "hardlink", "changed": ["train.loss"]}))
     compared, _ = write_comparison([parent, branch], tmp_path / "cmp")
     assert compared["variants"][1]["label"] == "branch (train.loss=sft)"
+
+
+def test_seeds_evaluated_at_different_rounds_are_compared_at_the_last_round_all_evaluated(tmp_path):
+    """eval_every 2: seed 0 evaluated rounds 0, 2, 3 and seed 1 rounds 0, 2, 4: the variant was shown at round 3 (one
+    seed's, pass@1 –) and its pairing, labelled 2 seeds, was one."""
+    import shutil
+
+    from toprcli.compare import write_comparison
+
+    per = lambda hits: {f"p{i}": float(i < hits) for i in range(4)}  # noqa: E731
+    s0 = _recorded(tmp_path, "s0", [per(1), per(2), per(2), per(3)], **{"train.seed": 0})
+    s1 = _recorded(tmp_path, "s1", [per(1), per(2), per(4), per(4), per(4)], **{"train.seed": 1})
+    for run, r in ((s0, 1), (s1, 1), (s1, 3)):
+        shutil.rmtree(run / f"round-{r:03d}" / "eval")
+    other = _recorded(tmp_path, "other", [per(1), per(1), per(1)], **{"train.loss": "sft"})
+    compared, _ = write_comparison([s0, s1, other], tmp_path / "cmp")
+    seeds = compared["variants"][0]
+    assert seeds["round"] == 2 and seeds["final"]["pass@1"] == 0.75
+    paired = compared["variants"][1]["paired_vs_first"]
+    assert paired["rounds"] == [2, 2] and paired["pass@1"]["difference"] == 0.25 - 0.75

@@ -146,4 +146,5 @@ def test_rounds_losses_follow_one_another_and_other_eval_settings_are_drawn_apar
     joined, apart = ax.get_lines()[:2]
     assert list(joined.get_xdata()) == [0, 1] and list(apart.get_xdata()) == [2] and apart.get_linestyle() == "None"
     assert ax.get_legend_handles_labels()[1] == ["pass@1", "pass@1 (other eval settings)"]
+    assert joined.get_color() == apart.get_color()  # a variant keeps its colour (the apart part took the next one)
     plt.close(fig)

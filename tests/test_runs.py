@@ -121,10 +121,10 @@ def test_branch_reuses_the_parent_round_and_reports_its_lineage(one_round, tmp_p
     # Runs compared: both series, named by what differs, the plot on disk.
     r = CliRunner().invoke(app, ["report", str(parent), str(child), "--out", str(tmp_path / "cmp"), "--json"])
     assert r.exit_code == 0, r.output
-    runs = json.loads(r.stdout)["runs"]
-    assert [run["label"] for run in runs] == ["base-run", "child (train.lr=0.0005)"]
+    runs, variants = json.loads(r.stdout)["runs"], json.loads(r.stdout)["variants"]
+    assert [run["label"] for run in runs] == [v["label"] for v in variants] == ["base-run", "child (train.lr=0.0005)"]
     assert [len(run["rounds"]) for run in runs] == [2, 3] and runs[1]["lineage"]["round"] == 1
-    paired = runs[1]["paired_vs_first"]  # child's round 2 against the parent's round 1, over the same 4 test prompts
+    paired = variants[1]["paired_vs_first"]  # child's round 2 against the parent's round 1, over the same 4 test prompts
     assert paired["rounds"] == [1, 2] and paired["pass@1"]["prompts"] == 4
     lo, hi = paired["pass@1"]["interval"]
     assert lo <= paired["pass@1"]["difference"] <= hi and paired["pass@1"]["outside_noise"] == (lo > 0 or hi < 0)

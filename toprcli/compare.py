@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from toprcli.errors import UserError
-from toprcli.report import recorded_config, fmt, plot_series, collect, differing, lineage
-from toprcli.runs import round_dirs
+from toprcli.report import collect, fmt, lineage, plot_series, recorded_config
+from toprcli.runs import round_dirs, setting_changes
 from toprcli.shards import read_json
 
 # Seeds of the randomness a run draws (not of its data: dataset seeds pick other problems, few-shot seeds other prompts).
@@ -34,7 +34,7 @@ def group_seeds(configs: list[dict[str, Any] | None]) -> list[list[int]]:
     groups: list[list[int]] = []
     for i, cfg in enumerate(configs):
         home = next((g for g in groups if cfg is not None and all(
-            configs[j] is not None and (d := differing(configs[j], cfg)) and set(d) <= set(SEED_KEYS) for j in g)), None)
+            configs[j] is not None and (d := setting_changes(configs[j], cfg)) and set(d) <= set(SEED_KEYS) for j in g)), None)
         if home is None:
             groups.append([i])
         else:
@@ -62,7 +62,7 @@ def label(names: list[str], cfg: dict[str, Any] | None, reference: dict[str, Any
     """A variant's name (its runs') and what differs in its settings from the first variant's, each with the round it
     applies from when the run changed it on the way (``--apply-from-next-round``; ``first``: the first round the run made
     itself, a branch's after the rounds it took from its parent); (label, every difference)."""
-    keys = [k for k in differing(reference, cfg) if k not in SEED_KEYS] if reference is not None else []
+    keys = [k for k in setting_changes(reference, cfg) if k not in SEED_KEYS] if reference is not None else []
 
     def said(key: str) -> str:
         since = max((r["round"] for r in rows if r["round"] > first and key in (r.get("config_changed") or [])), default=None)
@@ -76,9 +76,14 @@ def label(names: list[str], cfg: dict[str, Any] | None, reference: dict[str, Any
     return (f"{name} ({inside})" if inside else name), shown
 
 
+def evaluated(rows: list[dict[str, Any]]) -> set[int]:
+    """The rounds with an eval (an unfinished round, or one ``eval_every`` skipped, has none)."""
+    return {r["round"] for r in rows if r.get("pass@1") is not None}
+
+
 def last_evaluated(rows: list[dict[str, Any]]) -> int:
-    """The last round with an eval (an unfinished round after it is not its result); the last round if none has one."""
-    return max((r["round"] for r in rows if r.get("pass@1") is not None), default=rows[-1]["round"])
+    """The last round with an eval; the last round if none has one."""
+    return max(evaluated(rows), default=rows[-1]["round"])
 
 
 def _mean_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -110,7 +115,7 @@ def variants(dirs: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any
         text, keys = label([m["name"] for m in members], configs[group[0]], configs[0] if out else None, members[0]["rounds"], first)
         rounds = [last_evaluated(m["rounds"]) for m in members]
         series = _mean_rows(members)
-        at = min(rounds)
+        at = max(set.intersection(*(evaluated(m["rounds"]) for m in members)), default=min(rounds))  # the last all seeds evaluated
         final = next((r for r in series if r["round"] == at), series[-1] if series else {"round": at})
         for m in members:
             m["label"] = text
@@ -180,8 +185,8 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path) -> tuple[dict[
     fig, grid = plt.subplots(2, 3, figsize=(13, 7.2))
     axes = grid.ravel()  # one panel per COMPARED metric
     for ax, (key, title) in zip(axes, COMPARED):
-        for group in groups:
-            plot_series(ax, group["series"], key, group["label"])
+        for i, group in enumerate(groups):
+            plot_series(ax, group["series"], key, group["label"], color=f"C{i % 10}")  # a variant's colour in every panel
         ax.set(xlabel="round", title=title, **({"ylim": (0, 1)} if key in RATES else {}))  # p̃ 0.4999999 and 0.5 are one value
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

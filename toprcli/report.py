@@ -16,8 +16,7 @@ from typing import Any
 
 from toprcli.config import IterateConfig, as_now, read_yaml
 from toprcli.errors import UserError
-from toprcli.runs import run_summary
-from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, RESOURCE_KEYS, WARM_START_RESOURCES, round_dir, round_dirs
+from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir, round_dirs, run_summary, setting_changes
 from toprcli.shards import changed_keys, read_json, read_jsonl_records, read_manifest, read_table
 from toprcli.stages.eval import HOW_IT_RUNS
 
@@ -40,18 +39,9 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
             configs[row["round"]] = config
             before = configs.get(row["round"] - 1)
             if before is not None:
-                row["config_changed"] = differing(before, config)
+                row["config_changed"] = setting_changes(before, config)
             row["eval_comparable"] = not any(k.startswith("eval.") and not _how_eval_runs(k) for k in changed_keys(configs[min(configs)], config))
     return rows
-
-
-def differing(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
-    """The settings two recorded configs differ in, as ``runs.reconcile`` counts a change: not where a run lives, how
-    long it runs, what it reports to, or how it ran (memory, workers: ``runs.RESOURCE_KEYS``)."""
-    if a is None or b is None:
-        return []
-    how = {"run_dir", "rounds", *RESOURCE_KEYS, *WARM_START_RESOURCES}
-    return sorted(k for k in changed_keys(a, b) if k not in how and not k.startswith("tracking."))
 
 
 def _round_config(run_dir: Path, r: int) -> dict[str, Any] | None:
@@ -158,12 +148,16 @@ def _changes(rows: list[dict[str, Any]], run_dir: Path) -> list[str]:
     return out
 
 
-EVAL_KEYS = ("pass@1", "maj@k", "greedy_accuracy", "invalid_rate", "best_of_k_verifier", "weighted_maj@k")  # what eval settings change
+# accuracy.png's lines: what a round's eval measures (and its settings change).
+ACCURACY = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate"),
+            ("best_of_k_verifier", "best-of-k (verifier)"), ("weighted_maj@k", "verifier-weighted maj@k"))
+EVAL_KEYS = tuple(key for key, _ in ACCURACY)
 
 
-def plot_series(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
+def plot_series(ax: Any, rows: list[dict[str, Any]], key: str, label: str, color: str | None = None) -> None:
     """One metric over rounds, with its 95% interval as error bars where the round's eval has one; an eval metric of
-    rounds evaluated with other settings (``eval_comparable``) is drawn apart, unjoined to the rounds before it."""
+    rounds evaluated with other settings (``eval_comparable``) is drawn apart, unjoined to the rounds before it, in
+    the same colour."""
     apart = key in EVAL_KEYS and any(r.get("eval_comparable") is False for r in rows)
     parts = [([r for r in rows if r.get("eval_comparable") is not False], label, "-")]
     if apart:
@@ -174,7 +168,9 @@ def plot_series(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> No
             xs, ys, cis = zip(*pts)
             # A percentile interval need not contain the mean (few resamples): matplotlib refuses negative error bars.
             err = [[max(0.0, y - (c or (y, y))[0]) for y, c in zip(ys, cis)], [max(0.0, (c or (y, y))[1] - y) for y, c in zip(ys, cis)]]
-            ax.errorbar(xs, ys, yerr=err if any(cis) else None, marker="o" if line == "-" else "s", linestyle=line, capsize=3, label=name)
+            drawn = ax.errorbar(xs, ys, yerr=err if any(cis) else None, marker="o" if line == "-" else "s", linestyle=line, capsize=3,
+                                label=name, color=color)
+            color = drawn.lines[0].get_color()
 
 
 def _round_plot(rows: list[dict[str, Any]], path: Path, title: str, ylabel: str, series: tuple[tuple[str, str], ...]) -> None:
@@ -205,9 +201,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[li
     out = run_dir / "report" if out is None else Path(out)
     out.mkdir(parents=True, exist_ok=True)
 
-    _round_plot(rows, out / "accuracy.png", "Evaluation per round", "rate",
-                (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greedy"), ("invalid_rate", "invalid rate"),
-                 ("best_of_k_verifier", "best-of-k (verifier)"), ("weighted_maj@k", "verifier-weighted maj@k")))
+    _round_plot(rows, out / "accuracy.png", "Evaluation per round", "rate", ACCURACY)
     _round_plot(rows, out / "mix.png", "Training mix per round", "share",
                 (("p", "raw positive share p"), ("p_target", "p̃ target"), ("p_effective", "effective positive share p̃")))
 

@@ -125,6 +125,15 @@ def _check_replayed_sampling(run_dir: Path, cfg: IterateConfig, done: int) -> No
                             f"would curate round {done + 1}'s samples with its — keep its sampling, or lower replay_rounds")
 
 
+def setting_changes(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    """The settings two recorded configs differ in: not where a run lives, how many rounds it has, what it reports to,
+    or how its steps run (memory, workers: ``RESOURCE_KEYS``, which apply at once)."""
+    if a is None or b is None:
+        return []
+    how = {"run_dir", "rounds", *RESOURCE_KEYS, *WARM_START_RESOURCES}
+    return sorted(k for k in changed_keys(a, b) if k not in how and not k.startswith("tracking."))
+
+
 def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool, write: bool = True) -> list[str]:
     """Check ``cfg`` against the run's recorded config and (``write``) record it; returns the keys that changed.
 
@@ -148,7 +157,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     begun = begun_rounds(run_dir)  # a round in progress counts: lowering rounds below it would drop its work in silence
     if cfg.rounds < begun:
         raise UserError(f"run dir {run_dir} has begun round {begun}; rounds {cfg.rounds} would drop it — set rounds >= {begun}, or pass a new --run-dir")
-    others = [k for k in changed if k != "rounds" and k not in RESOURCE_KEYS + WARM_START_RESOURCES]  # resources apply at once
+    others = setting_changes(recorded, resolved)  # resources apply at once
     if frozen := _frozen(others, cfg, run_dir):  # a branch inherits them too: only a new run can take another value
         raise UserError(f"run dir {run_dir}: {', '.join(frozen)} cannot change — what the run made (its starting policy, rounds) used "
                         "the old value; start a new --run-dir")
@@ -296,8 +305,7 @@ def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | N
         raise UserError(f"--branch-from {source}: set rounds > {k} (the branch continues from round {k + 1})")
     # What round k ran with, read through the schema (keys added since take their defaults, as in reconcile).
     parent_cfg = config_to_dict(round_config(parent, k) or from_dict(IterateConfig, yaml.safe_load((parent / CONFIG_FILE).read_text()) or {}))
-    changed = sorted(key for key in changed_keys(_auto_as_now(parent_cfg, config_to_dict(cfg)), config_to_dict(cfg)) - {"run_dir", "rounds"}
-                     if not key.startswith("tracking.") and key not in RESOURCE_KEYS + WARM_START_RESOURCES)  # how it runs, as reconcile
+    changed = setting_changes(_auto_as_now(parent_cfg, config_to_dict(cfg)), config_to_dict(cfg))  # as reconcile counts them
     if frozen := _frozen(changed, cfg, parent):  # the inherited rounds were made with the parent's values
         raise UserError(f"--branch-from {source}: {', '.join(frozen)} differs from the parent's — the inherited rounds used the parent's")
     _check_replayed_sampling(parent, cfg, k)  # round k + 1 curates with the inherited rounds' samples, as an extension would

@@ -260,15 +260,14 @@ def test_version():
     assert r.exit_code == 0 and r.stdout.startswith("topr ") and r.stdout.split()[1][0].isdigit()
 
 
-def test_help_on_an_80_column_terminal_keeps_every_flag_whole():
-    """typer's option table needs ~120 columns: at 80, `train --help` cut 26 lines (`--micro-batch-to…`, `--gradient-check…`).
-    Below 120 the help is click's plain layout, which wraps text and never cuts a flag; the examples keep their lines."""
+def _on_an_80_column_terminal(*args: str) -> tuple[int, str]:
+    """(exit code, output) of ``topr *args`` on a pty 80 columns wide."""
     import os
     import pty
 
     master, slave = pty.openpty()
     env = {**os.environ, "COLUMNS": "80", "TERM": "xterm"}
-    proc = subprocess.Popen([sys.executable, "-m", "toprcli", "train", "--help"], stdin=slave, stdout=slave, stderr=slave, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "toprcli", *args], stdin=slave, stdout=slave, stderr=slave, env=env)
     os.close(slave)
     chunks = []
     while True:
@@ -279,10 +278,20 @@ def test_help_on_an_80_column_terminal_keeps_every_flag_whole():
         if not chunk:
             break
         chunks.append(chunk)
-    assert proc.wait(timeout=120) == 0
+    code = proc.wait(timeout=120)
     os.close(master)
-    text = b"".join(chunks).decode()
-    assert "…" not in text and "[bold]" not in text
+    return code, b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_help_on_an_80_column_terminal_keeps_every_flag_whole():
+    """typer's option table needs ~120 columns: at 80, `train --help` cut 26 lines (`--micro-batch-to…`, `--gradient-check…`).
+    Below 120 the help is click's plain layout, which wraps text and never cuts a flag; the examples keep their lines;
+    `topr` alone still shows its help (the plain layout printed nothing there)."""
+    code, text = _on_an_80_column_terminal("train", "--help")
+    assert code == 0 and "…" not in text and "[bold]" not in text
     for flag in ("--micro-batch-tokens", "--gradient-checkpointing / --no-gradient-checkpointing", "--recompute-behavior"):
         assert flag in text, flag
-    assert "\n    topr train -m runs/r0/policy -d runs/r1/train.parquet -o runs/r1/policy --loss topr" in text.replace("\r\n", "\n")
+    assert "\n    topr train -m runs/r0/policy -d runs/r1/train.parquet -o runs/r1/policy --loss topr" in text
+    for bare in ([], ["config"]):
+        code, text = _on_an_80_column_terminal(*bare)
+        assert "Usage:" in text and "Commands:" in text, text

@@ -375,6 +375,8 @@ def test_report_to_takes_what_trl_users_write(tmp_path):
     assert load_config(TrainConfig, tmp_path / "t.yaml").tracking.report_to == ["wandb"]
     assert load_config(TrainConfig, None, {"tracking.report_to": ["wandb,mlflow", "tensorboard"]}).tracking.report_to == ["wandb", "mlflow", "tensorboard"]
     assert load_config(TrainConfig, None, sets={"report_to": "none"}).tracking.report_to == []
+    (tmp_path / "old.yaml").write_text("tensorboard: true\ntracking: {report_to: wandb}\n")  # before trackers, with TRL's form
+    assert load_config(TrainConfig, tmp_path / "old.yaml").tracking.report_to == ["wandb", "tensorboard"]
     with pytest.raises(ConfigError, match=r"'tracking.report_to': \['wandb', 'comet'\] — expected a list of tensorboard"):
         load_config(TrainConfig, None, {"tracking.report_to": ["wandb,comet"]})
 
@@ -391,6 +393,9 @@ def test_config_check_takes_the_stage_config_config_show_writes(tmp_path):
     assert r.exit_code == 2 and "bad value for 'lr': -1" in r.output, r.output
     r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "t.yaml"), "--stage", "generate"])
     assert r.exit_code == 2 and "unknown config keys" in r.output
+    (tmp_path / "t.yaml").write_text(shown.replace("\nloss_options: {}", "\nloss_options: {bogus_option: 3}"))  # as `topr train` checks
+    r = CliRunner().invoke(app, ["config", "check", str(tmp_path / "t.yaml")])
+    assert r.exit_code == 2 and "bogus_option" in r.output, r.output
 
 
 def test_pairs_for_a_loss_that_reads_rows_one_by_one_is_said():
@@ -403,3 +408,15 @@ def test_pairs_for_a_loss_that_reads_rows_one_by_one_is_said():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_config(IterateConfig, None, sets={"curate.pairs": "matched", "train.loss": "dpo"})
+
+
+def test_a_config_warning_is_one_line(tmp_path):
+    """The curate.pairs warning came as Python's two-line form (`fields.py:186: UserWarning: ...` and the source line):
+    topr's own warnings were one line only once output went to a log."""
+    import subprocess
+    import sys
+
+    (tmp_path / "p.yaml").write_text("curate: {pairs: matched}\n")
+    done = subprocess.run([sys.executable, "-m", "toprcli", "config", "check", str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 0 and lines[0].startswith("warning: curate.pairs is matched") and "UserWarning" not in done.stderr, done.stderr

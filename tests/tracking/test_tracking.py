@@ -603,14 +603,16 @@ def test_mlflow_takes_tag_and_config_keys_it_would_refuse_and_gives_up_on_a_dead
     run = MlflowClient().get_run(run_id)
     assert run.data.tags["split_k"] == "test" and run.data.params["a_b.c_d"] == "1" and run.info.status == "FINISHED"
 
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):  # unset here, and unset again after the test
+        monkeypatch.setenv(name, "")  # (the tracker sets them in the process: monkeypatch restores what it recorded)
+        monkeypatch.delenv(name)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
     t0 = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         open_tracker(TrackingConfig(report_to=["mlflow"]), tmp_path / "down", config={}).close()
     assert time.monotonic() - t0 < 60 and any("mlflow tracking could not start" in str(w.message) for w in caught)
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # bounded for the tracker's calls, not set for the process
 
 
 def test_a_damaged_tracking_record_is_one_line_naming_it(tmp_path):
@@ -639,6 +641,9 @@ def test_a_finished_training_run_again_catches_up_a_tracker_named_since(tiny_mod
     client = MlflowClient()
     assert [m.step for m in client.get_metric_history(state["run_id"], "train/loss")] == [1, 2, 3]
     assert client.get_run(state["run_id"]).info.status == "FINISHED"
+    events = sorted((out / "tb").iterdir())  # TensorBoard writes an events file each time it opens
+    assert CliRunner().invoke(app, [*args, "--report-to", "mlflow"]).exit_code == 0
+    assert sorted((out / "tb").iterdir()) == events  # nothing lacking: no tracker reopened on every rerun of a script
 
 
 def test_wandb_system_metrics_on_when_asked_for(tmp_path, monkeypatch):
@@ -661,3 +666,41 @@ def test_wandb_system_metrics_on_when_asked_for(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_X_DISABLE_STATS", "false")
     monkeypatch.setenv("WANDB_X_STATS_SAMPLING_INTERVAL", "1")
     assert stats_records(tmp_path / "on") > 0
+
+
+def test_a_failed_backend_is_ended_once_and_when_the_tracker_closes(tmp_path, monkeypatch):
+    """A failed log closed its backend at once, inside the step's held signals (an MLflow server that does not answer: ~35 s
+    more), and a failed close was closed a second time."""
+    from toprcli.tracking import tensorboard_run
+
+    calls: list[str] = []
+    real_close = tensorboard_run.TensorBoardRun.close
+
+    def close(self, status="finished"):
+        calls.append(f"close {status}")
+        real_close(self, status)
+
+    def failing_log(self, metrics, step, axis):
+        calls.append("log")
+        raise ConnectionError("down")
+
+    monkeypatch.setattr(tensorboard_run.TensorBoardRun, "close", close)
+    monkeypatch.setattr(tensorboard_run.TensorBoardRun, "log", failing_log)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        tracker = open_tracker(TrackingConfig(report_to=["tensorboard"]), tmp_path / "run", config={})
+        tracker.log("train", {"loss": 1.0}, 1)
+        assert calls == ["log"]  # not ended inside the step
+        tracker.close()
+    assert calls == ["log", "close failed"]
+
+    def failing_close(self, status="finished"):
+        calls.append(f"close {status}")
+        raise ConnectionError("down")
+
+    calls.clear()
+    monkeypatch.setattr(tensorboard_run.TensorBoardRun, "close", failing_close)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        open_tracker(TrackingConfig(report_to=["tensorboard"]), tmp_path / "run2", config={}).close()
+    assert calls == ["close finished"]

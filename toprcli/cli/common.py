@@ -54,6 +54,7 @@ def begin_process() -> None:
     from toprcli.processes import start_watchdog
 
     _own_process = True
+    warnings.showwarning = _show_warning  # topr's own warnings one line from the start (a config's, as it loads)
     interrupt.install()
     start_watchdog()
 

@@ -71,8 +71,7 @@ def check(
 
     cls, what = _config_class(file, stage)
     cfg = load_config(cls, file)
-    if cls is IterateConfig:
-        _check_pipeline(cfg)
+    _check_pipeline(cfg) if cls is IterateConfig else _check_stage(cfg)
     typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
     err_console.print(f"[green]ok[/]: {escape(str(file))} is a valid {what} config", highlight=False)
 
@@ -94,6 +93,21 @@ def _config_class(file: Path, stage: str | None) -> tuple[type, str]:
         if len(fits) == 1:
             return STAGES[fits[0]], fits[0].replace("_", "-")
     return IterateConfig, "pipeline"  # its own error names every unknown key
+
+
+def _check_stage(cfg) -> None:
+    """What a stage command checks before any work beyond its config: a training's loss options, a verifier spec, trackers."""
+    from toprcli.config import EvalConfig, ScoreConfig, TrainConfig
+    from toprcli.stages.train import check_loss
+    from toprcli.tracking import check_installed
+    from toprcli.verifiers.registry import resolve_verifier
+
+    if isinstance(cfg, TrainConfig):
+        check_loss(cfg)
+    if isinstance(cfg, (ScoreConfig, EvalConfig)) and cfg.verifier != "auto":
+        resolve_verifier(cfg.verifier, strict=cfg.strict, by_source=cfg.verifier_by_source)
+    if hasattr(cfg, "tracking"):
+        check_installed(cfg.tracking.report_to)
 
 
 def _check_pipeline(cfg) -> None:

@@ -27,7 +27,7 @@ DOC = """Run generate → score → curate → train → eval per round; killed 
       [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft[/]
       [bold]topr iterate -c configs/demo.yaml --report-to tensorboard --report-to wandb --project topr-demo[/]
       [bold]topr iterate --run-dir runs/demo --rounds 5[/]   (a finished 3-round demo, extended with its own config)
-      [bold]topr iterate -c configs/demo.yaml --set train.lr=1e-4 --apply-from-next-round[/]
+      [bold]topr iterate -c configs/demo.yaml --rounds 4 --set train.lr=1e-4 --apply-from-next-round[/]
       [bold]topr iterate -c configs/demo.yaml --set train.loss=sft --run-dir runs/sft-from-1 --branch-from runs/demo/round-001[/]
     """
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"

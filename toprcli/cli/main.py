@@ -38,9 +38,9 @@ if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():  # `--help | less`:
 
 def _print_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from toprcli import __version__
 
-        typer.echo(f"topr {version('toprcli')}")
+        typer.echo(f"topr {__version__}")
         raise typer.Exit()
 
 
@@ -102,7 +102,10 @@ def usage_error(e: Exception) -> int:
     from toprcli.cli.common import fail
 
     if type(e).__name__ == "NoArgsIsHelpError":
-        rich_utils.rich_format_error(e)  # typer prints the help
+        if app.rich_markup_mode is None:  # click's plain help (a narrow terminal) is the error's message
+            typer.echo(e.format_message())
+        else:
+            rich_utils.rich_format_error(e)  # typer printed the help as it made the error
         return e.exit_code
     where = e.ctx.command_path if e.ctx is not None else "topr"
     return fail(f"{e.format_message()} — see `{where} --help`").exit_code

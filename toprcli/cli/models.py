@@ -44,7 +44,7 @@ def init_model(
       [bold]topr init-model models/tiny --overwrite --json | jq .parameters[/]
     """
     out_dir = _output_dir(out_dir)
-    send_noise_to(f"{out_dir}.log", verbose)
+    send_noise_to(f"{out_dir}.log", verbose, as_json)
     from toprcli.errors import UserError
     from toprcli.models.pretrained import PRESETS, copy_preset, model_path
     from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
@@ -83,7 +83,7 @@ def import_gguf(
     from toprcli.models.gguf import import_gguf as run_import
 
     out_dir = _output_dir(out_dir)
-    send_noise_to(f"{out_dir}.log", verbose)
+    send_noise_to(f"{out_dir}.log", verbose, as_json)
     path = run_import(gguf_file, out_dir, overwrite=overwrite, progress=status)
     print_summary(f"imported {gguf_file.name}", model_rows(path), as_json)
 

@@ -287,7 +287,7 @@ class TrainConfig:
     def migrate(data: dict[str, Any]) -> dict[str, Any]:
         """``tensorboard: true`` (before trackers) is ``tracking.report_to: [tensorboard]``."""
         if data.pop("tensorboard", False):
-            tracking = data.get("tracking") or {}
+            tracking = TrackingConfig.migrate(dict(data.get("tracking") or {}))  # report_to as one name or a comma list too
             data["tracking"] = {**tracking, "report_to": [*(tracking.get("report_to") or []), "tensorboard"]}
         return data
 

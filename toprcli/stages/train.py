@@ -50,7 +50,7 @@ from toprcli.errors import UserError
 from toprcli.generation.base import release_cuda_cache
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
-from toprcli.tracking import TRACKER_FILES, check_installed, open_tracker, replay
+from toprcli.tracking import TRACKER_FILES, behind, check_installed, open_tracker, replay
 from toprcli.training.distributed import barrier, env_rank, init_distributed, shutdown
 from toprcli.training.prepare import NON_SEMANTIC_KEYS, SUMMARY_NAME, Prepared, prepare, resolve_loss
 from toprcli.training.trainer import METRICS_NAME, PRECOMPUTED_NAME, train_loop
@@ -122,9 +122,10 @@ def finished_summary(cfg: TrainConfig) -> dict[str, Any] | None:
 def kept(cfg: TrainConfig, done: dict[str, Any], on_record: Callable[[dict[str, Any]], None] | None = None) -> StageResult:
     """A finished ``<out>`` (:func:`finished_summary`) kept as it is: what a kill right after its rename left is tidied,
     and its own trackers get the steps they lack (a backend that failed mid-run, or one named since)."""
-    out = Path(cfg.out)
+    out, metrics = Path(cfg.out), Path(cfg.out) / METRICS_NAME
     drop_training_state(out)
-    if on_record is None and env_rank() == 0 and cfg.tracking.report_to:
+    last = max((r["step"] for r in shards.read_jsonl_records(metrics) if "step" in r), default=0) if metrics.is_file() else 0
+    if on_record is None and env_rank() == 0 and cfg.tracking.report_to and behind(out, cfg.tracking, "train", last):
         check_installed(cfg.tracking.report_to)
         with open_tracker(cfg.tracking, out, config=config_to_dict(cfg), name=out.name) as tracker:
             replay(out / METRICS_NAME, lambda record: tracker.log("train", record, record["step"]))

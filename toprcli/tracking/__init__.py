@@ -165,6 +165,7 @@ class Tracker:
         self.path = info.root / STATE_FILE
         self.state: dict[str, Any] = {"backends": read_json(self.path, needs="backends")["backends"] if self.path.exists() else {}}
         self.backends: dict[str, Backend] = {}
+        self.failed: list[Backend] = []  # dropped on a failure: ended as failed when the tracker closes
         config = {**config, **code_version()}
         for name in dict.fromkeys(cfg.report_to):  # in order, once each
             module = importlib.import_module(f"toprcli.tracking.{BACKENDS[name][0]}")
@@ -183,16 +184,17 @@ class Tracker:
                     self.backends[name] = backend
                 self._save()
 
-    def _call(self, name: str, fn, *, opening: bool = False) -> Any:
-        """``fn()``; a failure is one warning and drops the backend (tracking never stops training)."""
+    def _call(self, name: str, fn, *, opening: bool = False, closing: bool = False) -> Any:
+        """``fn()``; a failure is one warning and drops the backend (tracking never stops training); the dropped one is
+        ended as failed when the tracker closes, not here (a signal held for a step's log would wait for it too)."""
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - any backend error, by design
             said = (str(e).strip().splitlines() or [""])[0][:300]  # one line: a database error carried its SQL and parameters
             warnings.warn(f"{name} tracking {'could not start' if opening else 'failed'} and is off for this run: {type(e).__name__}: {said}", stacklevel=3)
             dropped = self.backends.pop(name, None)
-            with contextlib.suppress(Exception):  # not left RUNNING where the backend can still end it (a rerun catches it up)
-                dropped is not None and dropped.close("failed")
+            if dropped is not None and not closing:
+                self.failed.append(dropped)
             return None
 
     def _each(self, mark: str, step: int, call) -> None:
@@ -227,8 +229,11 @@ class Tracker:
 
     def close(self, status: str = "finished") -> None:
         for name, backend in list(self.backends.items()):
-            self._call(name, lambda b=backend: b.close(status))
-        self.backends = {}
+            self._call(name, lambda b=backend, s=status: b.close(s), closing=True)
+        for backend in self.failed:  # not left RUNNING where the backend can still end it (a rerun catches it up)
+            with contextlib.suppress(Exception):
+                backend.close("failed")
+        self.backends, self.failed = {}, []
 
     def _save(self) -> None:
         write_json_atomic(self.path, self.state)
@@ -246,6 +251,15 @@ def where(backends: dict[str, Any], names: list[str]) -> dict[str, str]:
     """Where each of ``names``' tracked runs is, in words, from their state (``tracking.json``'s ``backends``)."""
     shown = {"tensorboard": "{log_dir}", "wandb": "run {id}", "mlflow": "run {run_id} in {tracking_uri}", "trackio": "run {name} of project {project}"}
     return {name: shown[name].format_map(_Missing(backends[name])) for name in names if name in backends}
+
+
+def behind(root: str | Path, cfg: TrackingConfig, axis: str, last_step: int) -> bool:
+    """Whether a tracker ``cfg`` names lacks a step of ``axis`` up to ``last_step`` in the run directory ``root`` (one
+    not opened there yet, or moved to another project, lacks them all)."""
+    path = Path(root) / STATE_FILE
+    backends = read_json(path, needs="backends")["backends"] if path.is_file() else {}
+    return any(name not in backends or backends[name].get("tracked_project", cfg.project) != cfg.project
+               or not has_logged(backends[name].get("logged") or {}, axis, last_step) for name in cfg.report_to)
 
 
 def tracked_in(root: str | Path, names: list[str]) -> dict[str, str]:

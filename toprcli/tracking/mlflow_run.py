@@ -4,11 +4,12 @@ synchronous, so what returned is stored."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,19 @@ MAX_PARAM = 6000  # MLflow's limit on a parameter's value
 UID_TAG = "toprcli_uid"  # the tag that finds a run whose start was killed before its id was saved
 # MLflow retries an HTTP call 7 times with a doubling back-off (~4 min) and signals wait for a tracker's call: a server
 # that is down held a Slurm job past its SIGTERM grace. A failed call turns MLflow off for the run, and the next run
-# catches it up; what the user set is kept.
+# catches it up; what the user set is kept. Set for the tracker's own calls only (MLflow reads them per request).
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+@contextlib.contextmanager
+def _bounded() -> Iterator[None]:
+    unset = [name for name in HTTP_DEFAULTS if name not in os.environ]
+    os.environ.update({name: HTTP_DEFAULTS[name] for name in unset})
+    try:
+        yield
+    finally:
+        for name in unset:
+            os.environ.pop(name, None)
 
 
 def key(name: str) -> str:
@@ -38,8 +50,10 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 class MlflowRun:
     def __init__(self, info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None]):
-        for name, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(name, value)
+        with _bounded():
+            self._open(info, state, config, save)
+
+    def _open(self, info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None]) -> None:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=state.get("tracking_uri"))  # a run resumes in the store it was made in
@@ -76,7 +90,8 @@ class MlflowRun:
 
         now = int(time.time() * 1000)
         own = f"{axis}/step"  # the metric's own step (a round logged in two parts had it twice)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items() if k != own])
+        with _bounded():
+            self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items() if k != own])
 
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None:
         pass  # MLflow's tables are artifacts; the samples stay in the run's Parquet files
@@ -88,7 +103,8 @@ class MlflowRun:
         pass
 
     def close(self, status: str = "finished") -> None:
-        self.client.set_terminated(self.run_id, status=status.upper())  # MLflow's FINISHED, KILLED, FAILED
+        with _bounded():
+            self.client.set_terminated(self.run_id, status=status.upper())  # MLflow's FINISHED, KILLED, FAILED
 
 
 def _absolute(uri: str) -> str:
