@@ -261,3 +261,12 @@ def test_a_verl_ground_truth_list_of_one_is_its_answer_and_of_several_is_refused
                    tmp_path / "two.parquet")
     with pytest.raises(UserError, match=r"row 1, column 'reward_model.ground_truth': the gold answer is a list of 2"):
         load_examples(DatasetSpec(source=str(tmp_path / "two.parquet"), split="test"))
+
+
+def test_a_list_answer_column_a_conversation_overrides_is_not_read(tmp_path):
+    """A conversation's last (assistant) turn is the reference, over an answer column beside it: that column's list of
+    several answers, never read, was refused."""
+    rows = [{"messages": [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "2+3=5\n#### 5"}], "answer": ["5", "five"]}]
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (example,) = load_examples(DatasetSpec(source=str(tmp_path / "m.jsonl"), split="train"))
+    assert example.answer == "5"

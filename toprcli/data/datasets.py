@@ -325,8 +325,8 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         raise UserError(f"dataset {spec.source!r}: column {id_col!r} has duplicate ids — pick a unique id column")
     examples = []
     for n, (pid, (q, messages, reference), r) in enumerate(zip(ids, parts, rows)):
-        column = _answer_text(formats.get_path(r, a_col), f"dataset {spec.source!r} row {n}, column {a_col!r}") if a_col else None
-        raw = column if spec.answer_column or reference is None else reference  # --answer-column wins over the last turn
+        read = a_col is not None and (spec.answer_column or reference is None)  # --answer-column wins over the last turn
+        raw = _answer_text(formats.get_path(r, a_col), f"dataset {spec.source!r} row {n}, column {a_col!r}") if read else reference
         # The worked solution (few-shot, warm start): verl's extra_info.answer, else a solution column beside the answer's.
         solution = _text(formats.get_path(r, "extra_info.answer") if preset.name == "verl" else r.get("solution") if a_col != "solution" else None)
         solution = solution or (reference if spec.answer_column else None)
