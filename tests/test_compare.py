@@ -148,3 +148,19 @@ def test_seeds_evaluated_at_different_rounds_are_compared_at_the_last_round_all_
     assert seeds["round"] == 2 and seeds["final"]["pass@1"] == 0.75
     paired = compared["variants"][1]["paired_vs_first"]
     assert paired["rounds"] == [2, 2] and paired["pass@1"]["difference"] == 0.25 - 0.75
+
+
+def test_the_first_run_is_labelled_with_what_it_changed_on_the_way(tmp_path):
+    """The first run moved to another lr at round 2 and was labelled by its name alone, while the other run, which ran
+    the first's old lr throughout, was labelled as the one with a different lr."""
+    from toprcli.compare import write_comparison
+
+    per = {f"p{i}": float(i < 3) for i in range(6)}
+    grown = _recorded(tmp_path, "grown", [per, per, per], **{"train.lr": 1e-4})
+    changed = yaml.safe_load((grown / "round-002" / "config.yaml").read_text())
+    changed["train"]["lr"] = 1e-3
+    (grown / "config.yaml").write_text(yaml.safe_dump(changed))
+    (grown / "round-002" / "config.yaml").write_text(yaml.safe_dump(changed))
+    other = _recorded(tmp_path, "other", [per, per, per], **{"train.lr": 1e-4})
+    compared, _ = write_comparison([grown, other], tmp_path / "cmp")
+    assert [v["label"] for v in compared["variants"]] == ["grown (train.lr=0.001 from round 2)", "other (train.lr=0.0001)"]

@@ -727,3 +727,14 @@ def test_off_a_terminal_each_round_prints_its_own_row(tmp_path):
     assert [t.split()[0] for t in tables] == ["0", "1", "2"]
     rows = [[line.split("│")[1].strip() for line in t.split("└")[0].splitlines() if line.startswith("│")] for t in tables]
     assert rows == [["0"], ["1"], ["2"]]
+
+
+def test_a_branch_without_a_config_starts_from_the_settings_its_round_ran_with(one_round, tmp_path):
+    """`--branch-from RUN/round-001 --set train.lr=...` without -c ran the demo's settings and was refused on four keys
+    that differ from the parent's; it takes the round's own config, changed only where --set says."""
+    _, parent = one_round
+    child = tmp_path / "child"
+    r = CliRunner().invoke(app, ["iterate", "--run-dir", str(child), "--rounds", "2", "--set", "train.lr=5e-4", "--no-report",
+                                 "--no-progress", "--branch-from", str(parent / "round-001")])
+    assert r.exit_code == 0 and "the branch starts from" in r.stderr, r.output
+    assert json.loads((child / "lineage.json").read_text())["changed"] == ["train.lr"]

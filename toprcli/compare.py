@@ -59,10 +59,12 @@ def _value(cfg: dict[str, Any], key: str) -> Any:
 
 def label(names: list[str], cfg: dict[str, Any] | None, reference: dict[str, Any] | None, rows: list[dict[str, Any]],
           first: int = 1) -> tuple[str, list[str]]:
-    """A variant's name (its runs') and what differs in its settings from the first variant's, each with the round it
-    applies from when the run changed it on the way (``--apply-from-next-round``; ``first``: the first round the run made
-    itself, a branch's after the rounds it took from its parent); (label, every difference)."""
-    keys = [k for k in setting_changes(reference, cfg) if k not in SEED_KEYS] if reference is not None else []
+    """A variant's name (its runs') and what differs in its settings from the first variant's, and what it changed on the
+    way (``--apply-from-next-round``), each of those with the round it applies from (``first``: the first round the run
+    made itself, a branch's after the rounds it took from its parent); (label, every difference)."""
+    changed_on_the_way = {k for r in rows if r["round"] > first for k in r.get("config_changed") or []}
+    differs = set(setting_changes(reference, cfg)) if reference is not None else set()
+    keys = sorted(k for k in differs | changed_on_the_way if k not in SEED_KEYS)
 
     def said(key: str) -> str:
         since = max((r["round"] for r in rows if r["round"] > first and key in (r.get("config_changed") or [])), default=None)

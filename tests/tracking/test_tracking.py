@@ -615,6 +615,16 @@ def test_mlflow_takes_tag_and_config_keys_it_would_refuse_and_gives_up_on_a_dead
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # bounded for the tracker's calls, not set for the process
 
 
+def test_where_a_run_is_tracked_names_only_backends_that_logged(tmp_path):
+    """W&B that could not start (no login) was still named, `wandb: run f394…`, a run that exists nowhere."""
+    from toprcli.tracking import tracked_in
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tracking.json").write_text(json.dumps({"backends": {"wandb": {"id": "f394715491ad"},
+                                                                            "tensorboard": {"log_dir": "/x/tb", "logged": {"train": 3}}}}))
+    assert tracked_in(tmp_path / "run", ["wandb", "tensorboard"]) == {"tensorboard": "/x/tb"}
+
+
 def test_a_damaged_tracking_record_is_one_line_naming_it(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "tracking.json").write_text('{"backends": {')

@@ -161,7 +161,8 @@ def build(stage: Stage) -> Callable[..., None]:
             short = {f.name: f for f in dataclasses.fields(stage.config)}[stage.more].metadata.get("short")
             overrides[stage.more] = _in_given_order((f"--{stage.more}", short), overrides[stage.more] or [], list(kw["more_"]))
         sets = dict(split_override(s) for s in kw["set_"] or [])  # text: load_config reads it by the field's type
-        path = kw["config_"] or (stage.default_config({**overrides, **sets}) if stage.default_config else None)
+        given = {**overrides, **sets, **{name: kw[name] for name in stage.extra}}
+        path = kw["config_"] or (stage.default_config(given) if stage.default_config else None)
         cfg = load_config(stage.config, path, overrides, sets=sets)
         send_noise_to(stage.log(cfg), kw["verbose_"], kw["json_"])
         try:

@@ -67,10 +67,15 @@ def check(
       [bold]topr config check configs/demo.yaml[/]
       [bold]topr config check train.yaml --stage train[/]
     """
-    from toprcli.config import IterateConfig, config_to_dict, load_config
+    from toprcli.config import ConfigError, IterateConfig, config_to_dict, load_config
 
     cls, what = _config_class(file, stage)
-    cfg = load_config(cls, file)
+    try:
+        cfg = load_config(cls, file)
+    except ConfigError as e:
+        if stage is None and cls is IterateConfig and str(e).startswith("unknown config key"):
+            raise ConfigError(f"{e}; or, if {file} is one stage's config, name it: --stage train (generate, score, ...)") from None
+        raise
     _check_pipeline(cfg) if cls is IterateConfig else _check_stage(cfg)
     typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
     err_console.print(f"[green]ok[/]: {escape(str(file))} is a valid {what} config", highlight=False)
@@ -82,7 +87,7 @@ def _config_class(file: Path, stage: str | None) -> tuple[type, str]:
 
     if stage is not None:
         if stage.replace("-", "_") not in STAGES:
-            raise ConfigError(f"--stage {stage}: no such stage — choose one of: {', '.join(STAGES)}")
+            raise ConfigError(f"--stage {stage}: no such stage — choose one of: {', '.join(s.replace('_', '-') for s in STAGES)}")
         return STAGES[stage.replace("-", "_")], ("pipeline" if stage == "iterate" else stage)
     from toprcli.config import read_yaml
     from toprcli.config.fields import migrate, unknown_keys

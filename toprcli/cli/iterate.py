@@ -49,11 +49,17 @@ def print_rounds(title: str, rows: list[dict], *, wall: bool = True) -> None:
 
 
 def default_config(given: dict) -> Path:
-    """Without --config: an existing --run-dir's recorded config (extend or resume it as it ran), else the demo's."""
+    """Without --config: an existing --run-dir's recorded config (extend or resume it as it ran), a --branch-from round's
+    (what it ran with: the branch changes only what --set says), else the demo's."""
     recorded = Path(given["run_dir"]) / "config.yaml" if given.get("run_dir") else None
     if recorded is not None and recorded.is_file():
         err_console.print(f"No --config given: run {given['run_dir']} goes on with its recorded config ({recorded}).", highlight=False, markup=False)
         return recorded
+    parent = Path(given["branch_from"]) if given.get("branch_from") else None
+    for recorded in (parent / "config.yaml", parent.parent / "config.yaml") if parent is not None else ():
+        if recorded.is_file():
+            err_console.print(f"No --config given: the branch starts from {recorded}, the settings {parent} ran with.", highlight=False, markup=False)
+            return recorded
     err_console.print(f"[bold]No --config given: running the built-in demo settings ({DEMO}).[/]", highlight=False)
     return DEMO
 

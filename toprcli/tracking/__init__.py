@@ -263,9 +263,11 @@ def behind(root: str | Path, cfg: TrackingConfig, axis: str, last_step: int) -> 
 
 
 def tracked_in(root: str | Path, names: list[str]) -> dict[str, str]:
-    """Where the tracked runs of the run directory ``root`` are (none: it tracked nothing)."""
+    """Where the tracked runs of the run directory ``root`` are: those that hold a step (a backend that could not start
+    keeps the id it was to have, and is no run to look at)."""
     path = Path(root) / STATE_FILE
-    return where(read_json(path, needs="backends")["backends"], names) if names and path.is_file() else {}
+    backends = read_json(path, needs="backends")["backends"] if names and path.is_file() else {}
+    return where(backends, [name for name in names if (backends.get(name) or {}).get("logged")])
 
 
 class _Missing(dict):
