@@ -165,6 +165,6 @@ def test_readme_walkthrough_runs_as_written(which, tmp_path, smollm2_dir):
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     print(f"README walkthrough ({which}): {time.perf_counter() - t0:.0f} s")
     assert done.returncode == 0, f"{done.stderr[-3000:]}\n{done.stdout[-2000:]}"
-    for out in ("work/samples/_manifest.json", "work/scored/_manifest.json", "work/train.parquet", "work/policy/config.json", "work/eval/eval.json"):
-        assert (tmp_path / out).exists(), out
+    for out in ("samples/_manifest.json", "scored/_manifest.json", "train.parquet", "policy/config.json", "eval/eval.json"):
+        assert (tmp_path / "work" / which / out).exists(), out  # each block its own work/<model>/: both run in one directory
     assert "Traceback" not in done.stderr
