@@ -199,3 +199,17 @@ def test_a_models_files_name_it_after_its_path_is_gone(tmp_path):
     assert same_model("/old/policy", str(model), files) and not same_model("/old/policy", str(model))
     (model / "config.json").write_text('{"changed": 1}')  # other files at that path: another model
     assert not same_model("/old/policy", str(model), files)
+
+
+def test_every_mistyped_column_is_named_at_once(tmp_path):
+    """A scored file written from a pandas DataFrame (int64 ids, float64 log-probs) was refused one column per rerun."""
+    import pyarrow as pa
+
+    from toprcli.shards.schema import SCORED_SCHEMA, validate_columns
+
+    fields = [pa.field(f.name, pa.list_(pa.int64()) if f.name.endswith("token_ids") else pa.int64() if f.name == "sample_index" else f.type)
+              for f in SCORED_SCHEMA]
+    with pytest.raises(UserError) as e:
+        validate_columns(pa.schema(fields), "scored", tmp_path / "x.parquet")
+    said = str(e.value)
+    assert "'prompt_token_ids' has type list<int64>" in said and "'completion_token_ids'" in said and "'sample_index' has type int64" in said

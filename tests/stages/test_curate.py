@@ -742,3 +742,18 @@ def test_inputs_scored_with_different_rewards_are_refused(tmp_path):
     assert not (tmp_path / "train.parquet").exists()
     result, _ = run(tmp_path, [one, same])  # the same rewards: curated together
     assert result["rows_out"] == 8
+
+
+def test_a_set_whose_rows_all_weigh_0_is_refused_and_a_nan_reward_is_located(tmp_path):
+    """Filters that left only a weight-0 replayed round wrote a training set that trains nothing, exit 0, with a warning
+    blaming group baselines; a NaN reward named neither file nor row."""
+    new = write_scored(tmp_path / "r1", scored_table(["a"] * 4, [True, True, True, True], iteration=1, policy="pi1"))
+    old = write_scored(tmp_path / "r0", scored_table(["b"] * 4, [True, False, True, False], iteration=0, policy="pi0"))
+    with pytest.raises(UserError, match="every row kept has weight 0"):
+        run(tmp_path, [new, old], source_weights=[1.0, 0.0], drop_uniform_prompts=True)
+    assert not (tmp_path / "train.parquet").exists()
+    bad = write_scored(tmp_path / "nan", scored_table(["c"] * 3, [True, False, True], rewards=[1.0, float("nan"), 1.0]))
+    with pytest.raises(UserError, match=r"1 rows have a NaN or infinite reward \(the first: .*nan.*shard-00000.parquet, row 1\)"):
+        run(tmp_path, [new, bad])
+    with pytest.raises(UserError, match=r"as one comma list \(--source-weights 1,0.5"):
+        run(tmp_path, [new, old, bad], source_weights=[1.0, 0.5])

@@ -129,7 +129,8 @@ class ScoreConfig:
 class CurateConfig:
     scored: list[str] = opt(factory=list, help="`topr score` output dirs (or Parquet files): this round first, then earlier rounds to replay.", short="-s")
     out: str = opt("", "The training set to write, one Parquet file; its manifest goes to <out>.manifest.json.", short="-o")
-    baseline: float | str | None = opt(None, "c in A = R − c: a number, batch-mean (the mean reward), group-mean or leave-one-out (per prompt); unset: 0.",
+    baseline: float | str | None = opt(None, "c in A = R − c: a number, batch-mean (the mean reward), group-mean (alias mean) or leave-one-out "
+                                             "(alias loo; per prompt); unset: 0.",
                                        check=_check(lambda v: math.isfinite(v) if isinstance(v, float) else v.strip().lower() in BASELINES,
                                                     "a finite number, batch-mean, group-mean or leave-one-out"))
     positive_fraction: float | None = opt(
@@ -145,7 +146,7 @@ class CurateConfig:
     max_per_prompt: int | None = opt(None, "Keep at most this many samples per prompt (lowest sample_index first).", check=AT_LEAST_ONE)
     first_positive: bool = opt(False, "Per prompt keep the first correct sample and every incorrect one.", flag="--first-positive/--all-positives")
     subsample: int | None = opt(None, "Keep a uniform random subset of this many rows (after the filters).", check=AT_LEAST_ONE)
-    seed: int = opt(0, "Seed of --subsample.", check=SEED)
+    seed: int = opt(0, "Seed of --subsample and of --pairs all's choice under --max-pairs-per-prompt.", check=SEED)
     overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
     unreachable_baseline: float | None = opt(None, "With --positive-fraction: the constant c when the data has one outcome only; unset: fail (iterate uses 0).",
                                              check=FINITE)

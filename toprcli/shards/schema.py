@@ -62,14 +62,15 @@ def validate_columns(
 
     Extra columns are allowed. ``required`` restricts the check to some
     columns (e.g. training needs token ids but not the prompt text). Raises
-    :class:`UserError` naming the first missing or mistyped column and the
-    file.
+    :class:`UserError` naming the first missing column, or every mistyped one,
+    and the file.
     """
     if kind not in SCHEMAS:
         raise ValueError(f"unknown schema kind {kind!r}")
     schema = schema_or_table.schema if isinstance(schema_or_table, pa.Table) else schema_or_table
     contract = SCHEMAS[kind]
     names = set(required) if required is not None else set(contract.names)
+    mistyped = []
     for field in contract:
         if field.name not in names:
             continue
@@ -80,10 +81,9 @@ def validate_columns(
             )
         actual = schema.field(field.name).type
         if not _compatible(actual, field.type):
-            raise UserError(
-                f"{path}: column {field.name!r} has type {_type_name(actual)}, expected "
-                f"{_type_name(field.type)} — rewrite it with `{_PRODUCER[kind]}` or cast the column"
-            )
+            mistyped.append(f"column {field.name!r} has type {_type_name(actual)}, expected {_type_name(field.type)}")
+    if mistyped:  # all at once: a pandas-written file has several (int64 ids, float64 log-probs), one per rerun was six reruns
+        raise UserError(f"{path}: {'; '.join(mistyped)} — rewrite it with `{_PRODUCER[kind]}` or cast the column{'s' if len(mistyped) > 1 else ''}")
 
 
 def check_nulls(table: pa.Table, kind: str, path: object) -> None:

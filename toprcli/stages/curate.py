@@ -139,7 +139,8 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
     kind, c = ("positive-fraction", None) if cfg.positive_fraction is not None else parse_baseline(cfg.baseline)
     weights = cfg.source_weights if cfg.source_weights is not None else [1.0] * len(cfg.scored)
     if len(weights) != len(cfg.scored):
-        raise UserError(f"{len(weights)} source weights for {len(cfg.scored)} scored inputs — give one weight per --scored, in the same order")
+        raise UserError(f"{len(weights)} source weights for {len(cfg.scored)} scored inputs — give one weight per --scored, in the same order, "
+                        "as one comma list (--source-weights 1,0.5: a second word is read as another scored input)")
     return kind, c, [float(w) for w in weights]
 
 
@@ -193,9 +194,12 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     if std is not None or cfg.reward_clip is not None:
         adv = cu.scale_advantages(adv, std[kept] if isinstance(std, np.ndarray) else std, cfg.reward_clip)
     w32 = w_k.astype(np.float32)
+    if not np.any(w32[written]):  # a training set that trains nothing: refused, as one the filters left empty
+        raise UserError("every row kept has weight 0 (its source weight; the filters left no row of a weighted input) — "
+                        "loosen the filters, or give that input a weight above 0")
     if not np.any(adv[written] * w32[written]):
-        warnings.warn("every row written has advantage 0 (or weight 0): training on this set changes nothing — with a "
-                      "group baseline, each prompt needs samples of both outcomes (n > 1)", stacklevel=2)
+        warnings.warn("every row written has advantage 0: training on this set changes nothing — every reward equals its "
+                      "baseline (a group baseline needs prompts with samples of both outcomes, n > 1)", stacklevel=2)
     rows = (kept, adv, w32) if pair_order is None else (kept[pair_order], adv[pair_order], w32[pair_order])
     counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, *rows, correct, row_source, weights, dropped, target)
     if pair_order is not None:
@@ -352,8 +356,10 @@ def _read_light(inputs: ScoredInputs, cfg: CurateConfig, progress: ProgressFn | 
     light.setdefault("fingerprint", None)
     reward = _numpy(light["reward"], np.float64)
     if not np.all(np.isfinite(reward)):
-        bad = int((~np.isfinite(reward)).sum())
-        raise UserError(f"{bad} rows have a NaN or infinite reward — fix the verifier's rewards and re-run `topr score`")
+        bad = np.flatnonzero(~np.isfinite(reward))
+        file = int(np.searchsorted(inputs.starts(), bad[0], side="right")) - 1  # where the first one is
+        raise UserError(f"{len(bad)} rows have a NaN or infinite reward (the first: {inputs.files[file]}, row {bad[0] - inputs.starts()[file]}) — "
+                        "fix the verifier's rewards and re-run `topr score`")
     return light, reward
 
 
@@ -374,18 +380,11 @@ def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correc
     sources = []
     for s, path in enumerate(cfg.scored):
         in_s = np.flatnonzero(row_source == s)
-        sources.append(
-            SourceStats(
-                path=str(path),
-                weight=weights[s],
-                files=int((inputs.file_source == s).sum()),
-                rows_in=int(rows_in[s]),
-                rows_out=int(rows_out[s]),
-                positives=int(pos_out[s]),
-                iterations=sorted(int(v) for v in pc.unique(light["iteration"].take(pa.array(in_s))).to_pylist()),
-                policies=sorted(pc.unique(light["policy"].take(pa.array(in_s))).to_pylist()),
-            )
-        )
+        sources.append(SourceStats(
+            path=str(path), weight=weights[s], files=int((inputs.file_source == s).sum()), rows_in=int(rows_in[s]),
+            rows_out=int(rows_out[s]), positives=int(pos_out[s]),
+            iterations=sorted(int(v) for v in pc.unique(light["iteration"].take(pa.array(in_s))).to_pylist()),
+            policies=sorted(pc.unique(light["policy"].take(pa.array(in_s))).to_pylist())))
     positives = int((adv >= 0).sum())
     return CurateCounts(
         baseline=kind,
