@@ -757,3 +757,16 @@ def test_a_set_whose_rows_all_weigh_0_is_refused_and_a_nan_reward_is_located(tmp
         run(tmp_path, [new, bad])
     with pytest.raises(UserError, match=r"as one comma list \(--source-weights 1,0.5"):
         run(tmp_path, [new, old, bad], source_weights=[1.0, 0.5])
+
+
+def test_a_rerun_with_the_inputs_written_another_way_or_an_unused_seed_is_the_same_output(tmp_path, monkeypatch):
+    """`-s A` then `-s /abs/A`, or `--seed 5` with nothing seeded, was refused as made with other settings (only
+    --overwrite got through); the inputs are known by their content, and a seed nothing drew from is no setting."""
+    write_scored(tmp_path / "r1", scored_table(["a"] * 4 + ["b"] * 4, [True, False] * 4))
+    monkeypatch.chdir(tmp_path)
+    first, _ = run(tmp_path, ["r1"], positive_fraction=0.2)
+    again, _ = run(tmp_path, [str(tmp_path / "r1")], positive_fraction=0.2, seed=5)
+    assert again.skipped and again["c"] == first["c"]
+    run(tmp_path, ["r1"], positive_fraction=0.2, subsample=6, overwrite=True)
+    with pytest.raises(UserError, match="made with seed=0 there vs 5 now"):
+        run(tmp_path, ["r1"], positive_fraction=0.2, subsample=6, seed=5)

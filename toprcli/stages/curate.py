@@ -32,7 +32,6 @@ round's policy is another group.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -53,15 +52,9 @@ from toprcli.errors import UserError
 from toprcli.progress import ProgressFn, report
 from toprcli.shards.scored_inputs import ROW_GROUP, ScoredInputs, dictionary_columns
 from toprcli.stages import StageResult
+from toprcli.stages.curate_record import STAGE, manifest_path, previous_or_refuse, write_manifest
 
-STAGE = "curate"
 ADDED = [pa.field("advantage", pa.float32(), nullable=False), pa.field("weight", pa.float32(), nullable=False)]
-
-
-def manifest_path(out: str | os.PathLike[str]) -> Path:
-    """Where the manifest of a curated file lives: ``train.parquet`` → ``train.parquet.manifest.json``."""
-    out = Path(out)
-    return out.with_name(out.name + ".manifest.json")
 
 
 @dataclass
@@ -166,7 +159,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     inputs = ScoredInputs.open(list(cfg.scored))
     config = config_to_dict(cfg)
     fingerprints = {p: shards.fingerprint(p) for p in cfg.scored}
-    previous = _previous_or_refuse(cfg, out, config, fingerprints)
+    previous = previous_or_refuse(cfg, out, config, fingerprints)
     if previous is not None:
         return previous
 
@@ -223,27 +216,8 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
         schema, tables = cu.as_pair_rows(schema, tables, pair_order, ROW_GROUP)
     shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=dictionary_columns(schema))
     wall = time.perf_counter() - t0
-    _write_manifest(out, config, fingerprints, summary, wall)
+    write_manifest(out, config, fingerprints, summary, wall)
     return StageResult(STAGE, str(out), {**summary, "manifest": str(manifest_path(out))}, wall_time_s=wall)
-
-
-def _write_manifest(out: Path, config: dict[str, Any], fingerprints: dict[str, str], counts: dict[str, Any], wall: float | None) -> None:
-    shards.write_json_atomic(manifest_path(out), {
-        "stage": STAGE, "config": config, "inputs": fingerprints, "counts": counts, "output": str(out), "wall_time_s": wall,
-        "versions": shards.versions(), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })
-
-
-def _previous_or_refuse(cfg: CurateConfig, out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> StageResult | None:
-    """The result of an ``out`` already made from these inputs and settings; an ``out`` that may not be replaced is refused."""
-    if not out.exists():
-        return None
-    previous = _previous_result(out, config, fingerprints)
-    if previous is None and out.is_dir():
-        raise UserError(f"--out {out} is a directory — give a file name such as {out / 'train.parquet'}")
-    if previous is None and not cfg.overwrite:
-        raise UserError(f"{out} already exists ({_what_differs(out, config, fingerprints)}) — pass --overwrite or choose another --out")
-    return previous
 
 
 def _all_sample_statistics(cfg: CurateConfig, kind: str, c_const: float | None, reward: np.ndarray, row_weight: np.ndarray,
@@ -403,44 +377,3 @@ def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correc
         dropped=dropped,
         sources=sources,
     )
-
-
-def _previous_result(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> StageResult | None:
-    """The earlier result when ``out`` was made from these exact inputs and settings (a resumed run). A file a kill
-    left without its manifest (between the rename and the manifest's write) is whole: its own metadata records
-    its inputs, settings and counts, and the manifest is written now."""
-    mpath = manifest_path(out)
-    if not out.is_file():
-        return None
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError):  # none (or torn): the file's own record
-        manifest = _record_in_file(out)
-        if manifest is not None and shards.made_from(manifest, config, fingerprints):
-            _write_manifest(out, config, fingerprints, manifest["counts"], None)
-    if manifest is None or not shards.made_from(manifest, config, fingerprints):
-        return None
-    return StageResult(STAGE, str(out), {**manifest["counts"], "manifest": str(mpath)}, skipped=True)
-
-
-def _what_differs(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> str:
-    """Why an existing ``out`` is not this run's: its settings that differ, or its inputs."""
-    record = _record_in_file(out)
-    if record is None:
-        return "not a training set this topr curated"
-    changed = [c for c in shards.changes(record.get("config") or {}, config) if not c.startswith("overwrite=")]
-    if changed:
-        return "made with " + "; ".join(changed[:3])
-    return "made from other inputs" if record.get("inputs") != fingerprints else "from other inputs or settings"
-
-
-def _record_in_file(out: Path) -> dict[str, Any] | None:
-    """A curated file's own record in the manifest's shape (its metadata holds settings, inputs and counts for this); None for another file."""
-    try:
-        meta = shards.read_file_metadata(out)
-    except (OSError, ValueError, pa.ArrowException):
-        return None
-    if meta.get("stage") != STAGE or "inputs" not in meta:  # not a curated set, or one from before inputs were recorded
-        return None
-    counts = {k: v for k, v in meta.items() if k not in ("stage", "config", "inputs", "sampling", "generation")}
-    return {"config": meta["config"], "inputs": meta["inputs"], "counts": counts}
