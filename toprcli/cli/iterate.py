@@ -15,8 +15,8 @@ from toprcli.stages import StageResult
 
 DOC = """Run generate → score → curate → train → eval per round; killed at any point, rerun to resume.
 
-    Without --config it goes on with an existing --run-dir's recorded config, else runs the
-    built-in demo settings (configs/demo.yaml): the CPU demo, built-in task and tiny model, into
+    Without --config it goes on with an existing --run-dir's recorded config (a branch: with the
+    settings its --branch-from round ran with), else runs the built-in demo settings (configs/demo.yaml): the CPU demo, built-in task and tiny model, into
     runs/demo (the defaults below are those of a config that leaves a key out). Every key of
     every stage is reachable with --set.
 
