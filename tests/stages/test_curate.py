@@ -770,3 +770,10 @@ def test_a_rerun_with_the_inputs_written_another_way_or_an_unused_seed_is_the_sa
     run(tmp_path, ["r1"], positive_fraction=0.2, subsample=6, overwrite=True)
     with pytest.raises(UserError, match="made with seed=0 there vs 5 now"):
         run(tmp_path, ["r1"], positive_fraction=0.2, subsample=6, seed=5)
+
+
+def test_an_unreachable_baseline_without_a_positive_fraction_is_said_to_do_nothing(tmp_path):
+    """--unreachable-baseline 0.3 without --positive-fraction was taken and did nothing, in silence."""
+    path = write_scored(tmp_path / "r1", scored_table(["a"] * 4, [True, False, True, False]))
+    with pytest.warns(UserWarning, match="--unreachable-baseline 0.3 does nothing without --positive-fraction"):
+        run(tmp_path, [path], unreachable_baseline=0.3)

@@ -130,6 +130,9 @@ def _check_options(cfg: CurateConfig) -> tuple[str, float | None, list[float]]:
         raise UserError(f"--out {cfg.out}: the training set is one Parquet file — name it *.parquet")
     shards.check_not_an_input(cfg.out, list(cfg.scored), "train.parquet")
     kind, c = ("positive-fraction", None) if cfg.positive_fraction is not None else parse_baseline(cfg.baseline)
+    if cfg.unreachable_baseline not in (None, 0.0) and cfg.positive_fraction is None:  # (0.0: iterate's default, for any baseline)
+        warnings.warn(f"--unreachable-baseline {cfg.unreachable_baseline} does nothing without --positive-fraction (it is the c used "
+                      "when p̃ cannot be reached)", stacklevel=2)
     weights = cfg.source_weights if cfg.source_weights is not None else [1.0] * len(cfg.scored)
     if len(weights) != len(cfg.scored):
         raise UserError(f"{len(weights)} source weights for {len(cfg.scored)} scored inputs — give one weight per --scored, in the same order, "
