@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from toprcli.data.formats import get_path
 from toprcli.errors import UserError
 from toprcli.report import collect, fmt, lineage, plot_series, recorded_config
 from toprcli.runs import round_dirs, setting_changes
@@ -51,12 +52,6 @@ def run_names(dirs: list[Path]) -> list[str]:
     return [str(d.resolve().relative_to(common)) if d.resolve() != common else str(d) for d in dirs]
 
 
-def _value(cfg: dict[str, Any], key: str) -> Any:
-    for part in key.split("."):
-        cfg = cfg.get(part) if isinstance(cfg, dict) else None
-    return cfg
-
-
 def label(names: list[str], cfg: dict[str, Any] | None, reference: dict[str, Any] | None, rows: list[dict[str, Any]],
           first: int = 1) -> tuple[str, list[str]]:
     """A variant's name (its runs') and what differs in its settings from the first variant's, and what it changed on the
@@ -68,7 +63,7 @@ def label(names: list[str], cfg: dict[str, Any] | None, reference: dict[str, Any
 
     def said(key: str) -> str:
         since = max((r["round"] for r in rows if r["round"] > first and key in (r.get("config_changed") or [])), default=None)
-        return f"{key}={_value(cfg or {}, key)}" + (f" from round {since}" if since is not None else "")
+        return f"{key}={get_path(cfg or {}, key)}" + (f" from round {since}" if since is not None else "")
 
     shown = [said(k) for k in keys]
     name = "+".join(names) if len("+".join(names)) <= 40 else f"{names[0]} +{len(names) - 1}"

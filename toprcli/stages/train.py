@@ -124,11 +124,13 @@ def kept(cfg: TrainConfig, done: dict[str, Any], on_record: Callable[[dict[str, 
     and its own trackers get the steps they lack (a backend that failed mid-run, or one named since)."""
     out, metrics = Path(cfg.out), Path(cfg.out) / METRICS_NAME
     drop_training_state(out)
+    if on_record is not None or env_rank() != 0 or not cfg.tracking.report_to:  # no trackers of its own: metrics.jsonl unread
+        return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
     last = max((r["step"] for r in shards.read_jsonl_records(metrics) if "step" in r), default=0) if metrics.is_file() else 0
-    if on_record is None and env_rank() == 0 and cfg.tracking.report_to and behind(out, cfg.tracking, "train", last):
+    if behind(out, cfg.tracking, "train", last):
         check_installed(cfg.tracking.report_to)
         with open_tracker(cfg.tracking, out, config=config_to_dict(cfg), name=out.name) as tracker:
-            replay(out / METRICS_NAME, lambda record: tracker.log("train", record, record["step"]))
+            replay(metrics, lambda record: tracker.log("train", record, record["step"]))
     return StageResult(STAGE, str(out), done, skipped=True, wall_time_s=done.get("wall_time_s", 0.0))
 
 
