@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from conftest import GSM8K_DIR
 from toprcli.shards import CURATED_SCHEMA, write_table_atomic

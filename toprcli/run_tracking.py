@@ -9,7 +9,6 @@ tracking on late) reports what it finished before; the tracker skips what it alr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

@@ -112,7 +112,6 @@ def test_a_full_disk_while_saving_weights_is_one_line(inputs, tiny_model_dir, tm
         commands = [["init-model", str(tmp_path / "m")], ["train", "-m", str(tiny_model_dir), "-d", str(write_curated(tmp_path / "t.parquet", n=8)),
                                                           "-o", str(tmp_path / "p"), "--max-steps", "1", "--batch-size", "4", "--no-progress"]]
     else:  # checkpoints go through write_atomic: the disk, checked before the half-written file is removed, is full
-        real = torch.save
 
         def full(obj, f, *args, **kwargs):
             monkeypatch.setattr(files.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 << 30, 10 << 30, 0))

@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from toprcli import curation as cu

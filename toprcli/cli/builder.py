@@ -11,7 +11,6 @@ import dataclasses
 import importlib
 import inspect
 import sys
-import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import typer
 
 from toprcli.cli.common import RESUME, Verbose, echo_json, progress_bars, send_noise_to, user_errors
 from toprcli.config import load_config, parse_override, parse_value, split_override
-from toprcli.config.fields import describe, sections
+from toprcli.config.fields import alternatives, describe, sections
 from toprcli.errors import UserError
 from toprcli.shards import output_error
 from toprcli.stages import StageResult
@@ -63,7 +62,7 @@ def lazy(target: str) -> Callable[..., Any]:
 
 def _cli_type(tp: Any, flag: str) -> tuple[Any, Callable[[Any], Any]]:
     """The type typer parses a field's value as, and how that becomes the config value."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    args = alternatives(tp)
     if bool in args:  # bool, or bool | "auto": a --x/--no-x flag
         return bool, lambda v: v
     if len(args) == 1 and typing.get_origin(args[0]) is list:
@@ -83,7 +82,7 @@ def _cli_type(tp: Any, flag: str) -> tuple[Any, Callable[[Any], Any]]:
 def _metavar(tp: Any, meta: Any) -> str | None:
     """The value's shape in --help where typer's type name would mislead: the choices, a comma list of numbers,
     KEY=VALUE pairs, a number or a name; None keeps typer's."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    args = alternatives(tp)
     choices = meta.get("choices") or (typing.get_args(args[0]) if len(args) == 1 and typing.get_origin(args[0]) is Literal else None)
     if choices:
         shown = f"<{'|'.join(choices)}>"

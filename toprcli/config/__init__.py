@@ -11,19 +11,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from toprcli.config.fields import ConfigError, config_to_dict, describe, from_dict, leaf_paths
-from toprcli.config.schema import BASELINES, STAGES, WARM_START_TRAIN, CurateConfig, DatasetSpec, EngineConfig, EvalConfig, GenerateConfig
-from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, TrackingConfig, TrainConfig, VerifierDataConfig, WarmStartConfig
+from toprcli.config.fields import ConfigError, alternatives, config_to_dict, describe, from_dict, leaf_paths
+from toprcli.config.schema import BASELINES, STAGES, CurateConfig, DatasetSpec, EngineConfig, EvalConfig, GenerateConfig
+from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, TrackingConfig, TrainConfig, VerifierDataConfig
 
-__all__ = ["BASELINES", "STAGES", "WARM_START_TRAIN", "ConfigError", "as_now", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
-           "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "WarmStartConfig", "config_to_dict",
-           "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "resolve_key", "split_override",
-           "stage_section"]
+__all__ = ["BASELINES", "STAGES", "ConfigError", "as_now", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
+           "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "config_to_dict",
+           "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "split_override"]
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -191,7 +189,7 @@ def _set_value(cls: type, dotted: str, value: Any) -> Any:
     """A ``--set`` value for the field at ``dotted``: text read as YAML, except for a string field, which keeps it as
     written (``split=2023``), but where the field may be None, ``null`` (or ``~``) is None."""
     tp = _field_type(cls, dotted, plain=False)
-    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    args = alternatives(tp)
     if isinstance(value, str) and args == [int] and re.fullmatch(r"\s*[-+]?\d+\s*", value):
         return int(value)  # as its flag reads it: YAML 1.1 reads 010 as 8
     if not isinstance(value, str) or value == "" or args != [str]:

@@ -50,6 +50,13 @@ MIN_P = _check(lambda v: 0 <= v < 1, "a number in [0, 1) (0 = off)")
 SEED = _check(lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")  # what torch and numpy seed with
 
 
+def alternatives(tp: Any) -> list[Any]:
+    """The types a field may hold besides None: a union's members (``float | str | None`` → float, str), else ``[tp]``."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(tp) if a is not type(None)]
+    return [tp]
+
+
 def describe(tp: Any) -> str:
     """What a type accepts, in words."""
     origin = typing.get_origin(tp)
@@ -70,7 +77,7 @@ def describe(tp: Any) -> str:
 _MISSING = object()
 
 
-def _coerce(tp: Any, value: Any, key: str) -> Any:
+def _coerce(tp: Any, value: Any) -> Any:
     """``value`` converted to ``tp``, or _MISSING when it does not fit."""
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -80,17 +87,17 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None:
             return None if type(None) in typing.get_args(tp) else _MISSING
-        outs = (_coerce(a, value, key) for a in typing.get_args(tp) if a is not type(None))
+        outs = (_coerce(a, value) for a in typing.get_args(tp) if a is not type(None))
         return next((o for o in outs if o is not _MISSING), _MISSING)
     if origin is list:
         if not isinstance(value, (list, tuple)):
             return _MISSING
-        items = [_coerce(typing.get_args(tp)[0], v, key) for v in value]
+        items = [_coerce(typing.get_args(tp)[0], v) for v in value]
         return _MISSING if any(i is _MISSING for i in items) else items
     if origin is dict:  # its keys and values are of its types too (a verifier name 5 crashed score)
         if not isinstance(value, dict):
             return _MISSING
-        pairs = [(_coerce(typing.get_args(tp)[0], k, key), _coerce(typing.get_args(tp)[1], v, key)) for k, v in value.items()]
+        pairs = [(_coerce(typing.get_args(tp)[0], k), _coerce(typing.get_args(tp)[1], v)) for k, v in value.items()]
         return _MISSING if any(_MISSING in pair for pair in pairs) else dict(pairs)
     if dataclasses.is_dataclass(tp):
         return value if isinstance(value, tp) else _MISSING  # a mapping is built by _build, over its default
@@ -174,7 +181,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str, base: Any = None) -> An
         if name in subs and (value is None or isinstance(value, dict)):  # a section left empty in YAML (`generate:`) is its default
             kwargs[name] = _build(subs[name], value or {}, f"{prefix}{name}.", getattr(base, name))
             continue
-        out = _coerce(hints[name], value, prefix + name)
+        out = _coerce(hints[name], value)
         if out is _MISSING:
             raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {describe(hints[name])}")
         check = fields[name].metadata.get("check")

@@ -72,8 +72,6 @@ def score_config(cfg: EvalConfig, samples: Path, out: Path) -> ScoreConfig:
 
 
 def read_eval(out: str | Path) -> dict[str, Any] | None:
-    import json
-
     path = Path(out) / EVAL_FILE
     return shards.read_json(path, needs="metrics") if path.exists() else None
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import shutil
 import warnings

@@ -27,7 +27,6 @@ completion-aligned: column j is completion token j.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
