@@ -48,8 +48,7 @@ from toprcli.runs import VERIFIER_KEYS, round_dir, round_summary, run_summary
 from toprcli.shards import check_writable, output_lock, read_manifest, write_json_atomic
 from toprcli.stages import curate, score, warmstart
 from toprcli.stages import train as train_stage
-from toprcli.tracking import check_installed
-from toprcli.verifiers.registry import resolve_verifier
+from toprcli.stages.checks import check_before_work
 
 STATE_FILE = "state.json"
 # What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
@@ -310,23 +309,11 @@ class Pipeline:
 
     # driving --------------------------------------------------------------
 
-    def check_settings(self) -> None:
-        """What the config's own checks cannot see, before any work (a round must not fail on it after generating, with a
-        run dir that then holds the typo): the training's loss options and the verifier specs."""
-        train_stage.check_loss(self.cfg.train)
-        if self.cfg.warm_start.enabled:
-            train_stage.check_loss(self.cfg.warm_start_train())
-        for spec, strict, by_source in ((self.cfg.score.verifier, self.cfg.score.strict, self.cfg.score.verifier_by_source),
-                                        (self.cfg.eval.verifier, self.cfg.eval.strict, self.cfg.eval.verifier_by_source)):
-            if spec != "auto":
-                resolve_verifier(spec, strict=strict, by_source=by_source)
-
     def prepare(self) -> dict[str, Any] | None:
         """Before any work, each refusal one line: a tracker's package missing, a bad ``branch_from``, a changed
         config the run cannot take (runs.reconcile). Makes the branch (once) and records the config the run
         can take. Returns a branch's lineage (its parent run and round), else None."""
-        check_installed(self.cfg.tracking.report_to)
-        self.check_settings()
+        check_before_work(self.cfg)  # a round must not fail on a typo after generating, with a run dir that then holds it
         first = not (self.run_dir / runs.CONFIG_FILE).exists()
         if first and not self.cfg.warm_start.init_model and not (self.branch_from and self.cfg.train_from == "previous"):
             check_model(self.initial_model())  # a mistyped model is refused before the run dir records it (a branch: its round's policy)

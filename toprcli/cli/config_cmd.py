@@ -12,7 +12,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from toprcli.cli.common import console, echo, echo_json, err_console, user_errors
-from toprcli.errors import UserError
 
 app = typer.Typer(help="Show default configs and validate config files.", no_args_is_help=True)
 
@@ -34,7 +33,7 @@ def commented_yaml(cfg: object, indent: str = "") -> list[str]:
 @app.command("show")
 @user_errors
 def show(
-    stage: Annotated[str | None, typer.Argument(metavar="STAGE", help="generate, score, curate, verifier_data, train, eval or iterate; all when omitted.")] = None,
+    stage: Annotated[str | None, typer.Argument(metavar="STAGE", help="generate, score, curate, verifier-data, train, eval or iterate; all when omitted.")] = None,
 ) -> None:
     """Print the default config of a stage (or of the whole pipeline) as YAML, each key with its help.
 
@@ -68,6 +67,7 @@ def check(
       [bold]topr config check train.yaml --stage train[/]
     """
     from toprcli.config import ConfigError, IterateConfig, config_to_dict, load_config
+    from toprcli.stages.checks import check_before_work
 
     cls, what = _config_class(file, stage)
     try:
@@ -76,19 +76,19 @@ def check(
         if stage is None and cls is IterateConfig and str(e).startswith("unknown config key"):
             raise ConfigError(f"{e}; or, if {file} is one stage's config, name it: --stage train (generate, score, ...)") from None
         raise
-    _check_pipeline(cfg) if cls is IterateConfig else _check_stage(cfg)
+    check_before_work(cfg)  # loss options, verifier specs, trackers: as the command checks them first
+    if cls is IterateConfig:
+        _check_pipeline(cfg)
     typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False), nl=False)
     err_console.print(f"[green]ok[/]: {escape(str(file))} is a valid {what} config", highlight=False)
 
 
 def _config_class(file: Path, stage: str | None) -> tuple[type, str]:
     """The config class FILE is checked as: ``stage``'s, else the pipeline's, else the one stage whose keys it has."""
-    from toprcli.config import STAGES, ConfigError, IterateConfig
+    from toprcli.config import STAGES, IterateConfig, stage_class
 
     if stage is not None:
-        if stage.replace("-", "_") not in STAGES:
-            raise ConfigError(f"--stage {stage}: no such stage — choose one of: {', '.join(s.replace('_', '-') for s in STAGES)}")
-        return STAGES[stage.replace("-", "_")], ("pipeline" if stage == "iterate" else stage)
+        return stage_class(stage, "--stage: "), ("pipeline" if stage == "iterate" else stage)
     from toprcli.config import read_yaml
     from toprcli.config.fields import migrate, unknown_keys
 
@@ -100,29 +100,11 @@ def _config_class(file: Path, stage: str | None) -> tuple[type, str]:
     return IterateConfig, "pipeline"  # its own error names every unknown key
 
 
-def _check_stage(cfg) -> None:
-    """What a stage command checks before any work beyond its config: a training's loss options, a verifier spec, trackers."""
-    from toprcli.config import EvalConfig, ScoreConfig, TrainConfig
-    from toprcli.stages.train import check_loss
-    from toprcli.tracking import check_installed
-    from toprcli.verifiers.registry import resolve_verifier
-
-    if isinstance(cfg, TrainConfig):
-        check_loss(cfg)
-    if isinstance(cfg, (ScoreConfig, EvalConfig)) and cfg.verifier != "auto":
-        resolve_verifier(cfg.verifier, strict=cfg.strict, by_source=cfg.verifier_by_source)
-    if hasattr(cfg, "tracking"):
-        check_installed(cfg.tracking.report_to)
-
-
 def _check_pipeline(cfg) -> None:
+    """A model named in a pipeline config exists (none: iterate's --model gives it; init_model builds it)."""
     from toprcli.generation.model_info import check_model
-    from toprcli.pipeline import Pipeline
-    from toprcli.tracking import check_installed
 
-    Pipeline(cfg).check_settings()  # loss options and verifier specs, as `topr iterate` checks them first
-    check_installed(cfg.tracking.report_to)
-    if cfg.model and not cfg.warm_start.init_model:  # a model given is one (none: iterate's --model gives it; init_model builds it)
+    if cfg.model and not cfg.warm_start.init_model:
         check_model(cfg.model)
 
 
@@ -152,15 +134,10 @@ def import_roll(
     import json
 
     from toprcli.config import read_yaml
-    from toprcli.roll.importer import LEFT_OUT, MAPPED, UNKNOWN, unknown_error, write_config
+    from toprcli.roll.importer import LEFT_OUT, MAPPED, UNKNOWN, check_out, unknown_error, write_config
     from toprcli.roll.importer import import_roll as run_import
 
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory — give a file name, e.g. {out / 'topr.yaml'}")
-    if out.exists() and out.resolve() == Path(file).resolve():
-        raise UserError(f"--out {out} is the ROLL config being imported — write the topr config to another file")
-    if out.exists() and not overwrite:  # before any work, so nothing is half done
-        raise UserError(f"{out} already exists — pass --overwrite or choose another --out")
+    check_out(out, file, overwrite=overwrite)  # before any work, so nothing is half done
     result = run_import(read_yaml(file))
     if result.unknown and not allow_unknown:
         raise unknown_error(result)

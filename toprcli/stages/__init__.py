@@ -53,3 +53,4 @@ class StageResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "out": self.out, "skipped": self.skipped, "wall_time_s": round(self.wall_time_s, 3), **self.summary}
+
