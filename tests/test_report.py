@@ -26,7 +26,7 @@ def test_error_bars_of_an_interval_that_misses_its_point_are_drawn(tmp_path):
 
 def test_a_point_and_its_interval_print_at_one_precision():
     """0.0625 printed as 0.0625 [0.062, 0.062] sat outside its own interval."""
-    from toprcli.cli.common import with_interval
+    from toprcli.report import with_interval
 
     assert with_interval({"pass@1": 0.0625, "intervals": {"pass@1": [0.0625, 0.0625]}}, "pass@1", digits=3) == "0.062 [0.062, 0.062]"
 
@@ -78,6 +78,24 @@ def test_the_headline_compares_only_rounds_evaluated_alike():
     rows = [{"round": 0, "pass@1": 0.2}, {"round": 1, "pass@1": 0.3}, {"round": 3, "pass@1": 0.5, "eval_comparable": False}]
     text = markdown(rows, Path("runs/x"))
     assert "pass@1 went from 20.0% (round 0) to 30.0% (round 1): +10.0 points." in text and "(round 3):" not in text
+
+
+def test_summary_names_k_and_says_which_rounds_had_checks_that_failed(tmp_path):
+    """summary.md headed its columns maj@k and pass@k with no k, and a round whose checks failed (counted wrong) was
+    reported as if the policy had got those samples wrong: eval warned, report and iterate dropped it."""
+    from toprcli import shards
+    from toprcli.report import markdown
+    from toprcli.runs import round_summary
+
+    ev = tmp_path / "run" / "round-000" / "eval"
+    ev.mkdir(parents=True)
+    shards.write_json_atomic(ev / "eval.json", {"k": 8, "metrics": {"pass@1": 0.5, "maj@k": 0.6, "pass@k": 0.9, "invalid_rate": 0.0,
+                                                                  "error_rate": 0.25, "greedy_error_rate": 0.0, "truncated_rate": 0.1}})
+    row = round_summary(tmp_path / "run", 0)
+    assert row["error_rate"] == 0.25 and row["truncated_rate"] == 0.1
+    text = markdown([row, {"round": 1, "pass@1": 0.7, "k": 8}], Path("runs/x"))
+    assert "| maj@8 | pass@8 |" in text and "Round 0: 25.0% of the samples and 0.0% of the greedy completions could not be checked" in text
+    assert "Round 1:" not in text and "| maj@k |" in markdown([row, {"round": 1, "k": 4}], Path("runs/x"))
 
 
 def test_a_damaged_file_in_a_run_is_one_line_naming_it_and_nothing_is_written(tmp_path):

@@ -53,7 +53,7 @@ from toprcli.stages.checks import check_before_work
 STATE_FILE = "state.json"
 # What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
 # What a round's summary takes from its eval (a round's eval may come later than the rest: eval_every, a run extended).
-EVAL_KEYS = ("pass@1", "maj@k", "pass@k", "k", "invalid_rate", "greedy_accuracy", "intervals", "bootstrap", *VERIFIER_KEYS)
+EVAL_KEYS = ("pass@1", "maj@k", "pass@k", "k", "invalid_rate", "greedy_accuracy", "error_rate", "greedy_error_rate", "truncated_rate", "intervals", "bootstrap", *VERIFIER_KEYS)
 
 
 @dataclass

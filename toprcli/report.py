@@ -105,14 +105,22 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def with_interval(metrics: dict[str, Any], key: str, digits: int = 4) -> str | None:
+    """A metric and, where ``metrics["intervals"]`` has one, its 95% interval over prompts: ``0.4120 [0.3710, 0.4550]``."""
+    if metrics.get(key) is None:
+        return None
+    low_high = (metrics.get("intervals") or {}).get(key)
+    return f"{metrics[key]:.{digits}f}" + (f" [{low_high[0]:.{digits}f}, {low_high[1]:.{digits}f}]" if low_high else "")  # one precision
+
+
 def _with_ci(row: dict[str, Any], key: str) -> str:
-    """A metric and, where the eval has one, its 95% interval: ``0.412 [0.371, 0.455]``."""
-    ci = (row.get("intervals") or {}).get(key)
-    return fmt(row.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+    """A summary.md cell: a metric with its interval where the eval has one (``0.412 [0.371, 0.455]``), else as :func:`fmt` writes it."""
+    return with_interval(row, key, digits=3) if (row.get("intervals") or {}).get(key) and row.get(key) is not None else fmt(row.get(key))
 
 
 def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
-    cols = [("round", "round"), ("pass@1", "pass@1"), ("maj@k", "maj@k"), ("pass@k", "pass@k"), ("greedy", "greedy_accuracy"),
+    k = eval_k(rows)
+    cols = [("round", "round"), ("pass@1", "pass@1"), (f"maj@{k}", "maj@k"), (f"pass@{k}", "pass@k"), ("greedy", "greedy_accuracy"),
             ("invalid", "invalid_rate"), ("p", "p"), ("c", "c"), ("p̃ target", "p_target"), ("p̃", "p_effective"), ("train rows", "rows_out"), ("mean reward", "reward_mean")]
     if any("best_of_k_verifier" in r for r in rows):  # a generative verifier judged candidates each round
         cols[6:6] = [("maj@k (candidates)", "candidates_maj@k"), ("best-of-k (verifier)", "best_of_k_verifier"),
@@ -125,6 +133,10 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     if boot:
         lines += ["", f"[low, high]: 95% percentile bootstrap interval over prompts ({boot['resamples']} resamples, seed {boot['seed']})."]
     lines += _changes(rows, run_dir)
+    for r in rows:
+        if r.get("error_rate") or r.get("greedy_error_rate"):  # counted wrong: a missing gold, a failing plugin
+            lines += ["", f"Round {r['round']}: {r.get('error_rate') or 0:.1%} of the samples and {r.get('greedy_error_rate') or 0:.1%} of the "
+                      "greedy completions could not be checked (verifier error or timeout) and count as wrong."]
     comparable = [r for r in rows if r.get("pass@1") is not None and r.get("eval_comparable") is not False]  # same eval settings
     first, last = (comparable[0], comparable[-1]) if comparable else (None, None)
     if first is not None and last is not first:
@@ -133,6 +145,12 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
                   f"{100 * last['pass@1']:.1f}% (round {last['round']}): {delta:+.1f} points."]
     lines += ["", "Plots: `accuracy.png`, `mix.png`, `rewards.png`, `loss.png`.", ""]
     return "\n".join(lines)
+
+
+def eval_k(rows: list[dict[str, Any]]) -> str:
+    """The k of the rounds' maj@k and pass@k, for their column names: ``8``; ``k`` when rounds differ or none was evaluated."""
+    ks = {r["k"] for r in rows if r.get("k") is not None}
+    return str(ks.pop()) if len(ks) == 1 else "k"
 
 
 def _changes(rows: list[dict[str, Any]], run_dir: Path) -> list[str]:

@@ -366,6 +366,7 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
     if ev is not None:
         m = ev["metrics"]
         out.update({"pass@1": m["pass@1"], "maj@k": m["maj@k"], "pass@k": m["pass@k"], "k": ev["k"], "invalid_rate": m["invalid_rate"], "greedy_accuracy": m.get("greedy_accuracy")})
+        out.update({key: m[key] for key in ("error_rate", "greedy_error_rate", "truncated_rate") if m.get(key) is not None})  # evals before them have none
         if "intervals" in m:  # 95% percentile bootstrap over prompts (evals written before they existed have none)
             out.update({"intervals": m["intervals"], "bootstrap": m["bootstrap"]})
         out.update({key: m[key] for key in VERIFIER_KEYS if key in m})

@@ -90,10 +90,30 @@ def test_checks_that_failed_are_reported_not_hidden_in_the_rates(tiny_model_dir,
     (tmp_path / "q.jsonl").write_text("".join(json.dumps({"question": f"{i}+1?"}) + "\n" for i in range(2)))
     with pytest.warns(UserWarning, match="has no answer column"):  # said at load, before anything is generated
         r = CliRunner().invoke(app, ["eval", "-m", str(tiny_model_dir), "-d", str(tmp_path / "q.jsonl"), "--k", "2", "--max-new-tokens", "4",
-                                     "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e")])
+                                     "--backend", "hf", "--greedy", "-o", str(tmp_path / "e")])
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "e" / "eval.json").read_text())["metrics"]["error_rate"] == 1.0
-    assert "100.0% of the samples could not be checked" in r.output
+    m = json.loads((tmp_path / "e" / "eval.json").read_text())["metrics"]
+    assert m["error_rate"] == 1.0 and m["greedy_error_rate"] == 1.0  # the greedy pass's failed checks were not counted anywhere
+    assert "100.0% of the samples could not be checked" in r.output and "100.0% of the greedy completions could not be checked" in r.output
+
+
+def test_a_verifier_that_extracts_no_answer_has_no_maj_at_k(tiny_model_dir, tmp_path):
+    """A plugin that only judges gave maj@k 0.0000 [0.0000, 0.0000], which report and compare then paired as a
+    measurement: nothing was voted on. pass@k has its interval now, and the share of completions cut at
+    max_new_tokens is recorded."""
+    (tmp_path / "plug.py").write_text("def judge(completion, answer, row):\n    return 1.0 if len(completion) % 2 else 0.0\n")
+    args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--split", "test", "--limit", "4", "--k", "2",
+            "--max-new-tokens", "4", "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e"), "-v", f"python:{tmp_path / 'plug.py'}:judge"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    done = json.loads((tmp_path / "e" / "eval.json").read_text())
+    m = done["metrics"]
+    assert m["maj@k"] is None and m["maj@2"] is None and "maj@k" not in m["intervals"] and "maj@k" not in done["per_prompt"]
+    assert "maj@2 is not measured" in r.output and 0 < m["pass@1"] < 1
+    assert set(done["per_prompt"]["pass@k"]) == set(done["per_prompt"]["pass@1"]) and len(m["intervals"]["pass@k"]) == 2
+    assert m["truncated_rate"] == 1.0  # 4 tokens: every completion stops at the limit
+    gsm = CliRunner().invoke(app, [*args[:-2], "-o", str(tmp_path / "g"), "--json"])  # a verifier that extracts: maj@k as before
+    assert gsm.exit_code == 0 and json.loads(gsm.output.strip().splitlines()[-1])["metrics"]["maj@k"] is not None
 
 
 def test_a_model_retrained_at_the_same_path_is_not_reported_with_the_old_eval(tiny_model_dir, tmp_path):

@@ -270,14 +270,6 @@ def record_table(title: str, columns: dict[str, str], records: Iterable[dict[str
     return grid_table(title, list(columns), [[r.get(key) for key in columns.values()] for r in records])
 
 
-def with_interval(metrics: dict[str, Any], key: str, digits: int = 4) -> str | None:
-    """A metric and, where ``metrics["intervals"]`` has one, its 95% interval over prompts: ``0.4120 [0.3710, 0.4550]``."""
-    if metrics.get(key) is None:
-        return None
-    low_high = (metrics.get("intervals") or {}).get(key)
-    return f"{metrics[key]:.{digits}f}" + (f" [{low_high[0]:.{digits}f}, {low_high[1]:.{digits}f}]" if low_high else "")  # one precision
-
-
 def _fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):  # None or NaN: no value
         return "–"

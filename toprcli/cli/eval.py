@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
+
 from toprcli.cli.builder import Stage, lazy
-from toprcli.cli.common import console, err_console, print_tracked, summary_table, with_interval
+from toprcli.cli.common import console, err_console, print_tracked, summary_table
 from toprcli.config import EvalConfig
 from toprcli.stages import StageResult
 
@@ -27,10 +29,14 @@ DOC = """Sample k completions per test prompt, score them, and report the metric
 
 
 def show(result: StageResult, cfg: EvalConfig) -> None:
+    from toprcli.report import with_interval
+
     m, k = result.summary["metrics"], cfg.k
     checked_by = result.summary.get("config", {}).get("verifier") or cfg.verifier  # what auto stood for, as eval.json records it
-    rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("checked by", checked_by), ("pass@1", with_interval(m, "pass@1")), (f"pass@{k}", m["pass@k"]),
-            (f"maj@{k}", with_interval(m, "maj@k")), ("invalid rate", m["invalid_rate"]), ("check errors", m.get("error_rate")), ("mean completion tokens", m["mean_completion_tokens"])]
+    rows = [("prompts", m["prompts"]), ("samples", m["samples"]), ("checked by", checked_by), ("pass@1", with_interval(m, "pass@1")),
+            *([(f"pass@{k}", with_interval(m, "pass@k"))] if k > 1 else []), (f"maj@{k}", with_interval(m, "maj@k")),
+            ("invalid rate", m["invalid_rate"]), ("check errors", m.get("error_rate")), ("truncated (max tokens)", m.get("truncated_rate")),
+            ("mean completion tokens", m["mean_completion_tokens"])]
     if "greedy_accuracy" in m:
         rows.insert(2, ("greedy accuracy", with_interval(m, "greedy_accuracy")))
     if "bootstrap" in m:
@@ -45,9 +51,13 @@ def show(result: StageResult, cfg: EvalConfig) -> None:
             ("verifier invalid-verdict rate", m["verifier_invalid_rate"]), ("verifier AUC", m["verifier_auc"]),
         ]
     console.print(summary_table(f"eval of {cfg.model}", rows))
-    if m.get("error_rate"):  # a missing gold, a failing plugin: counted wrong, easy to miss in the rates above
-        err_console.print(f"[yellow]warning:[/] {m['error_rate']:.1%} of the samples could not be checked (verifier error or timeout) "
-                          f"and count as wrong — examples in {Path(cfg.out) / 'scored' / '_manifest.json'}", highlight=False)
+    for rate, where in (("error_rate", "scored"), ("greedy_error_rate", "greedy/scored")):  # a missing gold, a failing plugin: counted
+        if m.get(rate):  # wrong, easy to miss in the rates above
+            err_console.print(f"[yellow]warning:[/] {m[rate]:.1%} of the {'greedy completions' if 'greedy' in rate else 'samples'} could not "
+                              f"be checked (verifier error or timeout) and count as wrong — examples in {escape(str(Path(cfg.out) / where / '_manifest.json'))}",
+                              highlight=False)
+    if m.get("maj@k", 0) is None:
+        err_console.print(f"note: maj@{k} is not measured — the verifier ({checked_by}) extracts no answers to vote on", highlight=False, markup=False)
     console.print(f"{'already evaluated (same model and settings):' if result.skipped else 'wrote'} {Path(cfg.out) / 'eval.json'}", highlight=False, markup=False)  # paths: [v1] is text
     print_tracked(cfg.out, cfg.tracking.report_to)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toprcli.cli.common import console, echo_json, grid_table, user_errors, with_interval
+from toprcli.cli.common import console, echo_json, grid_table, user_errors
 
 
 @user_errors
@@ -32,7 +32,7 @@ def report(
     """
     from toprcli.compare import final_rows, notes, write_comparison
     from toprcli.errors import UserError
-    from toprcli.report import write_report
+    from toprcli.report import eval_k, with_interval, write_report
 
     if len(run_dirs) > 1:
         if out is None:
@@ -51,7 +51,8 @@ def report(
     if as_json:
         echo_json(rows, indent=2)
         return
-    cols = ("round", "pass@1", "maj@k", "greedy", "invalid", "p", "p̃", "mean reward", "changed")
+    k = eval_k(rows)
+    cols = ("round", "pass@1", f"maj@{k}", "greedy", "invalid", "p", "p̃", "mean reward", "changed")
     console.print(grid_table(f"run {run_dirs[0]}", cols, [
         [r["round"], *(with_interval(r, key, digits=3) for key in ("pass@1", "maj@k", "greedy_accuracy")), r.get("invalid_rate"),
          r.get("p"), r.get("p_effective"), r.get("reward_mean"), ", ".join(r.get("config_changed") or []) or None]

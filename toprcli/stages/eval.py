@@ -216,7 +216,7 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
                 except score_stage.ScoredOtherwise:  # an interrupted eval rerun with another verifier: eval has no --overwrite
                     raise UserError(f"{where / 'scored'} was scored with other verifier settings by an interrupted eval — delete it to "
                                     "score again, or choose another --out") from None
-            columns = ["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids"]
+            columns = ["prompt_id", "sample_index", "correct", "extracted_answer", "verdict", "completion_token_ids", "finish_reason"]
             tables[name] = shards.read_table(where / "scored", columns=columns + (["data_source"] if cfg.verifier == "data_source" else []))
         judged = judge(cfg, out, backend, progress) if judging else {}
     finally:
@@ -234,6 +234,7 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         g = tables["greedy"]
         metrics["greedy_accuracy"] = accuracy(g.column("correct").to_pylist())
         metrics["greedy_invalid_rate"] = float(np.mean([v == NO_ANSWER for v in g.column("verdict").to_pylist()]))
+        metrics["greedy_error_rate"] = float(np.mean([v in (ERROR, TIMEOUT) for v in g.column("verdict").to_pylist()]))
         per_prompt["greedy_accuracy"] = {p: float(c) for p, c in zip(g.column("prompt_id").to_pylist(), g.column("correct").to_pylist())}
     metrics.update(_intervals(per_prompt, cfg))
     metrics.update(judged)
@@ -253,8 +254,9 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
 
 
 def _sampled_metrics(cfg: EvalConfig, t: Any) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
-    """pass@1/pass@k/maj@k of the sampled pass, and pass@1 and maj@k per prompt; answers vote together when
-    the verifier finds them equivalent."""
+    """pass@1/pass@k/maj@k of the sampled pass, and each per prompt; answers vote together when the verifier finds
+    them equivalent. A verifier that extracts no answer (a plugin that only judges) gives nothing to vote on: maj@k is
+    None, not 0."""
     prompt_ids, correct = t.column("prompt_id").to_pylist(), t.column("correct").to_pylist()
     extracted = t.column("extracted_answer").to_pylist()
     sources = t.column("data_source").to_pylist() if "data_source" in t.column_names else []
@@ -265,4 +267,10 @@ def _sampled_metrics(cfg: EvalConfig, t: Any) -> tuple[dict[str, Any], dict[str,
     scores, short = prompt_scores(prompt_ids, correct, cfg.k, keys)  # grouped once: the means and the intervals' inputs
     metrics = summarize_scores(scores, short, k=cfg.k, samples=len(prompt_ids), invalid=invalid)
     metrics["error_rate"] = float(np.mean([v in (ERROR, TIMEOUT) for v in verdicts]))  # checks that failed: counted wrong
-    return metrics, {"pass@1": scores["pass@1"], "maj@k": scores["maj@k"]}
+    metrics["truncated_rate"] = float(np.mean([r == "length" for r in t.column("finish_reason").to_pylist()]))  # hit max_new_tokens
+    per_prompt = {"pass@1": scores["pass@1"], "maj@k": scores["maj@k"], "pass@k": scores["pass@k"]}
+    judged = any(v not in (NO_ANSWER, ERROR, TIMEOUT) for v in verdicts)
+    if judged and all(a is None or not a.strip() for a in extracted):
+        metrics[f"maj@{cfg.k}"] = None
+        del per_prompt["maj@k"]
+    return metrics, per_prompt
