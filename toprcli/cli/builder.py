@@ -55,7 +55,8 @@ class Stage:
 
 
 def lazy(target: str) -> Callable[..., Any]:
-    """The function ``module:name``, imported when called: `topr --help` does not load torch or vLLM."""
+    """The function ``module:name``, imported when called: `topr --help` does not load vLLM, the stages or the trainer
+    (torch it does: the configs name the loss registry's losses)."""
     module, name = target.split(":")
     return lambda *args, **kwargs: getattr(importlib.import_module(module), name)(*args, **kwargs)
 

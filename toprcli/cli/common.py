@@ -66,11 +66,10 @@ def send_noise_to(log: str | os.PathLike[str] | None, verbose: bool = False, jso
     global _saved_fds, _log
     from toprcli.processes import redirect_output
 
-    if not _own_process or _saved_fds is not None or (log is None or verbose) and not json_out:
+    log = None if verbose else log
+    if not _own_process or _saved_fds is not None or log is None and not json_out:
         return
-    if log is None or verbose:
-        log = None
-    else:
+    if log is not None:
         _made_for_log[:] = [d for d in Path(log).absolute().parents if not d.exists()]
     _saved_fds = redirect_output(log)
     if _saved_fds is not None:

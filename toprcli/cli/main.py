@@ -18,6 +18,7 @@ from typer import rich_utils
 from toprcli.cli import config_cmd, curate, generate, info, iterate, models, report, score, train, verifier_data
 from toprcli.cli import eval as eval_cli
 from toprcli.cli.builder import register
+from toprcli.cli.common import begin_process, fail, restore_output, tell_interrupted
 
 app = typer.Typer(
     name="topr",
@@ -76,7 +77,6 @@ if sys.stdout.isatty() and shutil.get_terminal_size().columns < HELP_COLUMNS:  #
 
 def main() -> None:
     """The ``topr`` script and ``python -m toprcli``: the command owns this process."""
-    from toprcli.cli.common import begin_process, restore_output, tell_interrupted
     from toprcli.interrupt import Interrupted
 
     begin_process()
@@ -97,10 +97,6 @@ def main() -> None:
 def usage_error(e: Exception) -> int:
     """Click's usage error (an unknown option or command, a value of the wrong type, a missing argument) as one error
     line, like every other bad input; ``topr`` or ``topr config`` alone still show their help. The exit code."""
-    from typer import rich_utils
-
-    from toprcli.cli.common import fail
-
     if type(e).__name__ == "NoArgsIsHelpError":
         if app.rich_markup_mode is None:  # click's plain help (a narrow terminal) is the error's message
             typer.echo(e.format_message())
