@@ -85,16 +85,21 @@ def test_eval_scores_verl_data_by_its_own_data_sources(tiny_model_dir, tmp_path)
 
 
 def test_checks_that_failed_are_reported_not_hidden_in_the_rates(tiny_model_dir, tmp_path):
-    """A dataset with no gold answers: every check is an error, counted wrong. eval printed pass@1 0 and invalid
-    rate 0 with no word of it; now eval.json has error_rate and the table a warning naming where the examples are."""
-    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"question": f"{i}+1?"}) + "\n" for i in range(2)))
-    with pytest.warns(UserWarning, match="has no answer column"):  # said at load, before anything is generated
-        r = CliRunner().invoke(app, ["eval", "-m", str(tiny_model_dir), "-d", str(tmp_path / "q.jsonl"), "--k", "2", "--max-new-tokens", "4",
-                                     "--backend", "hf", "--greedy", "-o", str(tmp_path / "e")])
+    """Problems with no gold answer: their checks are errors, counted wrong. eval printed pass@1 and invalid rate with
+    no word of it; now eval.json has error_rate (the greedy pass's too) and the table a warning naming where the
+    examples are. With no gold at all nothing is measured: refused (it reported pass@1 0)."""
+    rows = [{"question": f"{i}+1?", **({"answer": f"#### {i + 1}"} if i % 2 else {})} for i in range(4)]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["eval", "-m", str(tiny_model_dir), "--k", "2", "--max-new-tokens", "4", "--backend", "hf", "--greedy"]
+    r = CliRunner().invoke(app, [*args, "-d", str(tmp_path / "q.jsonl"), "-o", str(tmp_path / "e")])
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "e" / "eval.json").read_text())["metrics"]
-    assert m["error_rate"] == 1.0 and m["greedy_error_rate"] == 1.0  # the greedy pass's failed checks were not counted anywhere
-    assert "100.0% of the samples could not be checked" in r.output and "100.0% of the greedy completions could not be checked" in r.output
+    assert m["error_rate"] == 0.5 and m["greedy_error_rate"] == 0.5  # the greedy pass's failed checks were not counted anywhere
+    assert "50.0% of the samples could not be checked" in r.output and "50.0% of the greedy completions could not be checked" in r.output
+    (tmp_path / "none.jsonl").write_text("".join(json.dumps({"question": r["question"]}) + "\n" for r in rows))
+    with pytest.warns(UserWarning, match="has no answer column"):  # said at load, before anything is generated
+        r = CliRunner().invoke(app, [*args, "-d", str(tmp_path / "none.jsonl"), "-o", str(tmp_path / "n")])
+    assert r.exit_code == 2 and "every one of the 8 completions failed its check" in r.output and not (tmp_path / "n" / "eval.json").exists()
 
 
 def test_a_verifier_that_extracts_no_answer_has_no_maj_at_k(tiny_model_dir, tmp_path):

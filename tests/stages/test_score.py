@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -389,3 +390,36 @@ def test_a_null_where_the_samples_contract_has_none_is_refused_before_scoring(tm
     with pytest.raises(UserError, match="column 'prompt_id' has a null"):
         score_dir(samples, tmp_path / "scored", ScoreConfig(workers=1))
     assert not (tmp_path / "scored").exists()
+
+
+def test_verl_reward_functions_run_as_they_are_and_a_misfit_signature_is_refused_at_load(tmp_path, monkeypatch):
+    """verl's compute_score(data_source, solution_str, ground_truth, extra_info) was called as (completion, answer, row):
+    the completion became data_source and every reward 0.0, exit 0. TRL's batched reward functions and two-argument
+    functions failed every check, one at a time."""
+    from toprcli.errors import UserError
+
+    (tmp_path / "verl_style.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': 1.0 if solution_str.strip() == ground_truth else -0.5, 'acc': data_source}\n"
+        "def trl_style(completions, solution, **kwargs):\n    return [1.0 for _ in completions]\n"
+        "def two(completion, answer):\n    return True\n")
+    monkeypatch.chdir(tmp_path)
+    d = write_samples(tmp_path / "s", [samples_table([("a", "7", "7"), ("b", "8", "9")])])
+    score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:verl_style.py:compute_score", workers=1))
+    t = shards.read_table(tmp_path / "o")
+    assert t.column("reward").to_pylist() == [1.0, -0.5] and t.column("verdict").to_pylist() == ["correct", "incorrect"]
+    for fn, words in (("trl_style", "takes TRL's batched arguments (completions, solution"), ("two", "cannot be called as f(completion, answer, row)")):
+        with pytest.raises(UserError, match=re.escape(words)):
+            score_dir(d, tmp_path / fn, ScoreConfig(verifier=f"python:verl_style.py:{fn}", workers=1))
+        assert not (tmp_path / fn).exists()
+
+
+def test_a_scoring_where_every_check_failed_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
+    """Every completion an error (here: no golds for gsm8k) wrote a finished scored dir, exit 0, with a warning; curate
+    then trained on it as if every sample were wrong."""
+    from toprcli.errors import UserError
+
+    d = write_samples(tmp_path / "s", [samples_table([("a", "#### 7", None)]), samples_table([("b", "#### 8", None)])])
+    with pytest.raises(UserError, match=r"every one of the 2 completions failed its check \(first: .*\), nothing written"):
+        score_dir(d, tmp_path / "o", ScoreConfig(verifier="gsm8k", workers=1))
+    assert not list((tmp_path / "o").glob("shard-*")) and not (tmp_path / "o" / "_manifest.json").exists()

@@ -88,24 +88,14 @@ class ScoreCounts:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "out": self.out,
-            "rows": self.rows,
-            "prompts": self.prompts,
-            "shards_scored": self.shards_scored,
-            "shards_skipped": self.shards_skipped,
-            "accuracy": self.accuracy,
-            "mean_reward": self.mean_reward,
-            "verdicts": self.verdicts,
+            **{k: getattr(self, k) for k in ("out", "rows", "prompts", "shards_scored", "shards_skipped", "accuracy", "mean_reward", "verdicts")},
             "pass_rate": {
                 "none_correct": self.prompts_none_correct,
                 "some_correct": self.prompts_some_correct,
                 "all_correct": self.prompts_all_correct,
                 "histogram": {str(n): {str(k): c for k, c in h.items()} for n, h in self.pass_counts.items()},
             },
-            "worker_stats": self.worker_stats,
-            "error_examples": self.error_examples,
-            "wall_time_s": self.wall_time_s,
-            "rows_per_s": self.rows_per_s,
+            **{k: getattr(self, k) for k in ("worker_stats", "error_examples", "wall_time_s", "rows_per_s")},
         }
 
 
@@ -411,6 +401,13 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
 
     summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(_SUMMARY_COLUMNS)), result)
     failed = result.verdicts.get(ERROR, 0) + result.verdicts.get(TIMEOUT, 0)
+    if failed == result.rows and todo:  # nothing was checked: a verifier that does not fit the data, or data with no golds
+        for i in files:
+            (out / shards.shard_name(i)).unlink(missing_ok=True)
+        (out / RESCORING_FILE).unlink(missing_ok=True)
+        example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
+        raise UserError(f"every one of the {result.rows} completions failed its check{example}, nothing written — check that verifier "
+                        f"{cfg.verifier} fits the data (golds in the dataset's answer column; a plugin's signature and errors)")
     if failed and todo:  # e.g. a verifier that does not fit the golds: every sample would train as a wrong one, silently
         example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
         warnings.warn(f"{failed / result.rows:.1%} of the completions could not be checked{example} and are rewarded as wrong — "

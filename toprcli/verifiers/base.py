@@ -130,7 +130,7 @@ def from_plugin_result(result: Any) -> Verdict:
 
     ``True``/``False`` → correct/incorrect; a float (or int) → ``score`` = that
     number, correct iff it is > 0; ``None`` → no_answer; a :class:`Verdict`
-    passes through. Anything else (or NaN) is an ``error``.
+    passes through; verl's ``{"score": x, ...}`` is ``x``. Anything else (or NaN) is an ``error``.
     """
     if isinstance(result, Verdict):
         if result.verdict not in VERDICTS:
@@ -141,6 +141,8 @@ def from_plugin_result(result: Any) -> Verdict:
         extracted = result.extracted_answer
         return replace(result, score=None if result.score is None else float(result.score),
                        extracted_answer=None if extracted is None else clip_text(str(extracted)))  # stored, as the built-ins' are: clipped
+    if isinstance(result, dict) and "score" in result:  # verl's reward dict: its score, the other keys are its extra metrics
+        result = result["score"]
     if result is None:
         return Verdict(NO_ANSWER)
     if isinstance(result, bool):

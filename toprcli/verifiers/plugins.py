@@ -13,6 +13,14 @@ correct/incorrect, or a float: it becomes the ``reward`` as is, and the row is
 worker process, so it can keep module-level caches but must not rely on state
 in the parent.
 
+verl's reward functions run as they are: a function with the parameters
+``solution_str`` and ``ground_truth`` (verl's ``compute_score(data_source,
+solution_str, ground_truth, extra_info=None)``) is called by those names, with
+the row's ``data_source`` and ``extra_info`` (None when absent), and a returned
+``{"score": x, ...}`` is the float ``x``. Any other function must take
+``(completion, answer, row)``: one that cannot (TRL's batched reward
+functions, a function of two arguments) is refused when the verifier loads.
+
 ``module`` is an importable module name (the current directory is on the
 path) or a path to a ``.py`` file: ``python:checks.py:reward`` or
 ``python:mypkg.checks:reward``.
@@ -23,9 +31,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from toprcli.errors import UserError
@@ -95,9 +105,39 @@ def load_function(target: str) -> Callable:
 
 
 def make_check(target: str) -> Callable[..., Verdict]:
-    func = load_function(target)
+    call = _caller(load_function(target), target)
 
     def check(completion: str, answer: str | None, row: dict | None = None) -> Verdict:
-        return from_plugin_result(func(completion, answer, row if row is not None else {}))
+        return from_plugin_result(call(completion, answer, row if row is not None else {}))
 
     return check
+
+
+def _caller(func: Callable, target: str) -> Callable[[str, str | None, dict], Any]:
+    """How the plugin is called: as verl's ``compute_score`` when it has verl's parameter names, else as
+    ``func(completion, answer, row)``, refused here when it cannot take that (it was called with its arguments in the
+    wrong places, and every reward came out 0 or an error, in silence)."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin: no signature to read; called as documented
+        return func
+    params = sig.parameters
+    if {"solution_str", "ground_truth"} <= set(params):
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+        def verl(completion: str, answer: str | None, row: dict) -> Any:
+            given = {"data_source": row.get("data_source"), "solution_str": completion, "ground_truth": answer, "extra_info": row.get("extra_info")}
+            return func(**{k: v for k, v in given.items() if takes_any or k in params})
+
+        return verl
+    expected = f"give it topr's signature def {getattr(func, '__name__', 'check')}(completion, answer, row) -> bool | float | None"
+    first = next(iter(params), "")
+    if first in ("completions", "prompts"):
+        raise UserError(f"plugin {target} takes TRL's batched arguments ({', '.join(list(params)[:3])}, ...), one call for many "
+                        f"completions — topr calls it once per completion: {expected}")
+    try:
+        sig.bind("", None, {})
+    except TypeError as e:
+        raise UserError(f"plugin {target} cannot be called as f(completion, answer, row) ({e}) — {expected}, or verl's "
+                        "compute_score(data_source, solution_str, ground_truth, extra_info=None)") from None
+    return func
