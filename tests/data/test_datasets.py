@@ -241,26 +241,33 @@ def test_content_is_read_from_the_columns_the_spec_names_and_from_the_rows_the_p
     assert {e.preset for e in load_examples(spec)} == {"gsm8k"} and default_verifier(spec) == "gsm8k"
 
 
-@pytest.mark.parametrize("row, gold, preset", [
-    ({"instruction": "1 + 1?", "output": "1 + 1 = 2\n#### 2"}, "2", "gsm8k"),
-    ({"prompt": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}, "2", "gsm8k"),
-    ({"input": "1 + 1?", "target": "so $\\boxed{2}$"}, "2", "math"),
+@pytest.mark.parametrize("row, gold, preset, verifier", [
+    ({"instruction": "1 + 1?", "output": "1 + 1 = 2\n#### 2"}, "2", "gsm8k", "gsm8k"),
+    # A text `prompt` is TRL's prompt-only (or prompt-completion) row: rendered as written, no instruction around it.
+    ({"prompt": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}, "2", "trl", "gsm8k"),
+    ({"input": "1 + 1?", "target": "so $\\boxed{2}$"}, "2", "math", "math"),
     # A number as the gold is read as GSM8K's (was `none`: a bare prompt, `exact` matching of the whole completion).
-    ({"question": "1 + 1?", "answer": "2"}, "2", "gsm8k"),
-    ({"question": "1 + 1?", "answer": 2}, "2", "gsm8k"),
-    ({"prompt": "1 + 1?", "solution": "1,200"}, "1200", "gsm8k"),
-    ({"question": "1 + 1?", "answer": "two"}, "two", "none"),
+    ({"question": "1 + 1?", "answer": "2"}, "2", "gsm8k", "gsm8k"),
+    ({"question": "1 + 1?", "answer": 2}, "2", "gsm8k", "gsm8k"),
+    ({"prompt": "1 + 1?", "solution": "1,200"}, "1200", "trl", "gsm8k"),  # not math-verify: it reads 1,200 as a pair
+    ({"prompt": "1 + 1?", "solution": "so $\\boxed{2}$"}, "2", "trl", "math"),
+    ({"prompt": "1 + 1?", "ground_truth": "2"}, "2", "trl", "gsm8k"),  # a top-level ground_truth was no gold: all checks failed
+    ({"question": "1 + 1?", "ground_truth": 2}, "2", "gsm8k", "gsm8k"),
+    ({"question": "1 + 1?", "answer": "two"}, "two", "none", "exact"),
 ])
-def test_content_is_read_from_the_columns_the_none_preset_reads_too(tmp_path, row, gold, preset):
+def test_content_is_read_from_the_columns_the_none_preset_reads_too(tmp_path, row, gold, preset, verifier):
     """An instruction/output file with `#### n` answers got the `none` preset: the whole worked solution as gold,
-    checked by `exact`, so every answer scored wrong, in silence."""
-    from toprcli.data.datasets import PRESETS, default_verifier
+    checked by `exact`, so every answer scored wrong, in silence. A TRL prompt-only file got the GSM8K instruction and
+    `Question:`/`Answer:` wrapped around its prompts."""
+    from toprcli.data.datasets import default_verifier, render_prompt
 
     (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
     spec = DatasetSpec(source=str(tmp_path / "train.jsonl"))
     (example,) = load_examples(spec)
     assert (example.question, example.answer, example.preset) == ("1 + 1?", gold, preset)
-    assert default_verifier(spec) == PRESETS[preset].verifier
+    assert default_verifier(spec) == verifier
+    if preset == "trl":
+        assert render_prompt(example, spec) == "1 + 1?"
 
 
 def test_common_layouts_a_review_found_misread(tmp_path, monkeypatch):
@@ -315,3 +322,18 @@ def test_a_trl_unpaired_preference_file_and_a_template_on_chat_rows_are_refused(
     spec = DatasetSpec(source=str(tmp_path / "chat.jsonl"), chat_template=True, template="Solve: {question}")
     with pytest.raises(UserError, match="holds chat messages, rendered as given: --template does nothing"):
         render_prompt(load_examples(spec)[0], spec)
+
+
+def test_verl_rows_with_a_text_prompt_are_verl_rows(tmp_path):
+    """verl's reward_model.ground_truth beside a text prompt (not a conversation) was not found: no gold, every check failed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from toprcli.data.datasets import default_verifier, render_prompt
+
+    pq.write_table(pa.table({"prompt": ["1 + 1?"], "reward_model": [{"ground_truth": "2", "style": "rule"}], "data_source": ["openai/gsm8k"]}),
+                   tmp_path / "verl.parquet")
+    spec = DatasetSpec(source=str(tmp_path / "verl.parquet"))
+    (example,) = load_examples(spec)
+    assert (example.preset, example.answer, example.data_source, default_verifier(spec)) == ("verl", "2", "openai/gsm8k", "data_source")
+    assert render_prompt(example, spec) == "1 + 1?"

@@ -70,15 +70,15 @@ class Preset:
             return formats.gsm8k_gold(raw)
         if self.name == "math":
             return formats.last_boxed(raw) or raw.strip()
-        if self.name in ("trl", "messages"):  # a reference solution: the verifiers' own rules (#### n, \boxed{})
-            return formats.gsm8k_gold(raw) if "####" in raw else formats.last_boxed(raw) or raw.strip()
+        if self.name in ("trl", "messages"):  # a reference solution: the verifiers' own rules (#### n or a number, \boxed{})
+            return formats.gsm8k_gold(raw) if "####" in raw or _BARE_NUMBER.fullmatch(raw) else formats.last_boxed(raw) or raw.strip()
         return raw
 
 
 # Where instruction-style files keep the question and the gold: GSM8K's and MATH's presets read them too, so a
 # file recognised by its content (`#### n`, a boxed solution) in these columns is read by the preset it was recognised as.
 OTHER_QUESTION_COLUMNS = ("prompt", "instruction", "input")  # Alpaca: the instruction, its input after it (_question)
-OTHER_ANSWER_COLUMNS = ("solution", "output", "target")
+OTHER_ANSWER_COLUMNS = ("solution", "output", "target", "ground_truth")
 GSM8K_INSTRUCTION = (
     "Solve the math problem step by step. Give the final answer on its own line as '#### <number>'."
 )
@@ -121,7 +121,7 @@ PRESETS: dict[str, Preset] = {
     ),
     # Chat datasets (formats.py): the prompt is a conversation rendered as given; these say where the gold is.
     "verl": Preset("verl", ("prompt",), ("reward_model.ground_truth",), "{question}", "{question}", verifier="data_source"),
-    "trl": Preset("trl", ("prompt",), ("answer", "solution", "completion"), "{question}", "{question}", verifier="math"),
+    "trl": Preset("trl", ("prompt",), ("answer", "solution", "ground_truth", "completion"), "{question}", "{question}", verifier="math"),
     "messages": Preset("messages", ("messages",), ("answer", "solution"), "{question}", "{question}", verifier="math"),
     "none": Preset(
         name="none",
@@ -161,8 +161,9 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
         if fmt == "trl" and isinstance(row.get("label"), bool) and not spec.answer_column:  # its completions were judged, right or wrong
             raise UserError(f"{spec.source} is a TRL unpaired-preference dataset (prompt, completion, label): a completion is no gold "
                             "answer there — give the gold answer's column with --answer-column, or use a prompt dataset")
-        if fmt in ("trl", "messages") and "####" in _reference(row, spec, preset):  # GSM8K-style references: math-verify
-            return dataclasses.replace(preset, verifier="gsm8k")  # would read another number than the `#### n` line
+        reference = _reference(row, spec, preset)
+        if fmt in ("trl", "messages") and ("####" in reference or _BARE_NUMBER.fullmatch(reference)):  # GSM8K-style references and
+            return dataclasses.replace(preset, verifier="gsm8k")  # numbers: math-verify would read another number, or 1,200 as a pair
         return preset
     src = spec.source.lower()
     if src.startswith("builtin:arith"):

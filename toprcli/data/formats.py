@@ -62,12 +62,12 @@ def check_messages(value: Any, where: str) -> list[dict[str, str]]:
 
 def detect(row: dict[str, Any]) -> str | None:
     """The format a row is written in: verl, trl (conversational, or text prompt-completion), messages, or None (plain columns)."""
-    if is_messages(row.get("prompt")):
-        return "verl" if has_path(row, "reward_model.ground_truth") else "trl"
+    if is_messages(row.get("prompt")) or isinstance(row.get("prompt"), str) and has_path(row, "reward_model.ground_truth"):
+        return "verl" if has_path(row, "reward_model.ground_truth") else "trl"  # verl's prompt: a conversation, or its text
     if is_messages(row.get("messages")):
         return "messages"
-    if isinstance(row.get("prompt"), str) and "completion" in row:  # TRL's standard (text) prompt-completion
-        return "trl"
+    if isinstance(row.get("prompt"), str) and ("completion" in row or not {"question", "problem"} & set(row)):
+        return "trl"  # TRL's standard (text) prompt-completion or prompt-only: the prompt is rendered as written
     return None
 
 
