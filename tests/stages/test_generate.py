@@ -355,3 +355,19 @@ def test_parts_that_began_together_are_checked_before_the_manifest(tiny_model_di
     with pytest.raises(UserError, match="dtype='float32' there vs 'bfloat16' now"):
         stage._write(b, plan_b, None, None, clock.perf_counter())
     assert read_manifest(tmp_path / "dp") is None
+
+
+def test_the_summary_says_how_the_dataset_was_read(tiny_model_dir, tmp_path):
+    """Which format a file was taken for (and so whether an instruction went around its prompts) could only be seen by
+    reading the samples' prompt column."""
+    from toprcli.cli.main import app
+
+    (tmp_path / "trl.jsonl").write_text(json.dumps({"prompt": "Compute 1+5.", "solution": "6"}) + "\n")
+    r = CliRunner().invoke(app, ["generate", "-m", str(tiny_model_dir), "-d", str(tmp_path / "trl.jsonl"), "-o", str(tmp_path / "s"), "--n", "1",
+                                 "--max-new-tokens", "2", "--backend", "hf", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output.strip().splitlines()[-1])["dataset_preset"] == "trl"
+    assert read_table(tmp_path / "s").column("prompt").to_pylist() == ["Compute 1+5."]
+    table = CliRunner().invoke(app, ["generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "-o", str(tmp_path / "a"), "--n", "1",
+                                     "--limit", "1", "--max-new-tokens", "2", "--backend", "hf"])
+    assert table.exit_code == 0 and "dataset read as" in table.output and "arith" in table.output.split("dataset read as")[1].splitlines()[0]

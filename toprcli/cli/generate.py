@@ -24,7 +24,7 @@ def show(result: StageResult, cfg: GenerateConfig) -> None:
     s = result.summary
     finish = ", ".join(f"{k} {v}" for k, v in s.get("finish_reasons", {}).items()) or "-"
     rows = [
-        ("backend", s["backend"]), ("prompts", s["prompts"]), ("completions", s["completions"]),
+        ("backend", s["backend"]), ("dataset read as", s.get("dataset_preset")), ("prompts", s["prompts"]), ("completions", s["completions"]),
         ("mean completion length", float(s["mean_completion_len"])), ("max completion length", s["max_completion_len"]),
         ("finish reasons", finish), ("tokens/s", float(s["tokens_per_s"])),
         ("shards written / skipped (complete)", f"{s['shards_written']} / {s['shards_skipped']}"),

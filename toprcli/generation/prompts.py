@@ -26,6 +26,7 @@ class Prompt:
     question: str | None = None  # the dataset's question before rendering (what a verifier is shown)
     messages: tuple | None = None  # a chat dataset's conversation (kept as the samples' `messages` column)
     data_source: str | None = None  # verl's data_source (kept as a column: score can pick the verifier by it)
+    preset: str | None = None  # how the dataset was read and the prompt rendered (datasets.PRESETS): said in the summary
 
 
 # -- planning -----------------------------------------------------------------
@@ -42,7 +43,8 @@ def build_prompts(cfg: GenerateConfig, examples: list | None, tokenizer: Any) ->
     prompts = []
     for ex in examples:
         text = render_prompt(ex, cfg.dataset, tokenizer)
-        prompts.append(Prompt(ex.prompt_id, text, ex.answer, encode_prompt(text, tokenizer, cfg.dataset), ex.question, ex.messages, ex.data_source))
+        prompts.append(Prompt(ex.prompt_id, text, ex.answer, encode_prompt(text, tokenizer, cfg.dataset), ex.question, ex.messages, ex.data_source,
+                              ex.preset))
     return prompts
 
 

@@ -228,7 +228,7 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
     out = plan.out
     summary: dict[str, Any] = {
         "out": str(out),
-        "backend": plan.backend_name,
+        "backend": plan.backend_name, "dataset_preset": plan.prompts[0].preset,  # how the rows were read (and the prompts written)
         "prompts_total": len(plan.prompts),
         "skipped_long": len(plan.long),
         "clipped_to_context": plan.clipped,
