@@ -423,3 +423,23 @@ def test_a_scoring_where_every_check_failed_is_refused_and_leaves_nothing(tmp_pa
     with pytest.raises(UserError, match=r"every one of the 2 completions failed its check \(first: .*\), nothing written"):
         score_dir(d, tmp_path / "o", ScoreConfig(verifier="gsm8k", workers=1))
     assert not list((tmp_path / "o").glob("shard-*")) and not (tmp_path / "o" / "_manifest.json").exists()
+
+
+def test_score_checks_with_the_verifier_of_the_dataset_the_samples_came_from(tiny_model_dir, tmp_path):
+    """Standalone score checked every dataset with gsm8k (MATH rows of a verl set too) and refused `--verifier auto`,
+    which iterate and eval take."""
+    from toprcli.cli.main import app
+
+    (tmp_path / "math.jsonl").write_text("".join(json.dumps({"problem": f"{i}/2?", "solution": f"so $\\boxed{{\\frac{{{i}}}{{2}}}}$"}) + "\n"
+                                                 for i in range(2)))
+    gen = CliRunner().invoke(app, ["generate", "-m", str(tiny_model_dir), "-d", str(tmp_path / "math.jsonl"), "-o", str(tmp_path / "s"),
+                                   "--n", "1", "--max-new-tokens", "2", "--backend", "hf"])
+    assert gen.exit_code == 0, gen.output
+    r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / "s"), "-o", str(tmp_path / "o"), "-w", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert shards.read_manifest(tmp_path / "o")["config"]["verifier"] == "math"  # recorded as what auto stood for
+    again = CliRunner().invoke(app, ["score", "-s", str(tmp_path / "s"), "-o", str(tmp_path / "o"), "-w", "1", "--verifier", "math", "--json"])
+    assert again.exit_code == 0 and json.loads(again.output.strip().splitlines()[-1])["skipped"] is True  # math is what it was scored with
+    (tmp_path / "math.jsonl").unlink()  # the dataset gone: auto cannot tell; said in one line
+    r = CliRunner().invoke(app, ["score", "-s", str(tmp_path / "s"), "-o", str(tmp_path / "o2"), "-w", "1"])
+    assert r.exit_code == 2 and "--verifier auto reads the dataset" in r.output and not (tmp_path / "o2").exists()

@@ -111,9 +111,10 @@ _STRICT_HELP = "gsm8k: require '#### n' (strict), or also accept 'The answer is 
 class ScoreConfig:
     samples: str = opt("", "The samples directory `topr generate` wrote (or one Parquet file).", short="-s")
     out: str = opt("", "Directory for the scored shards and _manifest.json.", short="-o")
-    verifier: str = opt("gsm8k", "gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> bool | float | None) "
-                                 "| data_source (each row's verl data_source picks one through --verifier-by-source); under iterate also auto (its default: the "
-                                 "dataset preset's).", short="-v")
+    verifier: str = opt("auto", "auto (the verifier of the dataset the samples were generated from, as their manifest records it; gsm8k "
+                                "if it names none) | gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> "
+                                "bool | float | None, or verl's compute_score) | data_source (each row's verl data_source picks one through "
+                                "--verifier-by-source).", short="-v")
     verifier_by_source: dict[str, str] = opt(factory=lambda: dict(VERIFIER_BY_SOURCE), help=_BY_SOURCE_HELP)
     strict: bool = opt(False, _STRICT_HELP, flag="--strict/--flexible")
     workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)
@@ -363,7 +364,7 @@ class IterateConfig:
     eval_every: int = opt(1, "Evaluate every N rounds (and always the last).", check=AT_LEAST_ONE)
     warm_start: WarmStartConfig = opt(factory=WarmStartConfig, cli=False)
     generate: GenerateConfig = opt(factory=GenerateConfig, cli=False)
-    score: ScoreConfig = opt(factory=lambda: ScoreConfig(verifier="auto"), cli=False)  # auto: the dataset preset's verifier
+    score: ScoreConfig = opt(factory=ScoreConfig, cli=False)  # auto: the dataset preset's verifier
     curate: CurateConfig = opt(factory=lambda: CurateConfig(unreachable_baseline=0.0), cli=False)
     train: TrainConfig = opt(factory=TrainConfig, cli=False)
     eval: EvalConfig = opt(factory=EvalConfig, cli=False)

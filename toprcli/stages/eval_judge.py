@@ -102,7 +102,7 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
     # cfg.k is then this eval's verdicts per prompt, not the candidates' (it once cut best-of-8 to best-of-4).
     k = max(Counter(prompt_ids).values()) if cfg.candidates else cfg.k
     sources = table.column("data_source").to_pylist() if "data_source" in table.column_names else []  # votes grouped as maj@k's
-    answer_checker = (scored_by or {}).get("settings", {}).get("verifier") or ScoreConfig().verifier  # scored before it was recorded: the default
+    answer_checker = (scored_by or {}).get("settings", {}).get("verifier") or "gsm8k"  # scored before it was recorded: the default then
     keys = vote_keys(voting_verifier(answer_checker, sources, cfg.verifier_by_source), prompt_ids, table.column("extracted_answer").to_pylist(),
                      correct, k, workers=cfg.workers, timeout=cfg.timeout)
     scores = table.column("verifier_score").to_numpy().astype(np.float64)

@@ -29,7 +29,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from toprcli import shards
-from toprcli.config import ScoreConfig, config_to_dict
+from toprcli.config import DatasetSpec, ScoreConfig, config_to_dict, from_dict
+from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
@@ -153,6 +154,15 @@ def _refuse_nulls(meta: Any, path: Path) -> None:
                                 "regenerate the file with `topr generate` or fix that row")
 
 
+def _dataset_verifier(samples: Path) -> str:
+    """``auto``: the verifier of the dataset the samples were generated from (their manifest's); gsm8k if it names none."""
+    recorded = ((shards.read_manifest(samples) if samples.is_dir() else None) or {}).get("config", {}).get("dataset")
+    try:
+        return default_verifier(from_dict(DatasetSpec, recorded)) if recorded else "gsm8k"
+    except UserError as e:
+        raise UserError(f"--verifier auto reads the dataset {samples} was generated from: {e} — or name the verifier (--verifier math, ...)") from None
+
+
 def _settings(cfg: ScoreConfig) -> dict[str, Any]:
     d = config_to_dict(cfg)
     out = {k: d[k] for k in _SCORE_KEYS + (("verifier_by_source",) if cfg.verifier == "data_source" else ())}
@@ -253,14 +263,7 @@ def summarize(table: pa.Table, result: ScoreCounts) -> None:
     result.accuracy = float(correct.mean())
     result.mean_reward = float(np.asarray(table.column("reward").to_numpy(zero_copy_only=False), dtype=np.float64).mean())
     # A prompt group is (iteration, policy, prompt_id), as in curation.
-    keys = pa.table(
-        {
-            "iteration": table.column("iteration"),
-            "policy": table.column("policy"),
-            "prompt_id": table.column("prompt_id"),
-            "correct": pa.array(correct.astype(np.int64)),
-        }
-    )
+    keys = pa.table({**{c: table.column(c) for c in ("iteration", "policy", "prompt_id")}, "correct": pa.array(correct.astype(np.int64))})
     grouped = keys.group_by(["iteration", "policy", "prompt_id"]).aggregate([("correct", "sum"), ("correct", "count")])
     ks = grouped.column("correct_sum").to_numpy()
     ns = grouped.column("correct_count").to_numpy()
@@ -296,6 +299,8 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     if any(f.resolve().is_relative_to(out.resolve()) for f in files.values()):  # --overwrite would remove or replace them
         raise UserError(f"--out {out} holds the samples being scored — write scored shards to another directory")
     total_rows = _validate_inputs(files)
+    if cfg.verifier == "auto":  # recorded as what it stands for: a rerun resolves it the same, or is another scoring
+        cfg = replace(cfg, verifier=_dataset_verifier(samples))
     verifier = resolve_verifier(cfg.verifier, strict=cfg.strict, by_source=cfg.verifier_by_source)
     if cfg.verifier == "data_source":
         _check_sources(files, cfg.verifier_by_source)
