@@ -337,3 +337,18 @@ def test_verl_rows_with_a_text_prompt_are_verl_rows(tmp_path):
     (example,) = load_examples(spec)
     assert (example.preset, example.answer, example.data_source, default_verifier(spec)) == ("verl", "2", "openai/gsm8k", "data_source")
     assert render_prompt(example, spec) == "1 + 1?"
+
+
+def test_a_saved_dataset_directory_is_read_and_a_missing_hub_id_names_the_builtin(tmp_path, monkeypatch):
+    """A `Dataset.save_to_disk` directory failed with datasets' "Please use `load_from_disk` instead"; an offline hub id
+    was told to check its split and config name."""
+    import datasets
+
+    from toprcli.errors import UserError
+
+    datasets.Dataset.from_list([{"question": "1 + 1?", "answer": "#### 2"}]).save_to_disk(str(tmp_path / "saved"))
+    (example,) = load_examples(DatasetSpec(source=str(tmp_path / "saved")))
+    assert (example.question, example.answer) == ("1 + 1?", "2")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as this machine is: no half-minute of retries
+    with pytest.raises(UserError, match="builtin:gsm8k ships with topr"):
+        load_examples(DatasetSpec(source="no-such-user-zz/no-such-dataset-zz"))

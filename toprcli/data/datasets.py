@@ -239,25 +239,27 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
             config_name = spec.config_name
             if config_name is None and not path.is_dir() and src.rstrip("/") in HUB_DEFAULT_CONFIGS:  # a local gsm8k/ is no hub id
                 config_name = HUB_DEFAULT_CONFIGS[src.rstrip("/")]
-            ds = datasets.load_dataset(str(path) if path.is_dir() else src, config_name, split=spec.split)
+            if (path / "state.json").is_file():  # one Dataset written by save_to_disk (it has no splits; load_dataset refuses it)
+                ds = datasets.load_from_disk(str(path))
+            else:
+                ds = datasets.load_dataset(str(path) if path.is_dir() else src, config_name, split=spec.split)
         else:
             raise UserError(f"unknown dataset {src!r} — pass a hub id, a local file, or builtin:arith")
     except UserError:
         raise
-    except ValueError as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"cannot load dataset {src!r} split {spec.split!r}: {msg} — check the split and config name") from None
-    except (FileNotFoundError, ConnectionError, OSError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(
-            f"cannot load dataset {src!r}: {msg} — check the hub id (and network), or pass a local file"
-        ) from None
     except Exception as e:  # datasets raises many types (DatasetNotFoundError, ...)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"cannot load dataset {src!r}: {msg} — check the hub id, config name and split") from None
+        if isinstance(e, ValueError):
+            raise UserError(f"cannot load dataset {src!r} split {spec.split!r}: {msg} — check the split and config name{_hub_hint(path)}") from None
+        fix = "the hub id (and network), or pass a local file" if isinstance(e, OSError) else "the hub id, config name and split"
+        raise UserError(f"cannot load dataset {src!r}: {msg} — check {fix}{_hub_hint(path)}") from None
     if spec.limit is not None:
         ds = ds.select(range(min(spec.limit, len(ds))))
     return ds.to_list()
+
+
+def _hub_hint(path: Path) -> str:
+    return "" if path.exists() else " (a hub id needs the network or the hub's cache; builtin:gsm8k ships with topr)"
 
 
 def _load_builtin(spec: DatasetSpec) -> list[dict[str, Any]]:
@@ -312,14 +314,14 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
     if q_col is None:
         raise UserError(
             f"dataset {spec.source!r} has no question column (looked for {', '.join(preset.question_columns)}) — "
-            f"columns are: {', '.join(rows[0])}; set dataset.question_column"
+            f"columns are: {', '.join(rows[0])}; name it with --question-column (dataset.question_column in a config)"
         )
     a_col = _pick_column(probe, spec.answer_column, preset.answer_columns, "answer", spec)
     id_col = _pick_column(probe, spec.id_column, ("id",) if preset.name in ("arith", "verification") else (), "id", spec)
     parts = [_question(r, q_col, preset, f"dataset {spec.source!r} row {n}, column {q_col!r}", a_col is not None) for n, r in enumerate(rows)]
     if a_col is None and all(reference is None for _, _, reference in parts):  # caught before hours of generation, not at scoring
         warnings.warn(f"dataset {spec.source!r} has no answer column (looked for {', '.join(preset.answer_columns)}; columns are: "
-                      f"{', '.join(probe)}): every gold answer is empty and a verifier that needs one will fail — set dataset.answer_column")
+                      f"{', '.join(probe)}): every gold answer is empty and a verifier that needs one will fail — name it with --answer-column (dataset.answer_column)")
     keys = [json.dumps(m) if m else q for q, m, _ in parts]  # a conversation is identified by all of it
     ids = [str(formats.get_path(r, id_col)) for r in rows] if id_col else prompt_ids(keys, spec.split)
     if id_col and len(set(ids)) != len(ids):
@@ -408,7 +410,7 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
         raise UserError(f"prompt template {spec.template!r} has no {{question}} placeholder — add one")
     if spec.chat_template:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise UserError("dataset.chat_template is set but the tokenizer has no chat template — turn it off or use an instruct model")
+            raise UserError("--chat-template is on (dataset.chat_template) but the tokenizer has no chat template — turn it off or use an instruct model")
         if example.messages is not None:
             messages, shots = list(example.messages), [(s.question, s.solution) for s in example.shots]
         else:
