@@ -40,7 +40,6 @@ from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
 from toprcli.generation import open_backend
 from toprcli.generation.base import cuda_available
-from toprcli.generation.model_info import check_model
 from toprcli.launch import run_eval, run_generate, run_train, runs_in_child
 from toprcli.models.tiny import TINY_PRESETS, build_tiny_model
 from toprcli.progress import ProgressFn
@@ -48,7 +47,7 @@ from toprcli.runs import VERIFIER_KEYS, round_dir, round_summary, run_summary
 from toprcli.shards import check_writable, output_lock, read_manifest, write_json_atomic
 from toprcli.stages import curate, score, warmstart
 from toprcli.stages import train as train_stage
-from toprcli.stages.checks import check_before_work
+from toprcli.stages.checks import check_before_work, check_starting_model
 
 STATE_FILE = "state.json"
 # What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
@@ -316,7 +315,7 @@ class Pipeline:
         check_before_work(self.cfg)  # a round must not fail on a typo after generating, with a run dir that then holds it
         first = not (self.run_dir / runs.CONFIG_FILE).exists()
         if first and not self.cfg.warm_start.init_model and not (self.branch_from and self.cfg.train_from == "previous"):
-            check_model(self.initial_model())  # a mistyped model is refused before the run dir records it (a branch: its round's policy)
+            check_starting_model(self.cfg, self.initial_model())  # refused before the run dir records it (a branch: its round's policy)
         if first and self.verifier() == "data_source":  # an unmapped verl source: refused before round 0 generates
             score.check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
         if self.cfg.score.verifier == "auto":  # recorded as what it stands for: a rerun resolves it the same, or is refused

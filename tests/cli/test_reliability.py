@@ -348,3 +348,51 @@ def test_json_with_verbose_keeps_other_programs_output_off_stdout(inputs, tmp_pa
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["stage"] == "score" and "checking" in done.stderr
+
+
+def test_inputs_a_sweep_found_misread(inputs, tmp_path):
+    """train -o DATA --overwrite replaced the training data with a policy (its own advice); a damaged safetensors file was
+    a 132-line traceback; a model dir with no tokenizer trained a policy nothing could generate with; a mistyped -m
+    retried the hub for half a minute; generate left an empty --out when its model did not load; generate and score
+    wrote shards among a model's weights; a zero-row file and a missing few-shot file got datasets' words or the wrong
+    advice; iterate refused max_new_tokens past the model's context at round 0, after the engine started."""
+    model, data = inputs["model"], inputs["curated"]
+    before = data.read_bytes()
+    train = ["train", "-d", str(data), "--max-steps", "1", "--batch-size", "4", "--no-progress"]
+    r = CliRunner().invoke(app, [*train, "-m", str(model), "-o", str(data), "--overwrite"])
+    assert r.exit_code == 2 and "is a file (the training data)" in one_error_line(r.stderr) and data.read_bytes() == before
+    corrupt, bare = tmp_path / "corrupt", tmp_path / "bare"
+    shutil.copytree(model, corrupt)
+    (corrupt / "model.safetensors").write_bytes(os.urandom(100))
+    shutil.copytree(model, bare)
+    for f in bare.glob("tokenizer*"):
+        f.unlink()
+    for m, words in ((corrupt, "cannot load the model"), (bare, "has no tokenizer"), (tmp_path / "nope", "model dir not found")):
+        r = CliRunner().invoke(app, [*train, "-m", str(m), "-o", str(tmp_path / f"p-{m.name}")])
+        assert r.exit_code == 2 and words in one_error_line(r.stderr) and not list(tmp_path.glob(f"p-{m.name}*"))
+    r = CliRunner().invoke(app, [*train, "-m", str(model), "-o", str(tmp_path / "p-ref"), "--ref-model", str(corrupt), "--kl-coef", "0.1"])
+    assert r.exit_code == 2 and "cannot load the model" in one_error_line(r.stderr) and not list(tmp_path.glob("p-ref*"))
+    gen = ["generate", "-d", "builtin:arith", "--limit", "1", "--n", "1", "--max-new-tokens", "4", "--backend", "hf"]
+    r = CliRunner().invoke(app, [*gen, "-m", str(corrupt), "-o", str(tmp_path / "g")])
+    assert r.exit_code == 2 and "cannot load model" in one_error_line(r.stderr) and not (tmp_path / "g").exists()
+    for args in ([*gen, "-m", str(model), "-o", str(bare)], ["score", "-s", str(inputs["samples"]), "-o", str(bare)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "is a model's directory" in one_error_line(r.stderr) and not list(bare.glob("shard-*"))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"question": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), tmp_path / "zero.parquet")
+    (tmp_path / "none.json").write_text("[]\n")
+    for f in ("zero.parquet", "none.json"):
+        r = CliRunner().invoke(app, [*gen, "-m", str(model), "-d", str(tmp_path / f), "-o", str(tmp_path / "z")])
+        assert r.exit_code == 2 and "is empty — it holds no rows" in one_error_line(r.stderr)
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    r = CliRunner().invoke(app, [*gen, "-m", str(model), "-d", str(tmp_path / "q.jsonl"), "-o", str(tmp_path / "f"), "--few-shot", "1",
+                                 "--few-shot-split", str(tmp_path / "nope.jsonl")])
+    assert r.exit_code == 2 and "file not found" in one_error_line(r.stderr)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {model}\nrun_dir: {tmp_path / 'run'}\n")  # tiny's context is 512, the default max_new_tokens 512
+    for args in (["config", "check", str(config)], ["iterate", "-c", str(config)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "generate.sampling.max_new_tokens 512 leaves no room" in r.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run").exists()

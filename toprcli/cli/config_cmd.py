@@ -101,11 +101,11 @@ def _config_class(file: Path, stage: str | None) -> tuple[type, str]:
 
 
 def _check_pipeline(cfg) -> None:
-    """A model named in a pipeline config exists (none: iterate's --model gives it; init_model builds it)."""
-    from toprcli.generation.model_info import check_model
+    """A model named in a pipeline config exists and fits (none: iterate's --model gives it; init_model builds it)."""
+    from toprcli.stages.checks import check_starting_model
 
     if cfg.model and not cfg.warm_start.init_model:
-        check_model(cfg.model)
+        check_starting_model(cfg, cfg.model)
 
 
 @app.command("import-roll")

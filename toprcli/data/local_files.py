@@ -35,7 +35,9 @@ def _open_text(path: Path, **kwargs: Any) -> Any:
 def few_shot_source(source: str, split: str) -> tuple[str, str]:
     """(source, split) few-shot examples come from: ``split`` of the dataset; a single local file has no splits
     (any --split reads all of it), so its shots come from another file, named by ``split``."""
-    if local_suffix(split) in LOCAL_FORMATS and Path(split).expanduser().is_file():  # a file of shots, whatever the source
+    if local_suffix(split) in LOCAL_FORMATS:  # a file of shots, whatever the source
+        if not Path(split).expanduser().is_file():
+            raise UserError(f"--few-shot-split {split}: file not found — check the path of the file the shots come from")
         return split, "train"
     if local_suffix(source) not in LOCAL_FORMATS or not Path(source).expanduser().is_file():
         return source, split
@@ -47,7 +49,7 @@ def read_local(datasets: Any, fmt: str, path: Path) -> Any:
     """A local file through ``datasets``; a file it cannot read is named with the line (or cause)."""
     import logging
 
-    if path.stat().st_size == 0 or fmt != "parquet" and not _head(path).strip():
+    if path.stat().st_size == 0 or fmt != "parquet" and _head(path).strip() in ("", "[]") or fmt == "parquet" and _parquet_rows(path) == 0:
         raise UserError(f"{path} is empty — it holds no rows")
     logger = logging.getLogger("datasets")
     level = logger.level
@@ -63,6 +65,16 @@ def read_local(datasets: Any, fmt: str, path: Path) -> Any:
         raise UserError(f"{path} is a table by columns (as pandas' to_json() writes by default), not one record per row — write it with "
                         f"df.to_json(path, orient='records'), or as JSONL with orient='records', lines=True")
     return ds
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """A Parquet file's row count from its footer (None when it has none to read: the reader names why)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:
+        return None
 
 
 def _head(path: Path) -> str:

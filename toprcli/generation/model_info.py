@@ -16,6 +16,7 @@ from typing import Any
 from toprcli.errors import UserError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # what save_pretrained writes, one at least
 # Keys under which model configs give their context length, most specific first.
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 # Config keys that must match for an in-place weight reload to be valid.
@@ -41,6 +42,9 @@ def check_model(model: str) -> None:
             raise UserError(f"model path {model} is a file, not a model directory — pass the directory holding config.json")
         if not (p / "config.json").is_file():
             raise UserError(f"model dir {model} has no config.json — pass a Hugging Face model directory (`topr init-model DIR` builds one)")
+        if not any((p / name).is_file() for name in TOKENIZER_FILES):  # every stage needs it (train copies it into the policy)
+            raise UserError(f"model dir {model} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}) — save the model's tokenizer "
+                            "there (tokenizer.save_pretrained(DIR))")
         return
     if model.startswith((".", "/", "~")) or not _HUB_ID.match(model):
         raise UserError(f"model dir not found: {model} — check the path (`topr init-model DIR` builds the tiny model)")

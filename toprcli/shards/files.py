@@ -217,6 +217,15 @@ def output_error(e: OSError, path: str | os.PathLike[str] | None = None) -> User
     return UserError(f"cannot write {where}: {_UNWRITABLE[code]} — choose a writable output path (or fix its permissions)")
 
 
+def check_output_dir(out: Path) -> None:
+    """A stage's output directory: not a file, and not a model's directory (shards and a manifest were written among its
+    weights)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output path {out} is a file — pass a directory to --out")
+    if (out / "config.json").is_file():
+        raise UserError(f"--out {out} is a model's directory (it has a config.json) — write the output to a directory of its own")
+
+
 def check_writable(path: str | os.PathLike[str]) -> None:
     """Fail before any work when ``path`` (a file or directory to be written) cannot be created there.
 

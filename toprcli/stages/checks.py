@@ -8,6 +8,8 @@ from typing import Any
 
 from toprcli.config import ConfigError, EvalConfig, IterateConfig, ScoreConfig, TrainConfig
 from toprcli.data.local_files import LOCAL_FORMATS, local_suffix
+from toprcli.errors import UserError
+from toprcli.generation.model_info import check_model, context_length
 from toprcli.stages.train import check_loss
 from toprcli.tracking import check_installed
 from toprcli.verifiers.registry import resolve_verifier
@@ -47,3 +49,14 @@ def check_eval_dataset(cfg: IterateConfig) -> None:
     if one_file and ev.source == gen.source and gen.limit is None and ev.limit is None:
         warnings.warn(f"eval.dataset is generate.dataset's file ({gen.source}; one file has no splits): the rounds are evaluated on "
                       "the prompts they train on — point eval.dataset.source at held-out problems", stacklevel=2)
+
+
+def check_starting_model(cfg: IterateConfig, model: str) -> None:
+    """A pipeline's starting model: there (a mistyped path, a directory without config.json or tokenizer), and with room in
+    its context for a prompt beside each completion (generate refused it at round 0, after the engine had started)."""
+    check_model(model)
+    for stage, section in (("generate", cfg.generate), ("eval", cfg.eval)):
+        context = context_length(model, section.engine.max_model_len) if Path(model).is_dir() else None
+        if context is not None and section.sampling.max_new_tokens >= context:
+            raise UserError(f"{stage}.sampling.max_new_tokens {section.sampling.max_new_tokens} leaves no room for a prompt in the context "
+                            f"of {model} ({context} tokens) — lower it (--set {stage}.sampling.max_new_tokens=...)")

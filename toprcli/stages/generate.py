@@ -202,8 +202,7 @@ def _plan(cfg: GenerateConfig, backend: GenerationBackend | None, examples: list
     if cfg.shard_index >= cfg.num_shards:
         raise UserError(f"--shard-index {cfg.shard_index} is out of range for --num-shards {cfg.num_shards} — use 0..{cfg.num_shards - 1}")
     out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output path {out} is a file — pass a directory to --out")
+    shards.check_output_dir(out)
     check_model(str(cfg.model))
     params = sampling_params(cfg.sampling, cfg.n)
     # An open backend brings its tokenizer (a policy swap keeps the architecture and vocabulary).
@@ -240,15 +239,15 @@ def _write(cfg: GenerateConfig, plan: _Plan, backend: GenerationBackend | None, 
     engine_info: dict[str, Any] = {}
     own_backend = False
     if plan.todo:
-        out.mkdir(parents=True, exist_ok=True)
-        shards.remove_stale_temporaries(out)
-        (out / shards.MANIFEST_NAME).unlink(missing_ok=True)  # it marks a finished directory, which this no longer is
-        if backend is None:
+        if backend is None:  # before --out is made: a model that does not load leaves nothing behind
             backend = open_backend(cfg.engine, str(cfg.model), seed=cfg.sampling.seed)
             own_backend = True
         elif str(backend.model) != str(cfg.model):
             backend.load_weights(str(cfg.model))
         try:  # the engine this opened is closed whatever stops it (a refusal, a signal)
+            out.mkdir(parents=True, exist_ok=True)
+            shards.remove_stale_temporaries(out)
+            (out / shards.MANIFEST_NAME).unlink(missing_ok=True)  # it marks a finished directory, which this no longer is
             if own_backend:
                 summary["clipped_to_context"] = _check_engine_context(cfg, plan, backend) or plan.clipped
             engine_info = dict(getattr(backend, "info", {}))

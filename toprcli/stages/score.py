@@ -312,6 +312,7 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
     _refuse_foreign(out, existing)
     if not cfg.overwrite:
         _refuse_mixing(samples, files, existing, settings, fingerprints)
+    shards.check_output_dir(out)
     shards.check_writable(out)
     with shards.output_lock(out):  # one writer per output
         shards.remove_stale_temporaries(out)  # a killed scorer's half-written shard
@@ -370,39 +371,33 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
     result = ScoreCounts(out=str(out), shards_skipped=len(files) - len(todo))
     skipped_rows = sum(pq.read_metadata(files[i]).num_rows for i in files if i not in todo)
 
-    report, close_bar = _progress(progress, total_rows, skipped_rows)
+    report = _progress(progress, total_rows, skipped_rows)
     scored_rows = 0
     t_scoring = 0.0
-    try:
-        if todo:
-            workers = cfg.workers
-            with VerifierPool(
-                verifier, workers=workers, timeout=cfg.timeout, memory_limit_mb=cfg.worker_memory_mb or None
-            ) as pool:
-                # The manifest marks a finished directory: drop a stale one before the first write.
-                (out / shards.MANIFEST_NAME).unlink(missing_ok=True)
-                done = skipped_rows
-                t1 = time.monotonic()
-                for i in todo:
-                    table = pq.read_table(files[i])
-                    input_meta = shards.read_file_metadata(files[i])
+    if todo:
+        with VerifierPool(verifier, workers=cfg.workers, timeout=cfg.timeout, memory_limit_mb=cfg.worker_memory_mb or None) as pool:
+            # The manifest marks a finished directory: drop a stale one before the first write.
+            (out / shards.MANIFEST_NAME).unlink(missing_ok=True)
+            done = skipped_rows
+            t1 = time.monotonic()
+            for i in todo:
+                table = pq.read_table(files[i])
+                input_meta = shards.read_file_metadata(files[i])
 
-                    def tick(k: int) -> None:
-                        nonlocal done
-                        done += k
-                        report(done)
+                def tick(k: int) -> None:
+                    nonlocal done
+                    done += k
+                    report(done)
 
-                    scored = score_table(table, pool, rewards, progress=tick, error_examples=result.error_examples)
-                    meta = dict(input_meta)
-                    meta["score"] = {"settings": settings, "input_fingerprint": fingerprints[i], "verifier": verifier.name,
-                                     **({"rescoring": token} if token else {})}
-                    shards.write_shard(out, i, scored, metadata=meta)
-                    scored_rows += scored.num_rows
-                    result.shards_scored += 1
-                t_scoring = time.monotonic() - t1
-                result.worker_stats = dict(pool.stats)
-    finally:
-        close_bar()
+                scored = score_table(table, pool, rewards, progress=tick, error_examples=result.error_examples)
+                meta = dict(input_meta)
+                meta["score"] = {"settings": settings, "input_fingerprint": fingerprints[i], "verifier": verifier.name,
+                                 **({"rescoring": token} if token else {})}
+                shards.write_shard(out, i, scored, metadata=meta)
+                scored_rows += scored.num_rows
+                result.shards_scored += 1
+            t_scoring = time.monotonic() - t1
+            result.worker_stats = dict(pool.stats)
 
     summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(_SUMMARY_COLUMNS)), result)
     failed = result.verdicts.get(ERROR, 0) + result.verdicts.get(TIMEOUT, 0)
@@ -435,10 +430,10 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
 _SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "verdict")
 
 
-def _progress(progress: ProgressFn | None, total: int, done: int) -> tuple[Callable[[int], None], Callable[[], None]]:
-    """(report(rows done), close()) over a :data:`~toprcli.progress.ProgressFn` (or nothing)."""
+def _progress(progress: ProgressFn | None, total: int, done: int) -> Callable[[int], None]:
+    """report(rows done) over a :data:`~toprcli.progress.ProgressFn` (or nothing)."""
     if progress is None:
-        return (lambda d: None), (lambda: None)
+        return lambda d: None
     t0, d0 = time.monotonic(), done
     progress("score", done, total)
 
@@ -447,4 +442,4 @@ def _progress(progress: ProgressFn | None, total: int, done: int) -> tuple[Calla
         rate = f"{(d - d0) / dt:,.0f}" if dt > 0.2 else "-"
         progress("score", d, total, **{"rows/s": rate})
 
-    return tick, (lambda: None)
+    return tick

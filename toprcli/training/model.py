@@ -183,7 +183,9 @@ def _load_lm_with(model: str, dtype: torch.dtype, on_meta: bool, kw: dict[str, A
         if not on_meta:
             try:
                 return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, **kw)
-            except OSError as e:  # a config.json without weights, a hub id not there: one line naming the model
+            except Exception as e:  # no weights, a hub id not there, a damaged file (safetensors' own error): one line naming it
+                if not isinstance(e, OSError) and type(e).__name__ != "SafetensorError":
+                    raise
                 raise UserError(f"cannot load the model {model} ({first_line(e)}) — pass a directory with its weights "
                                 "(model.safetensors), or a hub id") from None
         from accelerate import init_empty_weights

@@ -23,7 +23,7 @@ import torch
 
 from toprcli.config import TrainConfig, config_to_dict, from_dict
 from toprcli.errors import UserError
-from toprcli.generation.model_info import config_context_length, first_line
+from toprcli.generation.model_info import check_model, config_context_length, first_line
 from toprcli.losses import LOSSES, policy_loss, resolve_options
 from toprcli.sampling import Processing
 from toprcli.shards import (
@@ -364,11 +364,16 @@ def prepare(cfg: TrainConfig) -> Prepared:
 
     out = Path(cfg.out)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
-    if out.exists() and not cfg.overwrite and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():  # --overwrite replaced it, the training data (-o = -d) too
+        raise UserError(f"--out {out} is a file{' (the training data)' if out.resolve() == Path(cfg.data).resolve() else ''} — the policy "
+                        "is a directory: choose another --out")
+    if out.exists() and not cfg.overwrite and any(out.iterdir()):
         raise UserError(f"{out} already exists and is not a finished training output (no train_summary.json) — pass --overwrite to "
                         "replace it, or choose another --out")
     check_writable(partial)
 
+    for model in (cfg.model, loss.ref_model or cfg.model):  # a mistyped path is no hub id to retry for half a minute
+        check_model(model)
     mcfg = model_config(cfg.model)
     vocab_size = int(mcfg.vocab_size)
     context = config_context_length(mcfg)

@@ -94,7 +94,12 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
         state = _resume(prep, resume_from, model.policy, model.optimizer, model.scheduler, ctx)
         behavior, ref = load_precomputed(prep)
     else:
-        behavior, ref = precompute(prep, model.policy, ctx, model.autocast, state)
+        try:
+            behavior, ref = precompute(prep, model.policy, ctx, model.autocast, state)
+        except UserError:  # a --ref-model that does not load: refused before any work, nothing left behind
+            if ctx.is_main and partial.is_dir() and not any(partial.iterdir()):
+                partial.rmdir()
+            raise
     state.update(config_fingerprint=prep.config_fingerprint, data_fingerprint=prep.data_fingerprint,
                  config=config_to_dict(prep.cfg))  # what a refused resume names as changed
     start_step = int(state["step"])
