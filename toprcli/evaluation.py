@@ -238,6 +238,25 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def verifier_prompt_scores(
+    prompt_ids: Sequence[str], correct: Sequence[bool], vote_keys: Sequence[Hashable | None], scores: Sequence[float], k: int
+) -> dict[str, dict[str, float]]:
+    """Per prompt, over its first ``k`` candidates: best-of-k by the verifier's scores, the verifier-weighted and the
+    plain majority vote, as ``{"best_of_k_verifier": {prompt_id: value}, "weighted_maj@k": ..., "candidates_maj@k": ...}``
+    (what :func:`verifier_metrics` averages, and a bootstrap over prompts resamples). Sequences are (N,)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, pid in enumerate(prompt_ids):
+        groups[pid].append(i)
+    out: dict[str, dict[str, float]] = {"best_of_k_verifier": {}, "weighted_maj@k": {}, "candidates_maj@k": {}}
+    for pid, rows in groups.items():
+        first = rows[:k]
+        c = [bool(correct[i]) for i in first]
+        out["best_of_k_verifier"][pid] = best_of_k_correct([scores[i] for i in first], c)
+        out["weighted_maj@k"][pid] = majority_vote_correct([vote_keys[i] for i in first], c, [scores[i] for i in first])
+        out["candidates_maj@k"][pid] = majority_vote_correct([vote_keys[i] for i in first], c)
+    return out
+
+
 def verifier_metrics(
     prompt_ids: Sequence[str],
     correct: Sequence[bool],
@@ -245,6 +264,7 @@ def verifier_metrics(
     scores: Sequence[float],
     k: int,
     valid: Sequence[float] | None = None,
+    per_prompt: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """How a verifier's scores of sampled candidates help (GenRM's measures; the paper's Table 2).
 
@@ -254,23 +274,15 @@ def verifier_metrics(
     on the same candidates. Over every candidate: the verifier's accuracy (it
     calls a candidate correct when its score ≥ 0.5; a candidate it gave no
     valid verdict, ``valid`` 0, is a wrong call whatever its score) and the ROC
-    AUC of its scores. All sequences are (N,), one entry per candidate; scores
+    AUC of its scores. ``per_prompt``: :func:`verifier_prompt_scores` of the same, when the caller has it. All sequences are (N,), one entry per candidate; scores
     in [0, 1].
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not (len(prompt_ids) == len(correct) == len(vote_keys) == len(scores) == len(scores if valid is None else valid)):
         raise ValueError("prompt_ids, correct, vote_keys, scores and valid must have the same length")
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, pid in enumerate(prompt_ids):
-        groups[pid].append(i)
-    best, weighted, plain = [], [], []
-    for rows in groups.values():
-        first = rows[:k]
-        c = [bool(correct[i]) for i in first]
-        best.append(best_of_k_correct([scores[i] for i in first], c))
-        weighted.append(majority_vote_correct([vote_keys[i] for i in first], c, [scores[i] for i in first]))
-        plain.append(majority_vote_correct([vote_keys[i] for i in first], c))
+    per_prompt = per_prompt or verifier_prompt_scores(prompt_ids, correct, vote_keys, scores, k)
+    best, weighted, plain = (list(per_prompt[key].values()) for key in ("best_of_k_verifier", "weighted_maj@k", "candidates_maj@k"))
     y = np.asarray(correct, dtype=bool)
     s = np.asarray(scores, dtype=np.float64)
     decided = np.ones(len(s), dtype=bool) if valid is None else np.asarray(valid, dtype=np.float64) > 0  # (N,)

@@ -170,11 +170,13 @@ def train_in_child(cfg: TrainConfig, on_launch: Callable[[Path], None] | None = 
     out = Path(cfg.out)
     done = out / "train_summary.json"
     train_stage.check(_single_process_view(cfg))  # bad input is one line here, before N ranks start (and write a config and log)
-    config_file = write_stage_config(_single_process_view(cfg), out.with_name(out.name + ".train.yaml"))
+    config_file = out.with_name(out.name + ".train.yaml")
+    command = training_command(cfg, config_file)  # a bad launcher template: refused before the config is written
+    write_stage_config(_single_process_view(cfg), config_file)
     log = out.with_name(out.name + ".train.log")
     if on_launch is not None:
         on_launch(log)
-    run_logged(training_command(cfg, config_file), log, what=f"training of {out}")
+    run_logged(command, log, what=f"training of {out}")
     if not done.is_file():
         raise UserError(f"the training launcher exited without writing {done} — check train.launcher runs `toprcli train --config {config_file}`")
     return json.loads(done.read_text())

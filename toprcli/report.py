@@ -27,7 +27,8 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
     """Per-round metrics: pass@1, maj@k, invalid rate, p, p̃, reward stats, training loss."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise UserError(f"run dir not found: {run_dir} — pass the --run-dir of a `topr iterate` run")
+        raise UserError(f"{'run dir not found' if not run_dir.exists() else 'not a run directory (a file)'}: {run_dir} — pass the --run-dir "
+                        "of a `topr iterate` run")
     rows = run_summary(run_dir)
     if not rows:
         raise UserError(f"{run_dir} has no round-* directories — is it a `topr iterate` run dir?")

@@ -45,6 +45,11 @@ def test_p_yes_judges_the_k_samples_and_the_measures_follow_from_the_scores(tiny
     assert m["weighted_maj@k"] == pytest.approx(expect["weighted_maj@3"])
     auc = expect["verifier_auc"]
     assert m["verifier_auc"] == (None if auc != auc else pytest.approx(auc))  # no AUC when every candidate is wrong
+    # The paper's Table 2 numbers have their 95% intervals over problems too, from per-problem scores kept in eval.json.
+    per_prompt = res["per_prompt"]
+    for key in ("best_of_k_verifier", "weighted_maj@k", "candidates_maj@k"):
+        assert len(m["intervals"][key]) == 2 and set(per_prompt[key]) == set(pids)
+        assert np.mean(list(per_prompt[key].values())) == pytest.approx(m[key])
 
     again = run(eval_config(tiny_model_dir, out, verifier_model=str(tiny_model_dir)))
     assert again.skipped and again["metrics"]["best_of_k_verifier"] == m["best_of_k_verifier"]

@@ -46,8 +46,8 @@ def show(result: StageResult, cfg: EvalConfig) -> None:
         rows += [
             ("verifier", f"{m['verifier_model']} ({m['verifier_mode']})"),
             (f"candidates judged ({'--candidates' if cfg.candidates else 'the k samples'})", m["candidates"]),
-            (f"maj@{k} of the candidates", m["candidates_maj@k"]), (f"best-of-{k} by verifier", m["best_of_k_verifier"]),
-            (f"verifier-weighted maj@{k}", m["weighted_maj@k"]), ("verifier accuracy", m["verifier_accuracy"]),
+            (f"maj@{k} of the candidates", with_interval(m, "candidates_maj@k")), (f"best-of-{k} by verifier", with_interval(m, "best_of_k_verifier")),
+            (f"verifier-weighted maj@{k}", with_interval(m, "weighted_maj@k")), ("verifier accuracy", m["verifier_accuracy"]),
             ("verifier invalid-verdict rate", m["verifier_invalid_rate"]), ("verifier AUC", m["verifier_auc"]),
         ]
     console.print(summary_table(f"eval of {cfg.model}", rows))

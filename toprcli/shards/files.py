@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -210,6 +211,8 @@ def output_error(e: OSError, path: str | os.PathLike[str] | None = None) -> User
     if code is None:
         return None
     where = e.filename or path or "the output"
+    if e.filename and (real := re.fullmatch(r"\.(.+?)\.\d+-.*\.tmp", Path(str(e.filename)).name)):  # a temporary_name: the path asked for
+        where = Path(str(e.filename)).with_name(real.group(1))
     if code in _NOT_A_DIR:
         return UserError(f"cannot write {where}: a part of that path is a file, not a directory — choose another output path")
     if code in _FULL:

@@ -345,7 +345,7 @@ def _numpy(col: pa.ChunkedArray, dtype) -> np.ndarray:
 
 
 def _fmt_dropped(dropped: dict[str, int]) -> str:
-    return ", ".join(f"{v} {k}" for k, v in dropped.items()) or "no filters"
+    return "rows dropped: " + ", ".join(f"{k} {v}" for k, v in dropped.items()) if dropped else "no filters"  # rows, not prompts
 
 
 def _summarise(cfg, kind, c, inputs, light, groups, keep, kept, adv, w32, correct, row_source, weights, dropped, target=None) -> CurateCounts:

@@ -236,6 +236,7 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
         metrics["greedy_invalid_rate"] = float(np.mean([v == NO_ANSWER for v in g.column("verdict").to_pylist()]))
         metrics["greedy_error_rate"] = float(np.mean([v in (ERROR, TIMEOUT) for v in g.column("verdict").to_pylist()]))
         per_prompt["greedy_accuracy"] = {p: float(c) for p, c in zip(g.column("prompt_id").to_pylist(), g.column("correct").to_pylist())}
+    per_prompt.update(judged.pop("per_prompt", {}))  # best-of-k and the votes of the judged candidates, per problem
     metrics.update(_intervals(per_prompt, cfg))
     metrics.update(judged)
     result = {

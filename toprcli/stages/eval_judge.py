@@ -37,7 +37,7 @@ from toprcli.config import DatasetSpec, EvalConfig, GenerateConfig, SamplingConf
 from toprcli.data.datasets import Example, encode_prompt, render_prompt
 from toprcli.data.verification import NO, YES, label_word, verification_id, verification_text
 from toprcli.errors import UserError
-from toprcli.evaluation import verifier_metrics
+from toprcli.evaluation import verifier_metrics, verifier_prompt_scores
 from toprcli.generation import open_backend
 from toprcli.generation.model_info import same_architecture, same_tokenizer
 from toprcli.generation.model_info import check_model, load_tokenizer
@@ -107,7 +107,8 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
                      correct, k, workers=cfg.workers, timeout=cfg.timeout)
     scores = table.column("verifier_score").to_numpy().astype(np.float64)
     valid = table.column("verifier_valid").to_numpy().astype(np.float64)
-    m = verifier_metrics(prompt_ids, correct, keys, scores, k, valid)
+    per_prompt = verifier_prompt_scores(prompt_ids, correct, keys, scores, k)  # what the eval's intervals resample
+    m = {**verifier_metrics(prompt_ids, correct, keys, scores, k, valid, per_prompt=per_prompt), "per_prompt": per_prompt}
     if m["verifier_auc"] != m["verifier_auc"]:  # NaN: every candidate right, or every one wrong
         m["verifier_auc"] = None  # JSON has no NaN
     for name in ("best_of_{}_verifier", "weighted_maj@{}", "candidates_maj@{}"):  # also under k's name, as maj@k is

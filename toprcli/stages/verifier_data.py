@@ -55,8 +55,10 @@ def run(cfg: VerifierDataConfig, *, progress: ProgressFn | None = None) -> Stage
     t0 = time.perf_counter()
     if not cfg.scored:
         raise UserError("no scored data given — pass --scored DIR (one or more `topr score` output directories)")
+    if not cfg.out:
+        raise UserError("no --out given — name the verification dataset's file, e.g. --out verify.parquet")
     if not str(cfg.out).endswith(".parquet"):
-        raise UserError(f"--out {cfg.out or '(none)'}: the verification dataset is one Parquet file — name it *.parquet")
+        raise UserError(f"--out {cfg.out}: the verification dataset is one Parquet file — name it *.parquet")
     out = Path(cfg.out)
     if out.is_dir():
         raise UserError(f"--out {out} is a directory — name the dataset file, e.g. {out / 'train.parquet'}")
