@@ -137,3 +137,15 @@ def test_data_parallel_engines_take_their_gpus_from_the_jobs_visible_devices(mon
     assert device_groups(4, 1) == ["GPU-a1", "GPU-b2", "GPU-c3", "GPU-d4"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert device_groups(2, 1) == ["0", "1"]
+
+
+def test_a_bad_launcher_template_is_refused_before_its_config_is_written(tmp_path, monkeypatch):
+    """`--launcher 'x {cmd}'` wrote <out>.train.yaml, then refused the template."""
+    import toprcli.launch as launch
+    from toprcli.config import TrainConfig
+    from toprcli.errors import UserError
+
+    monkeypatch.setattr(launch.train_stage, "check", lambda cfg: None)  # the template alone: no model or data to check here
+    with pytest.raises(UserError, match="train.launcher: bad template"):
+        launch.train_in_child(TrainConfig(model="m", data="d.parquet", out=str(tmp_path / "p"), launcher="x {cmd}"))
+    assert not list(tmp_path.iterdir())

@@ -213,3 +213,12 @@ def test_every_mistyped_column_is_named_at_once(tmp_path):
         validate_columns(pa.schema(fields), "scored", tmp_path / "x.parquet")
     said = str(e.value)
     assert "'prompt_token_ids' has type list<int64>" in said and "'completion_token_ids'" in said and "'sample_index' has type int64" in said
+
+
+def test_a_write_error_names_the_path_asked_for_not_its_temporary(tmp_path):
+    import errno
+
+    from toprcli.shards.files import output_error, temporary_name
+
+    e = PermissionError(errno.EACCES, "Permission denied", str(temporary_name(tmp_path / "ro" / "x.yaml")))
+    assert str(output_error(e)) == f"cannot write {tmp_path / 'ro' / 'x.yaml'}: permission denied — choose a writable output path (or fix its permissions)"
