@@ -290,6 +290,17 @@ def _round_number(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
+def recorded_config_file(run_dir: str | None, branch_from: str | None) -> tuple[Path, str] | None:
+    """The config a run goes on with when none is given: an existing run dir's (``"run"``), else what a branch's round
+    ran with (``"round"``: its own record, else its run's), else None."""
+    if run_dir and (path := Path(run_dir) / CONFIG_FILE).is_file():
+        return path, "run"
+    for path in (Path(branch_from) / CONFIG_FILE, Path(branch_from).parent / CONFIG_FILE) if branch_from else ():
+        if path.is_file():
+            return path, "round"
+    return None
+
+
 def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | None:
     """Start ``run_dir`` from round k of another run (once; a rerun finds it done). Returns the lineage."""
     if (run_dir / LINEAGE_FILE).exists():  # written last: the branch is complete

@@ -51,17 +51,17 @@ def print_rounds(title: str, rows: list[dict], *, wall: bool = True) -> None:
 def default_config(given: dict) -> Path:
     """Without --config: an existing --run-dir's recorded config (extend or resume it as it ran), a --branch-from round's
     (what it ran with: the branch changes only what --set says), else the demo's."""
-    recorded = Path(given["run_dir"]) / "config.yaml" if given.get("run_dir") else None
-    if recorded is not None and recorded.is_file():
-        err_console.print(f"No --config given: run {given['run_dir']} goes on with its recorded config ({recorded}).", highlight=False, markup=False)
-        return recorded
-    parent = Path(given["branch_from"]) if given.get("branch_from") else None
-    for recorded in (parent / "config.yaml", parent.parent / "config.yaml") if parent is not None else ():
-        if recorded.is_file():
-            err_console.print(f"No --config given: the branch starts from {recorded}, the settings {parent} ran with.", highlight=False, markup=False)
-            return recorded
-    err_console.print(f"[bold]No --config given: running the built-in demo settings ({DEMO}).[/]", highlight=False)
-    return DEMO
+    from toprcli.runs import recorded_config_file
+
+    found = recorded_config_file(given.get("run_dir"), given.get("branch_from"))
+    if found is None:
+        err_console.print(f"[bold]No --config given: running the built-in demo settings ({DEMO}).[/]", highlight=False)
+        return DEMO
+    path, kind = found
+    told = (f"run {given['run_dir']} goes on with its recorded config ({path})" if kind == "run" else
+            f"the branch starts from {path}, the settings {given['branch_from']} ran with")
+    err_console.print(f"No --config given: {told}.", highlight=False, markup=False)
+    return path
 
 
 def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round: bool = False, branch_from: str | None = None) -> StageResult:
