@@ -396,3 +396,12 @@ def test_inputs_a_sweep_found_misread(inputs, tmp_path):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2 and "generate.sampling.max_new_tokens 512 leaves no room" in r.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_out_and_a_file_for_a_run_dir_say_so(inputs, tmp_path):
+    """verifier-data without --out said '--out (none): … name it *.parquet'; report on a file said 'run dir not found'."""
+    r = CliRunner().invoke(app, ["verifier-data", "-s", str(inputs["scored"])])
+    assert r.exit_code == 2 and "no --out given" in one_error_line(r.stderr)
+    (tmp_path / "notes.txt").write_text("x")
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "notes.txt")])
+    assert r.exit_code == 2 and "not a run directory (a file)" in one_error_line(r.stderr)

@@ -35,8 +35,8 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.verifiers.base import Verdict, from_plugin_result
