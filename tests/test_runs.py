@@ -414,14 +414,17 @@ def test_an_unmapped_data_source_is_refused_before_round_0_generates(tmp_path, t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from toprcli.config import DatasetSpec, GenerateConfig, IterateConfig, ScoreConfig
+    from toprcli.config import DatasetSpec, EvalConfig, GenerateConfig, IterateConfig, SamplingConfig, ScoreConfig
     from toprcli.errors import UserError
     from toprcli.pipeline import Pipeline
 
     rows = [{"data_source": "my_math", "prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "verl.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "verl-test.parquet")
+    short = SamplingConfig(max_new_tokens=16)  # room in tiny's context of 512
     cfg = IterateConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), score=ScoreConfig(verifier="data_source"),
-                        generate=GenerateConfig(dataset=DatasetSpec(source=str(tmp_path / "verl.parquet"), chat_template=True)))
+                        generate=GenerateConfig(dataset=DatasetSpec(source=str(tmp_path / "verl.parquet"), chat_template=True), sampling=short),
+                        eval=EvalConfig(dataset=DatasetSpec(source=str(tmp_path / "verl-test.parquet"), chat_template=True), sampling=short))
     with pytest.raises(UserError, match="no verifier for data_source my_math — add it: --verifier-by-source my_math=math"):
         Pipeline(cfg).prepare()
     assert not (tmp_path / "run").exists()
@@ -674,14 +677,17 @@ def test_iterate_scores_with_the_datasets_verifier_and_records_what_auto_stood_f
     """score.verifier defaulted to gsm8k under iterate: a MATH dataset's \\frac golds were all 'error', every reward -1."""
     import yaml
 
-    from toprcli.config import DatasetSpec, GenerateConfig, IterateConfig, ScoreConfig
+    from toprcli.config import DatasetSpec, EvalConfig, GenerateConfig, IterateConfig, SamplingConfig, ScoreConfig
     from toprcli.errors import UserError
     from toprcli.pipeline import Pipeline
 
     rows = [{"problem": f"What is {k}/6 in lowest terms?", "solution": f"It is $\\boxed{{\\frac{{{k}}}{{6}}}}$."} for k in (1, 5, 7)]
     (tmp_path / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "math-test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    short = SamplingConfig(max_new_tokens=16)  # room in tiny's context of 512
     cfg = IterateConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir),
-                        generate=GenerateConfig(dataset=DatasetSpec(source=str(tmp_path / "math.jsonl"))))
+                        generate=GenerateConfig(dataset=DatasetSpec(source=str(tmp_path / "math.jsonl")), sampling=short),
+                        eval=EvalConfig(dataset=DatasetSpec(source=str(tmp_path / "math-test.jsonl")), sampling=short))
     assert cfg.score.verifier == "auto"
     pipeline = Pipeline(cfg)
     pipeline.prepare()
