@@ -176,3 +176,25 @@ def test_a_killed_eval_rerun_with_another_verifier_is_told_what_to_delete(tiny_m
     from toprcli.shards import complete_shards, read_file_metadata
 
     assert all(read_file_metadata(p)["score"]["settings"]["strict"] is True for p in complete_shards(tmp_path / "e" / "scored").values())
+
+
+def test_more_samples_than_k_lower_the_variance_of_pass_at_k(tiny_model_dir, tmp_path):
+    """n samples per prompt, n > k: pass@1 and pass@k (Chen et al.'s unbiased estimator) over all n, maj@k over the
+    first k — an eval could only draw k."""
+    from toprcli.evaluation import pass_at_k
+    from toprcli.shards import read_table
+
+    args = ["eval", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--split", "test", "--limit", "3", "--k", "2", "--n", "6",
+            "--max-new-tokens", "4", "--backend", "hf", "--no-greedy", "-o", str(tmp_path / "e"), "--json"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    m = json.loads(r.output.strip().splitlines()[-1])["metrics"]
+    t = read_table(tmp_path / "e" / "scored", columns=["prompt_id", "correct"])
+    by: dict[str, list[bool]] = {}
+    for pid, ok in zip(t.column("prompt_id").to_pylist(), t.column("correct").to_pylist()):
+        by.setdefault(pid, []).append(ok)
+    assert m["samples"] == 18 and {len(v) for v in by.values()} == {6}
+    assert m["pass@k"] == pytest.approx(sum(pass_at_k(6, sum(v), 2) for v in by.values()) / 3)
+    assert m["pass@1"] == pytest.approx(sum(sum(v) / 6 for v in by.values()) / 3)
+    refused = CliRunner().invoke(app, [*args[:-3], "--n", "1", "-o", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "eval n 1 is below k 2" in refused.output

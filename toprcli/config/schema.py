@@ -300,6 +300,8 @@ class EvalConfig:
     dataset: DatasetSpec = opt(factory=lambda: DatasetSpec(split="test"))
     out: str = opt("", "Output dir: samples/, scored/, greedy/, eval.json.", short="-o")
     k: int = opt(16, "Samples per prompt for pass@k and maj@k.", check=AT_LEAST_ONE)
+    n: int | None = opt(None, "Samples per prompt when more than k: pass@1 and pass@k (unbiased) use all n, with less variance; "
+                              "maj@k votes over the first k. Unset: k.", check=AT_LEAST_ONE)
     greedy: bool = opt(True, "Also decode one greedy completion per prompt.")
     sampling: SamplingConfig = opt(factory=lambda: SamplingConfig(seed=1234))
     engine: EngineConfig = opt(factory=EngineConfig)
@@ -327,6 +329,8 @@ class EvalConfig:
         if self.sampling.temperature == 0:
             raise ConfigError("bad value for 'sampling.temperature': 0 — eval samples k completions per prompt; "
                               "use a temperature > 0 (the greedy pass is separate: greedy: true)")
+        if self.n is not None and self.n < self.k:
+            raise ConfigError(f"eval n {self.n} is below k {self.k}: pass@k and maj@k need k samples per prompt — raise n (or lower k)")
         if self.verifier_model and self.candidates:
             raise ConfigError("verifier_model and candidates both given — verifier_model judges this eval's samples with another model; "
                               "candidates judges other samples with this model: choose one")

@@ -48,7 +48,7 @@ def generate_config(cfg: EvalConfig, out: Path, *, greedy: bool) -> GenerateConf
         model=cfg.model,
         dataset=cfg.dataset,
         out=str(out),
-        n=1 if greedy else cfg.k,
+        n=1 if greedy else cfg.n or cfg.k,
         sampling=sampling,
         engine=cfg.engine,
         shard_size=cfg.shard_size,
