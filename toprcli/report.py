@@ -134,6 +134,8 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     if boot:
         lines += ["", f"[low, high]: 95% percentile bootstrap interval over prompts ({boot['resamples']} resamples, seed {boot['seed']})."]
     lines += _changes(rows, run_dir)
+    for r in (r for r in rows if "train_steps" not in r):  # a killed round read as if it were the run's last word
+        lines += ["", f"Round {r['round']} is not finished (no trained policy yet): running, or stopped — the same `topr iterate` resumes it."]
     for r in rows:
         if r.get("error_rate") or r.get("greedy_error_rate"):  # counted wrong: a missing gold, a failing plugin
             lines += ["", f"Round {r['round']}: {r.get('error_rate') or 0:.1%} of the samples and {r.get('greedy_error_rate') or 0:.1%} of the "
