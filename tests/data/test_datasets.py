@@ -352,3 +352,17 @@ def test_a_saved_dataset_directory_is_read_and_a_missing_hub_id_names_the_builti
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as this machine is: no half-minute of retries
     with pytest.raises(UserError, match="builtin:gsm8k ships with topr"):
         load_examples(DatasetSpec(source="no-such-user-zz/no-such-dataset-zz"))
+
+
+def test_a_dataset_of_several_configs_names_them(tmp_path):
+    """'Config name is missing.' was all a user was told: datasets' next line names the configs to pick from."""
+    from toprcli.errors import UserError
+
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "a.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+    splits = "  data_files:\n  - split: test\n    path: a.jsonl\n"
+    (tmp_path / "ds" / "README.md").write_text(f"---\nconfigs:\n- config_name: main\n{splits}- config_name: other\n{splits}---\n")
+    with pytest.raises(UserError, match=r"pick one among the available configs: \['main', 'other'\] — check the split and config name"):
+        load_examples(DatasetSpec(source=str(tmp_path / "ds"), split="test"))
+    (example,) = load_examples(DatasetSpec(source=str(tmp_path / "ds"), split="test", config_name="main"))
+    assert example.answer == "2"

@@ -248,7 +248,8 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
     except UserError:
         raise
     except Exception as e:  # datasets raises many types (DatasetNotFoundError, ...)
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        msg = " ".join(lines[:2] if "config" in str(e).lower() else lines[:1]) or type(e).__name__  # "pick one among the configs: [...]"
         if isinstance(e, ValueError):
             raise UserError(f"cannot load dataset {src!r} split {spec.split!r}: {msg} — check the split and config name{_hub_hint(path)}") from None
         fix = "the hub id (and network), or pass a local file" if isinstance(e, OSError) else "the hub id, config name and split"
