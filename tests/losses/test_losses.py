@@ -506,7 +506,8 @@ def test_dpo_loss_and_gradient_by_hand():
                         -beta * sig[1] / 2 * mask[2], beta * sig[1] / 2 * mask[3]])
     torch.testing.assert_close(g, want)
     assert m["dpo_reward_accuracy"].item() == 0.5
-    assert m["dpo_margin"].item() == pytest.approx((0.7 - 0.4) / 2)
+    assert m["dpo_margin"].item() == pytest.approx(beta * (0.7 - 0.4) / 2)  # β-scaled, as the rewards
+    assert m["dpo_margin"].item() == pytest.approx((m["dpo_chosen_reward"] - m["dpo_rejected_reward"]).item())
 
 
 def test_dpo_label_smoothing_and_whole_pair_micro_batches():

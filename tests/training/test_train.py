@@ -394,6 +394,27 @@ def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path
     assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
 
 
+def test_a_rerun_without_resume_says_it_drops_the_checkpoint(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
+    """A requeued job's same command without --resume started over and removed the checkpoint in silence."""
+    kw = dict(max_steps=4, save_every=2)
+    kill_after_checkpoint(2)
+    with pytest.raises(Killed):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match=r"starting over: the checkpoint of an earlier run \(step-0*2 in .*\) is removed — pass --resume"):
+        assert train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))["steps"] == 4
+
+
+def test_sft_on_a_set_with_no_positive_is_refused(tiny_model_dir, tmp_path):
+    """sft learns from the rows with A > 0: on a set with none it reported 'trained' (loss 0, gradient 0) and saved the
+    starting policy as if it were trained."""
+    rows = curated_rows(16, seed=2, positive_share=0.0)
+    data = write_curated(tmp_path / "neg.parquet", rows)
+    with pytest.raises(UserError, match="loss sft trains on the rows with A > 0 and this set has none"):
+        train_policy(_cfg(tiny_model_dir, data, tmp_path / "p", loss="sft"))
+    assert not list(tmp_path.glob("p*"))
+
+
 def test_sft_warm_start_path_is_fast_and_learns(tiny_model_dir, tmp_path):
     """The pipeline's warm start: gold solutions, advantage 1, weight 1, μ = 0, loss sft."""
     rows = curated_rows(128, seed=1, positive_share=1.0, completion_len=(20, 40))
@@ -532,7 +553,7 @@ def test_prepare_checks_everything_before_output(tiny_model_dir, data_path, tmp_
     cfg = _cfg(tiny_model_dir, data_path, tmp_path / "p")
     with pytest.raises(UserError, match="ref_model is set but kl_coef is 0"):
         train_policy(replace(cfg, ref_model=str(tiny_model_dir)))
-    with pytest.raises(UserError, match="cannot load model config"):
+    with pytest.raises(UserError, match="model dir not found"):
         train_policy(replace(cfg, model=str(tmp_path / "missing-model")))
     with pytest.raises(UserError, match="LoRA target modules not found"):
         train_policy(replace(cfg, lora_rank=2, lora_target_modules=["nope_proj"]))
@@ -757,3 +778,25 @@ def test_a_finished_policy_found_by_a_pipeline_loses_what_a_kill_left_in_it(tmp_
     with shards.output_lock(policy):  # a lock someone holds stays
         trained(policy)
         assert lock.exists()
+
+
+def test_trainer_settings_a_trl_user_reaches_for(tiny_model_dir, data_path, tmp_path):
+    """Weight decay pulled norm gains toward 0 (every parameter was decayed); a linear schedule and --grad-clip 0 were
+    refused; --kl-coef and loss_options kl_coef both given: one won in silence."""
+    import torch
+
+    from toprcli.training.optim import build_optimizer, lr_factor
+
+    params = [torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))]  # a matrix, a norm gain
+    opt = build_optimizer("adamw", params, lr=0.1, weight_decay=0.5)
+    assert [(len(g["params"]), g["weight_decay"]) for g in opt.param_groups] == [(1, 0.5), (1, 0.0)]
+    params[0].grad, params[1].grad = torch.zeros(2, 2), torch.zeros(2)
+    opt.step()
+    assert torch.allclose(params[0].detach(), torch.full((2, 2), 0.95)) and torch.equal(params[1].detach(), torch.ones(2))
+    assert [lr_factor(s, schedule="linear", warmup_steps=2, total_steps=6) for s in range(6)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
+    cfg = _cfg(tiny_model_dir, data_path, tmp_path / "p")
+    train_policy(replace(cfg, weight_decay=0.1, schedule="linear", grad_clip=0.0, max_steps=2, warmup_steps=0))
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([cfg.lr, cfg.lr / 2])
+    with pytest.raises(UserError, match=r"kl_coef is set twice, to 0.5 \(--kl-coef\) and to 0.1 \(loss_options\)"):
+        train_policy(replace(cfg, kl_coef=0.5, loss_options={"kl_coef": 0.1}, out=str(tmp_path / "q")))

@@ -235,7 +235,7 @@ def dpo_loss(logprobs, behavior_logprobs, advantages, mask, *, beta=0.1, label_s
     with torch.no_grad():
         metrics = {
             "dpo_reward_accuracy": (z > 0).to(logprobs.dtype).mean(),
-            "dpo_margin": (z / float(b)).mean(),
+            "dpo_margin": z.mean(),  # chosen − rejected reward, β-scaled as the rewards (TRL's rewards/margins)
             "dpo_chosen_reward": float(b) * s[:, 0].mean(),
             "dpo_rejected_reward": float(b) * s[:, 1].mean(),
         }

@@ -1,4 +1,4 @@
-"""Optimizers (AdamW, Adafactor) and learning-rate schedules (constant, cosine; linear warm-up).
+"""Optimizers (AdamW, Adafactor) and learning-rate schedules (constant, linear, cosine; linear warm-up).
 
 :class:`Adafactor` is Shazeer & Stern (2018) with an absolute learning rate —
 the configuration ``transformers.optimization.Adafactor(lr=..., scale_parameter=False,
@@ -13,7 +13,7 @@ by the parameter RMS), so it is not used.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -117,14 +117,20 @@ OPTIMIZERS = ("adafactor", "adamw")  # the names build_optimizer knows
 
 
 def build_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """``name``'s optimizer over ``params``; weight decay on matrices only (biases and norm gains, 1-d, are not decayed:
+    pulling a norm's gain to 0 shrinks a whole layer's output, as transformers' Trainer and nanoGPT keep them apart)."""
+    groups: Any = params
+    if weight_decay:
+        split = ([p for p in params if p.ndim >= 2], weight_decay), ([p for p in params if p.ndim < 2], 0.0)
+        groups = [{"params": ps, "weight_decay": wd} for ps, wd in split if ps]
     if name == "adamw":
         # The fused CUDA kernel when every parameter is a plain CUDA tensor (not an FSDP2 DTensor shard). Not
         # torch's fused CPU kernel: 3.4x faster per update, but its rounding changes the demo's numbers
         # (round 0's pass@1 0.338 -> 0.523), which docs/results.md records to every digit.
         fused = bool(params) and all(p.is_cuda and type(p.data) is torch.Tensor for p in params)
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fused or None)
     if name == "adafactor":
-        return Adafactor(params, lr=lr, weight_decay=weight_decay)
+        return Adafactor(groups, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -132,7 +138,7 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int) 
     """Multiplier of the base lr at optimizer step ``step`` (0-based).
 
     Warm-up: (step+1)/warmup_steps for the first ``warmup_steps`` steps (full lr
-    at the last warm-up step). Then ``constant``: 1; ``cosine``:
+    at the last warm-up step). Then ``constant``: 1; ``linear``: 1 − progress (transformers' default); ``cosine``:
     ½(1 + cos(π · progress)), progress = (step − warmup)/(total − warmup),
     which reaches 0 just after the last step (as transformers' cosine schedule; the
     last step's factor is ½(1 + cos(π(T − 1 − w)/(T − w))), 0.5 for two steps after warm-up).
@@ -143,6 +149,8 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int) 
         return 1.0
     span = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / span)
+    if schedule == "linear":
+        return 1.0 - progress
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 

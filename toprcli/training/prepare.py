@@ -23,7 +23,7 @@ import torch
 
 from toprcli.config import TrainConfig, config_to_dict, from_dict
 from toprcli.errors import UserError
-from toprcli.generation.model_info import check_model, config_context_length, first_line
+from toprcli.generation.model_info import check_model, config_context_length, load_config
 from toprcli.losses import LOSSES, policy_loss, resolve_options
 from toprcli.sampling import Processing
 from toprcli.shards import (
@@ -136,6 +136,9 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
     given = {k: opts.pop(k) for k in GENERIC_LOSS_OPTIONS if k in opts}
     checked = from_dict(TrainConfig, given, prefix="loss_options.")  # as their flags are checked: kl_coef >= 0, a bool a bool
     generic = {k: getattr(checked, k) for k in given}
+    default = TrainConfig()
+    for k in (k for k in generic if getattr(cfg, k) not in (getattr(default, k), generic[k])):  # one value, two places: which wins?
+        raise UserError(f"{k} is set twice, to {getattr(cfg, k)!r} (--{k.replace('_', '-')}) and to {generic[k]!r} (loss_options) — keep one")
     resolve_options(cfg.loss, opts)
     setup = LossSetup(
         name=cfg.loss,
@@ -345,16 +348,6 @@ def _fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def model_config(model: str):
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot load model config from {model!r} ({first_line(e)}) — pass an HF model dir or hub id") from None
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def prepare(cfg: TrainConfig) -> Prepared:
     """Validate config, data and model config; decide what the output dirs mean. Creates nothing."""
     for key in ("model", "data", "out"):
@@ -374,15 +367,18 @@ def prepare(cfg: TrainConfig) -> Prepared:
 
     for model in (cfg.model, loss.ref_model or cfg.model):  # a mistyped path is no hub id to retry for half a minute
         check_model(model)
-    mcfg = model_config(cfg.model)
+    mcfg = load_config(cfg.model)
     vocab_size = int(mcfg.vocab_size)
     context = config_context_length(mcfg)
-    if loss.ref_model and int(model_config(loss.ref_model).vocab_size) != vocab_size:  # its log-probs of these token ids
+    if loss.ref_model and int(load_config(loss.ref_model).vocab_size) != vocab_size:  # its log-probs of these token ids
         raise UserError(f"--ref-model {loss.ref_model} has another vocabulary than --model {cfg.model} — the KL reference must share the policy's tokenizer")
 
     pairwise = LOSSES[loss.name].pairwise
     extra = _extra_columns(cfg, pairwise)
     data, policies, sampling, extra_table = load_training_data(cfg.data, need_policy=cfg.recompute_behavior or pairwise, extra=extra)
+    if loss.name == "sft" and not (loss.kl_coef or loss.entropy_coef or loss.whiten_advantages) and not ((data.advantages > 0) & (data.weights > 0)).any():
+        raise UserError(f"{cfg.data}: loss sft trains on the rows with A > 0 and this set has none — curate a set with positives "
+                        "(a lower --baseline), or train with a loss that learns from negatives (topr)")
     processing, sampling_source = resolve_processing(cfg, sampling, cfg.data)
     if processing.greedy and LOSSES[loss.name].uses_behavior:
         raise UserError(

@@ -86,6 +86,9 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     ckpt_root = partial / "checkpoints"
     resume_from = ckpt.latest_checkpoint(ckpt_root) if cfg.resume else None
     if ctx.is_main and resume_from is None:
+        if (dropped := ckpt.latest_checkpoint(ckpt_root)) is not None:  # a requeued job's rerun without --resume: its steps go
+            warnings.warn(f"starting over: the checkpoint of an earlier run ({dropped.name} in {ckpt_root}) is removed — pass --resume "
+                          "to continue from it", stacklevel=2)
         _clear(partial, keep=PRECOMPUTED_NAME if cfg.resume else None)  # a pass saved before a kill with no checkpoint
         partial.mkdir(parents=True, exist_ok=True)
     barrier(ctx)
