@@ -471,3 +471,10 @@ def test_an_out_that_is_the_roll_file_and_a_misspelt_key_are_named(tmp_path, cli
     assert r.exit_code == 2 and "is the ROLL config being imported" in r.output and roll.read_text() == before
     r = cli.invoke(app, ["config", "import-roll", str(roll), "--out", str(tmp_path / "t.yaml")])
     assert r.exit_code == 2 and "response_lenght (not a ROLL key; did you mean response_length?)" in r.output
+
+
+def test_a_linear_schedule_is_imported_as_one():
+    """ROLL's (and transformers') linear schedule was left out: topr had constant and cosine only."""
+    result = import_roll(minimal(actor_train={"training_args": {"lr_scheduler_type": "linear"}}))
+    assert rows(result)["actor_train.training_args.lr_scheduler_type"].status == MAPPED and result.config["train"]["schedule"] == "linear"
+    assert any("restarts every round" in c for c in result.callouts)  # each round decays on its own

@@ -157,14 +157,14 @@ def _optimizer(m: Any) -> None:
         m.callout(f"{TRAIN_ARGS}.lr_scheduler_type is not set: ROLL's default is linear (decay to 0 over the run); "
                   "topr trains each round at a constant rate unless train.schedule says otherwise")
     else:
-        kind = "constant" if str(sched).startswith("constant") else "cosine" if str(sched).startswith("cosine") else None
+        kind = next((k for k in ("constant", "cosine") if str(sched).startswith(k)), "linear" if str(sched) == "linear" else None)
         if kind:
             m.mapped(f"{TRAIN_ARGS}.lr_scheduler_type", ("train.schedule", kind))
         else:
-            m.left_out(f"{TRAIN_ARGS}.lr_scheduler_type", f"no {sched} schedule here (constant or cosine, with linear warm-up)")
-    if m.config.get("train", {}).get("schedule") == "cosine" or m.number(f"{TRAIN_ARGS}.warmup_steps"):
+            m.left_out(f"{TRAIN_ARGS}.lr_scheduler_type", f"no {sched} schedule here (constant, linear or cosine, with linear warm-up)")
+    if m.config.get("train", {}).get("schedule") in ("cosine", "linear") or m.number(f"{TRAIN_ARGS}.warmup_steps"):
         m.callout("the learning-rate schedule restarts every round here (each round's training has its own warm-up "
-                  "and cosine decay); ROLL's spans the whole run — consider train.schedule: constant")
+                  "and decay); ROLL's spans the whole run — consider train.schedule: constant")
     _batch_size(m)
     _training_model(m)
 
