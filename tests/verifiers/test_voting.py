@@ -253,5 +253,6 @@ def test_real_smollm2_completions_score_like_math_verify_and_vote_by_equivalence
     )
     assert by_string["maj@4"] == pytest.approx(0.75 / 16)
     assert m["maj@4"] == pytest.approx(0.5 / 16)
-    assert m.pop("error_rate") == 0.0  # the eval stage's own: checks that failed
+    assert m.pop("error_rate") == 0.0  # the eval stage's own: checks that failed, and completions cut at max_new_tokens
+    assert m.pop("truncated_rate") == pytest.approx(sum(r["finish_reason"] == "length" for r in scored) / len(scored))
     assert {k: v for k, v in m.items() if k != "maj@4"} == {k: v for k, v in by_string.items() if k != "maj@4"}
