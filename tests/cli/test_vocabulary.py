@@ -191,7 +191,7 @@ def test_the_help_shows_each_choice_and_each_values_shape(stage):
         if typing.get_origin(tp) is dict:
             assert opt.metavar == "<key=value>", param
         if "list of a number" in describe(tp) or "list of an integer" in describe(tp):
-            assert opt.metavar.endswith(",…>"), param
+            assert opt.metavar.endswith(",...>"), param
     assert params["set_"].metavar == "<key=value>"
 
 

@@ -478,3 +478,10 @@ def test_a_linear_schedule_is_imported_as_one():
     result = import_roll(minimal(actor_train={"training_args": {"lr_scheduler_type": "linear"}}))
     assert rows(result)["actor_train.training_args.lr_scheduler_type"].status == MAPPED and result.config["train"]["schedule"] == "linear"
     assert any("restarts every round" in c for c in result.callouts)  # each round decays on its own
+
+
+def test_adam_betas_are_imported():
+    """ROLL's adam_beta1/adam_beta2 were left out: topr had no AdamW betas."""
+    result = import_roll(minimal(actor_train={"training_args": {"adam_beta2": 0.95}}))
+    assert rows(result)["actor_train.training_args.adam_beta2"].status == MAPPED and result.config["train"]["adam_betas"] == [0.9, 0.95]
+    assert from_dict(IterateConfig, result.config).train.adam_betas == [0.9, 0.95]

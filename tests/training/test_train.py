@@ -800,3 +800,19 @@ def test_trainer_settings_a_trl_user_reaches_for(tiny_model_dir, data_path, tmp_
     assert lrs == pytest.approx([cfg.lr, cfg.lr / 2])
     with pytest.raises(UserError, match=r"kl_coef is set twice, to 0.5 \(--kl-coef\) and to 0.1 \(loss_options\)"):
         train_policy(replace(cfg, kl_coef=0.5, loss_options={"kl_coef": 0.1}, out=str(tmp_path / "q")))
+
+
+def test_adam_betas_and_eps_reach_the_optimizer(tiny_model_dir, data_path, tmp_path):
+    """AdamW's betas were fixed at (0.9, 0.999): LLM fine-tuning recipes (and ROLL files) set beta2 0.95."""
+    import torch
+
+    from toprcli.training.optim import build_optimizer
+
+    opt = build_optimizer("adamw", [torch.nn.Parameter(torch.ones(2, 2))], lr=0.1, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-6)
+    assert opt.param_groups[0]["betas"] == (0.9, 0.95) and opt.param_groups[0]["eps"] == 1e-6
+    r = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(tmp_path / "p"), "--optimizer", "adamw",
+                                 "--adam-betas", "0.9,0.95", "--adam-eps", "1e-6", "--max-steps", "1", "--batch-size", "8", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "p" / "_manifest.json").read_text())["config"]["adam_betas"] == [0.9, 0.95]
+    bad = CliRunner().invoke(app, ["train", "-m", str(tiny_model_dir), "-d", str(data_path), "-o", str(tmp_path / "q"), "--adam-betas", "0.9"])
+    assert bad.exit_code == 2 and "two numbers in [0, 1)" in bad.output

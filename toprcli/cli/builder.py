@@ -89,7 +89,7 @@ def _metavar(tp: Any, meta: Any) -> str | None:
         shown = f"<{'|'.join(choices)}>"
         return shown if len(shown) <= 20 else "<name>"  # a long list stays in the help text, not the type column
     if len(args) == 1 and typing.get_origin(args[0]) is list and typing.get_args(args[0])[0] is not str:
-        return f"<{typing.get_args(args[0])[0].__name__},…>"
+        return f"<{typing.get_args(args[0])[0].__name__},...>"  # ASCII dots: "…" is how a cut line ends
     if len(args) == 1 and typing.get_origin(args[0]) is dict:
         return "<key=value>"
     return "<number|name>" if len(args) > 1 and bool not in args else None

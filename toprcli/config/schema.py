@@ -233,6 +233,9 @@ class TrainConfig:
     aggregation: str = opt("seq-mean-token-mean", "How per-token losses are averaged.", check=choice(AGGREGATIONS))
     optimizer: str = opt("adafactor", "Optimizer (paper: adafactor).", check=choice(OPTIMIZERS))
     lr: float = opt(5e-7, "Learning rate (paper: 5e-7 with Adafactor).", check=POSITIVE)
+    adam_betas: list[float] = opt(factory=lambda: [0.9, 0.999], help="AdamW's beta1,beta2 (LLM fine-tuning often takes 0.9,0.95).",
+                                  check=_check(lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1): beta1,beta2"))
+    adam_eps: float = opt(1e-8, "AdamW's epsilon.", check=POSITIVE)
     weight_decay: float = opt(0.0, "Decoupled weight decay, of weight matrices (not of biases and norm gains).", check=NON_NEGATIVE)
     schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Learning-rate schedule after the linear warm-up (linear and cosine "
                                                                         "decay to 0 at the last step).")

@@ -148,6 +148,10 @@ def _optimizer(m: Any) -> None:
         m.callout(f"{TRAIN_ARGS}.learning_rate is not set: imported ROLL's default {ROLL_LR} (train.lr; topr's own is 5e-7)")
     if m.has(f"{TRAIN_ARGS}.weight_decay"):
         m.mapped(f"{TRAIN_ARGS}.weight_decay", ("train.weight_decay", m.number(f"{TRAIN_ARGS}.weight_decay")))
+    betas = [m.number(f"{TRAIN_ARGS}.adam_beta{i}") if m.has(f"{TRAIN_ARGS}.adam_beta{i}") else d for i, d in ((1, 0.9), (2, 0.999))]
+    for i in (1, 2):
+        if m.has(f"{TRAIN_ARGS}.adam_beta{i}"):
+            m.mapped(f"{TRAIN_ARGS}.adam_beta{i}", ("train.adam_betas", betas))
     if m.has(f"{TRAIN_ARGS}.warmup_steps"):
         m.mapped(f"{TRAIN_ARGS}.warmup_steps", ("train.warmup_steps", m.number(f"{TRAIN_ARGS}.warmup_steps", integer=True)))
     if m.number(f"{TRAIN_ARGS}.warmup_ratio"):

@@ -116,7 +116,8 @@ class Adafactor(torch.optim.Optimizer):
 OPTIMIZERS = ("adafactor", "adamw")  # the names build_optimizer knows
 
 
-def build_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float, weight_decay: float,
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> torch.optim.Optimizer:
     """``name``'s optimizer over ``params``; weight decay on matrices only (biases and norm gains, 1-d, are not decayed:
     pulling a norm's gain to 0 shrinks a whole layer's output, as transformers' Trainer and nanoGPT keep them apart)."""
     groups: Any = params
@@ -128,7 +129,7 @@ def build_optimizer(name: str, params: list[torch.nn.Parameter], *, lr: float, w
         # torch's fused CPU kernel: 3.4x faster per update, but its rounding changes the demo's numbers
         # (round 0's pass@1 0.338 -> 0.523), which docs/results.md records to every digit.
         fused = bool(params) and all(p.is_cuda and type(p.data) is torch.Tensor for p in params)
-        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fused or None)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused or None)
     if name == "adafactor":
         return Adafactor(groups, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}")

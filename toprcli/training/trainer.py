@@ -168,7 +168,7 @@ def _build_model(prep: Prepared, ctx: DistContext) -> _Learner:
     if not ctx.distributed:
         check_chunked_head(policy)
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = build_optimizer(cfg.optimizer, params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = build_optimizer(cfg.optimizer, params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
     scheduler = build_scheduler(optimizer, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps, total_steps=prep.steps)
     if cfg.warmup_steps > prep.steps and ctx.is_main:  # the warm-up never ends: --lr is never reached
         warnings.warn(f"warmup_steps {cfg.warmup_steps} > the run's {prep.steps} steps: the lr peaks at {prep.steps / cfg.warmup_steps:.2f} × "
