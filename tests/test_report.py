@@ -96,8 +96,9 @@ def test_summary_names_k_and_says_which_rounds_had_checks_that_failed(tmp_path):
     text = markdown([row, {"round": 1, "pass@1": 0.7, "k": 8}], Path("runs/x"))
     assert "| maj@8 | pass@8 |" in text and "Round 0: 25.0% of the samples and 0.0% of the greedy completions could not be checked" in text
     assert "Round 1:" not in text and "| maj@k |" in markdown([row, {"round": 1, "k": 4}], Path("runs/x"))
-    # A round with no trained policy yet (killed, or running) is said to be unfinished; a trained one is not.
-    assert "Round 0 is not finished" in text and "Round 1 is not finished" not in markdown([{"round": 1, "train_steps": 4}], Path("runs/x"))
+    # A round with no trained policy yet (killed, or running) is said to be unfinished; a trained one is not, nor round 0 (the base).
+    assert "Round 1 is not finished" in text and "Round 0 is not finished" not in text
+    assert "not finished" not in markdown([{"round": 1, "train_steps": 4}], Path("runs/x"))
 
 
 def test_a_damaged_file_in_a_run_is_one_line_naming_it_and_nothing_is_written(tmp_path):

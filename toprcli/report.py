@@ -134,7 +134,7 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     if boot:
         lines += ["", f"[low, high]: 95% percentile bootstrap interval over prompts ({boot['resamples']} resamples, seed {boot['seed']})."]
     lines += _changes(rows, run_dir)
-    for r in (r for r in rows if "train_steps" not in r):  # a killed round read as if it were the run's last word
+    for r in (r for r in rows if r["round"] > 0 and "train_steps" not in r):  # a killed round read as the run's last word (0: the base)
         lines += ["", f"Round {r['round']} is not finished (no trained policy yet): running, or stopped — the same `topr iterate` resumes it."]
     for r in rows:
         if r.get("error_rate") or r.get("greedy_error_rate"):  # counted wrong: a missing gold, a failing plugin

@@ -372,6 +372,8 @@ def test_inputs_a_sweep_found_misread(inputs, tmp_path):
         assert r.exit_code == 2 and words in one_error_line(r.stderr) and not list(tmp_path.glob(f"p-{m.name}*"))
     r = CliRunner().invoke(app, [*train, "-m", str(model), "-o", str(tmp_path / "p-ref"), "--ref-model", str(corrupt), "--kl-coef", "0.1"])
     assert r.exit_code == 2 and "cannot load the model" in one_error_line(r.stderr) and not list(tmp_path.glob("p-ref*"))
+    r = CliRunner().invoke(app, [*train, "-m", str(model), "-o", str(tmp_path / "p-bare-ref"), "--ref-model", str(bare), "--kl-coef", "0.1"])
+    assert r.exit_code == 0, r.output  # a KL reference's weights are read, not its tokenizer
     gen = ["generate", "-d", "builtin:arith", "--limit", "1", "--n", "1", "--max-new-tokens", "4", "--backend", "hf"]
     r = CliRunner().invoke(app, [*gen, "-m", str(corrupt), "-o", str(tmp_path / "g")])
     assert r.exit_code == 2 and "cannot load model" in one_error_line(r.stderr) and not (tmp_path / "g").exists()

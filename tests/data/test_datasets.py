@@ -243,31 +243,34 @@ def test_content_is_read_from_the_columns_the_spec_names_and_from_the_rows_the_p
 
 @pytest.mark.parametrize("row, gold, preset, verifier", [
     ({"instruction": "1 + 1?", "output": "1 + 1 = 2\n#### 2"}, "2", "gsm8k", "gsm8k"),
-    # A text `prompt` is TRL's prompt-only (or prompt-completion) row: rendered as written, no instruction around it.
-    ({"prompt": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}, "2", "trl", "gsm8k"),
+    ({"prompt": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}, "2", "gsm8k", "gsm8k"),
     ({"input": "1 + 1?", "target": "so $\\boxed{2}$"}, "2", "math", "math"),
     # A number as the gold is read as GSM8K's (was `none`: a bare prompt, `exact` matching of the whole completion).
     ({"question": "1 + 1?", "answer": "2"}, "2", "gsm8k", "gsm8k"),
     ({"question": "1 + 1?", "answer": 2}, "2", "gsm8k", "gsm8k"),
-    ({"prompt": "1 + 1?", "solution": "1,200"}, "1200", "trl", "gsm8k"),  # not math-verify: it reads 1,200 as a pair
-    ({"prompt": "1 + 1?", "solution": "so $\\boxed{2}$"}, "2", "trl", "math"),
-    ({"prompt": "1 + 1?", "ground_truth": "2"}, "2", "trl", "gsm8k"),  # a top-level ground_truth was no gold: all checks failed
+    ({"prompt": "1 + 1?", "solution": "1,200"}, "1200", "gsm8k", "gsm8k"),
+    ({"prompt": "1 + 1?", "solution": "so $\\boxed{2}$"}, "2", "math", "math"),
+    ({"prompt": "1 + 1?", "ground_truth": "2"}, "2", "gsm8k", "gsm8k"),  # a top-level ground_truth was no gold: all checks failed
     ({"question": "1 + 1?", "ground_truth": 2}, "2", "gsm8k", "gsm8k"),
+    ({"prompt": "What is the capital of France?", "output": "Paris"}, "Paris", "none", "exact"),
     ({"question": "1 + 1?", "answer": "two"}, "two", "none", "exact"),
 ])
 def test_content_is_read_from_the_columns_the_none_preset_reads_too(tmp_path, row, gold, preset, verifier):
     """An instruction/output file with `#### n` answers got the `none` preset: the whole worked solution as gold,
-    checked by `exact`, so every answer scored wrong, in silence. A TRL prompt-only file got the GSM8K instruction and
-    `Question:`/`Answer:` wrapped around its prompts."""
+    checked by `exact`, so every answer scored wrong, in silence. A `prompt` column (TRL's name for the model's input)
+    got the preset's instruction and `Question:`/`Answer:` wrapped around it: it is rendered as written."""
     from toprcli.data.datasets import default_verifier, render_prompt
 
     (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
     spec = DatasetSpec(source=str(tmp_path / "train.jsonl"))
     (example,) = load_examples(spec)
-    assert (example.question, example.answer, example.preset) == ("1 + 1?", gold, preset)
+    question = row.get("prompt") or "1 + 1?"
+    assert (example.question, example.answer, example.preset) == (question, gold, preset)
     assert default_verifier(spec) == verifier
-    if preset == "trl":
-        assert render_prompt(example, spec) == "1 + 1?"
+    if "prompt" in row:
+        assert render_prompt(example, spec) == question
+    else:
+        assert render_prompt(example, spec) != question or preset == "none"
 
 
 def test_common_layouts_a_review_found_misread(tmp_path, monkeypatch):

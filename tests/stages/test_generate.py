@@ -366,7 +366,7 @@ def test_the_summary_says_how_the_dataset_was_read(tiny_model_dir, tmp_path):
     r = CliRunner().invoke(app, ["generate", "-m", str(tiny_model_dir), "-d", str(tmp_path / "trl.jsonl"), "-o", str(tmp_path / "s"), "--n", "1",
                                  "--max-new-tokens", "2", "--backend", "hf", "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output.strip().splitlines()[-1])["dataset_preset"] == "trl"
+    assert json.loads(r.output.strip().splitlines()[-1])["dataset_preset"] == "gsm8k, prompts as written"  # a number as the gold
     assert read_table(tmp_path / "s").column("prompt").to_pylist() == ["Compute 1+5."]
     table = CliRunner().invoke(app, ["generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "-o", str(tmp_path / "a"), "--n", "1",
                                      "--limit", "1", "--max-new-tokens", "2", "--backend", "hf"])

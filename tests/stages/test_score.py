@@ -402,12 +402,18 @@ def test_verl_reward_functions_run_as_they_are_and_a_misfit_signature_is_refused
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return {'score': 1.0 if solution_str.strip() == ground_truth else -0.5, 'acc': data_source}\n"
         "def trl_style(completions, solution, **kwargs):\n    return [1.0 for _ in completions]\n"
-        "def two(completion, answer):\n    return True\n")
+        "def two(completion, answer):\n    return True\n"
+        "import functools\n"
+        "def by_source(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    assert data_source == 'openai/gsm8k', data_source\n    return 1.0\n"
+        "gsm = functools.partial(by_source, data_source='openai/gsm8k')\n")
     monkeypatch.chdir(tmp_path)
     d = write_samples(tmp_path / "s", [samples_table([("a", "7", "7"), ("b", "8", "9")])])
     score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:verl_style.py:compute_score", workers=1))
     t = shards.read_table(tmp_path / "o")
     assert t.column("reward").to_pylist() == [1.0, -0.5] and t.column("verdict").to_pylist() == ["correct", "incorrect"]
+    score_dir(d, tmp_path / "p", ScoreConfig(verifier="python:verl_style.py:gsm", workers=1))  # rows without a data_source: the partial's
+    assert shards.read_table(tmp_path / "p").column("reward").to_pylist() == [1.0, 1.0]
     for fn, words in (("trl_style", "takes TRL's batched arguments (completions, solution"), ("two", "cannot be called as f(completion, answer, row)")):
         with pytest.raises(UserError, match=re.escape(words)):
             score_dir(d, tmp_path / fn, ScoreConfig(verifier=f"python:verl_style.py:{fn}", workers=1))
@@ -420,7 +426,7 @@ def test_a_scoring_where_every_check_failed_is_refused_and_leaves_nothing(tmp_pa
     from toprcli.errors import UserError
 
     d = write_samples(tmp_path / "s", [samples_table([("a", "#### 7", None)]), samples_table([("b", "#### 8", None)])])
-    with pytest.raises(UserError, match=r"every one of the 2 completions failed its check \(first: .*\), nothing written"):
+    with pytest.raises(UserError, match=r"every one of the 2 completions failed its check \(first: .*\); the scored shards are removed"):
         score_dir(d, tmp_path / "o", ScoreConfig(verifier="gsm8k", workers=1))
     assert not list((tmp_path / "o").glob("shard-*")) and not (tmp_path / "o" / "_manifest.json").exists()
 

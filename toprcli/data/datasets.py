@@ -50,6 +50,7 @@ class Example:
     data_source: str | None = None  # verl's data_source: which verifier scores the row
     shots: tuple = ()  # few-shot examples shown before the problem
     preset: str | None = None  # the preset the dataset resolved to: the prompt is rendered as the gold was read
+    verbatim: bool = False  # the question is a `prompt` column's (TRL's name for the model's input): rendered as written
 
 
 @dataclass(frozen=True)
@@ -161,9 +162,8 @@ def resolve_preset(spec: DatasetSpec, row: dict[str, Any] | None = None) -> Pres
         if fmt == "trl" and isinstance(row.get("label"), bool) and not spec.answer_column:  # its completions were judged, right or wrong
             raise UserError(f"{spec.source} is a TRL unpaired-preference dataset (prompt, completion, label): a completion is no gold "
                             "answer there — give the gold answer's column with --answer-column, or use a prompt dataset")
-        reference = _reference(row, spec, preset)
-        if fmt in ("trl", "messages") and ("####" in reference or _BARE_NUMBER.fullmatch(reference)):  # GSM8K-style references and
-            return dataclasses.replace(preset, verifier="gsm8k")  # numbers: math-verify would read another number, or 1,200 as a pair
+        if fmt in ("trl", "messages") and "####" in _reference(row, spec, preset):  # GSM8K-style references: math-verify
+            return dataclasses.replace(preset, verifier="gsm8k")  # would read another number than the `#### n` line
         return preset
     src = spec.source.lower()
     if src.startswith("builtin:arith"):
@@ -334,7 +334,8 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         # The worked solution (few-shot, warm start): verl's extra_info.answer, else a solution column beside the answer's.
         solution = _text(formats.get_path(r, "extra_info.answer") if preset.name == "verl" else r.get("solution") if a_col != "solution" else None)
         solution = solution or (reference if spec.answer_column else None)
-        examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name))
+        examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name,
+                                verbatim=q_col == "prompt"))
     if spec.few_shot:
         source, split = few_shot_source(spec.source, spec.few_shot_split)
         try:
@@ -415,7 +416,7 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
         if example.messages is not None:
             messages, shots = list(example.messages), [(s.question, s.solution) for s in example.shots]
         else:
-            instruction = spec.template or _preset_of(example, spec).chat_instruction
+            instruction = spec.template or ("{question}" if example.verbatim else _preset_of(example, spec).chat_instruction)
             messages = [{"role": "user", "content": instruction.replace("{question}", example.question)}]
             shots = [(instruction.replace("{question}", s.question), s.solution) for s in example.shots]
         messages = formats.with_shots(formats.with_system(messages, spec.system_prompt), shots)
@@ -426,7 +427,7 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
                 raise
             system = " — drop --system-prompt (or the rows' system turns)" if any(m["role"] == "system" for m in messages) else ""
             raise UserError(f"the tokenizer's chat template refused prompt {example.prompt_id}: {e}{system}") from None
-    template = spec.template or _preset_of(example, spec).template
+    template = spec.template or ("{question}" if example.verbatim else _preset_of(example, spec).template)
     shots = "".join(f"Question: {s.question}\nAnswer: {s.solution}\n\n" for s in example.shots)
     return shots + template.replace("{question}", example.question)
 

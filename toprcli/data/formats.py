@@ -66,8 +66,8 @@ def detect(row: dict[str, Any]) -> str | None:
         return "verl" if has_path(row, "reward_model.ground_truth") else "trl"  # verl's prompt: a conversation, or its text
     if is_messages(row.get("messages")):
         return "messages"
-    if isinstance(row.get("prompt"), str) and ("completion" in row or not {"question", "problem"} & set(row)):
-        return "trl"  # TRL's standard (text) prompt-completion or prompt-only: the prompt is rendered as written
+    if isinstance(row.get("prompt"), str) and "completion" in row:  # TRL's standard (text) prompt-completion
+        return "trl"
     return None
 
 

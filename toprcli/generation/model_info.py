@@ -16,7 +16,7 @@ from typing import Any
 from toprcli.errors import UserError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # what save_pretrained writes, one at least
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tekken.json")  # one at least
 # Keys under which model configs give their context length, most specific first.
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 # Config keys that must match for an in-place weight reload to be valid.
@@ -32,8 +32,8 @@ def first_line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
-def check_model(model: str) -> None:
-    """A local model dir with a config.json, or something that looks like a hub id."""
+def check_model(model: str, *, tokenizer: bool = True) -> None:
+    """A local model dir with a config.json (and a tokenizer, unless only its weights are read), or what looks like a hub id."""
     if not model:
         raise UserError("no model given — pass --model DIR (build the tiny one with `topr init-model DIR`)")
     p = Path(model).expanduser()
@@ -42,7 +42,7 @@ def check_model(model: str) -> None:
             raise UserError(f"model path {model} is a file, not a model directory — pass the directory holding config.json")
         if not (p / "config.json").is_file():
             raise UserError(f"model dir {model} has no config.json — pass a Hugging Face model directory (`topr init-model DIR` builds one)")
-        if not any((p / name).is_file() for name in TOKENIZER_FILES):  # every stage needs it (train copies it into the policy)
+        if tokenizer and not any((p / name).is_file() for name in TOKENIZER_FILES):  # train copies it into the policy
             raise UserError(f"model dir {model} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}) — save the model's tokenizer "
                             "there (tokenizer.save_pretrained(DIR))")
         return

@@ -44,7 +44,7 @@ def build_prompts(cfg: GenerateConfig, examples: list | None, tokenizer: Any) ->
     for ex in examples:
         text = render_prompt(ex, cfg.dataset, tokenizer)
         prompts.append(Prompt(ex.prompt_id, text, ex.answer, encode_prompt(text, tokenizer, cfg.dataset), ex.question, ex.messages, ex.data_source,
-                              ex.preset))
+                              f"{ex.preset}{', prompts as written' if ex.verbatim and not cfg.dataset.template else ''}"))
     return prompts
 
 

@@ -401,13 +401,13 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
 
     summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(_SUMMARY_COLUMNS)), result)
     failed = result.verdicts.get(ERROR, 0) + result.verdicts.get(TIMEOUT, 0)
-    if failed == result.rows and todo:  # nothing was checked: a verifier that does not fit the data, or data with no golds
-        for i in files:
+    if result.verdicts.get(ERROR, 0) == result.rows and todo:  # nothing checked: a verifier that does not fit, data with no golds
+        for i in files:  # (timeouts are not that: a policy's output can be slow to check)
             (out / shards.shard_name(i)).unlink(missing_ok=True)
         (out / RESCORING_FILE).unlink(missing_ok=True)
         example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
-        raise UserError(f"every one of the {result.rows} completions failed its check{example}, nothing written — check that verifier "
-                        f"{cfg.verifier} fits the data (golds in the dataset's answer column; a plugin's signature and errors)")
+        raise UserError(f"every one of the {result.rows} completions failed its check{example}; the scored shards are removed — check "
+                        f"that verifier {cfg.verifier} fits the data (golds in the dataset's answer column; a plugin's signature and errors)")
     if failed and todo:  # e.g. a verifier that does not fit the golds: every sample would train as a wrong one, silently
         example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
         warnings.warn(f"{failed / result.rows:.1%} of the completions could not be checked{example} and are rewarded as wrong — "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -365,8 +366,9 @@ def prepare(cfg: TrainConfig) -> Prepared:
                         "replace it, or choose another --out")
     check_writable(partial)
 
-    for model in (cfg.model, loss.ref_model or cfg.model):  # a mistyped path is no hub id to retry for half a minute
-        check_model(model)
+    check_model(cfg.model)  # a mistyped path is no hub id to retry for half a minute
+    if loss.ref_model:
+        check_model(loss.ref_model, tokenizer=False)  # its weights alone are read
     mcfg = load_config(cfg.model)
     vocab_size = int(mcfg.vocab_size)
     context = config_context_length(mcfg)
@@ -377,8 +379,8 @@ def prepare(cfg: TrainConfig) -> Prepared:
     extra = _extra_columns(cfg, pairwise)
     data, policies, sampling, extra_table = load_training_data(cfg.data, need_policy=cfg.recompute_behavior or pairwise, extra=extra)
     if loss.name == "sft" and not (loss.kl_coef or loss.entropy_coef or loss.whiten_advantages) and not ((data.advantages > 0) & (data.weights > 0)).any():
-        raise UserError(f"{cfg.data}: loss sft trains on the rows with A > 0 and this set has none — curate a set with positives "
-                        "(a lower --baseline), or train with a loss that learns from negatives (topr)")
+        warnings.warn(f"{cfg.data}: loss sft trains on the rows with A > 0 and this set has none: the policy will not change — curate a set "
+                      "with positives (a lower --baseline), or train with a loss that learns from negatives (topr)", stacklevel=2)
     processing, sampling_source = resolve_processing(cfg, sampling, cfg.data)
     if processing.greedy and LOSSES[loss.name].uses_behavior:
         raise UserError(

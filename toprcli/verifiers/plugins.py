@@ -127,7 +127,9 @@ def _caller(func: Callable, target: str) -> Callable[[str, str | None, dict], An
 
         def verl(completion: str, answer: str | None, row: dict) -> Any:
             given = {"data_source": row.get("data_source"), "solution_str": completion, "ground_truth": answer, "extra_info": row.get("extra_info")}
-            return func(**{k: v for k, v in given.items() if takes_any or k in params})
+            # A value the row lacks leaves the function's own default (a functools.partial's data_source) in place.
+            return func(**{k: v for k, v in given.items() if (takes_any or k in params)
+                           and (v is not None or k not in params or params[k].default is inspect.Parameter.empty)})
 
         return verl
     expected = f"give it topr's signature def {getattr(func, '__name__', 'check')}(completion, answer, row) -> bool | float | None"
