@@ -380,12 +380,17 @@ def test_a_kill_while_finishing_keeps_the_trained_policy(tiny_model_dir, data_pa
     assert not (tmp_path / "b" / "checkpoints").exists() and not (tmp_path / "b.partial").exists()
 
 
-def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
-    kw = dict(max_steps=4, save_every=2)
+def _killed_after_step_2(kill_after_checkpoint, monkeypatch, cfg: TrainConfig) -> None:
+    """``cfg`` trained until its checkpoint at step 2, then killed (the kill undone for what follows)."""
     kill_after_checkpoint(2)
     with pytest.raises(Killed):
-        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))
+        train_policy(cfg)
     monkeypatch.undo()
+
+
+def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
+    kw = dict(max_steps=4, save_every=2)
+    _killed_after_step_2(kill_after_checkpoint, monkeypatch, _cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))
     with pytest.raises(UserError, match=r"different config \(changed: lr\) — run without --resume"):
         train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", resume=True, lr=5e-3, **kw))
     # How a step is cut into forward passes is no such change: the advice after running out of memory.
@@ -397,10 +402,7 @@ def test_resume_refuses_a_checkpoint_of_another_config(tiny_model_dir, data_path
 def test_a_rerun_without_resume_says_it_drops_the_checkpoint(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
     """A requeued job's same command without --resume started over and removed the checkpoint in silence."""
     kw = dict(max_steps=4, save_every=2)
-    kill_after_checkpoint(2)
-    with pytest.raises(Killed):
-        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))
-    monkeypatch.undo()
+    _killed_after_step_2(kill_after_checkpoint, monkeypatch, _cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))
     with pytest.warns(UserWarning, match=r"starting over: the checkpoint of an earlier run \(step-0*2 in .*\) is removed — pass --resume"):
         assert train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "p", **kw))["steps"] == 4
 
