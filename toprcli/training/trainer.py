@@ -82,27 +82,8 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     np.random.seed(cfg.seed)
     model = _build_model(prep, ctx)
 
-    # Output: <out>.partial/ holds everything until the policy is complete.
-    ckpt_root = partial / "checkpoints"
-    resume_from = ckpt.latest_checkpoint(ckpt_root) if cfg.resume else None
-    if ctx.is_main and resume_from is None:
-        if (dropped := ckpt.latest_checkpoint(ckpt_root)) is not None:  # a requeued job's rerun without --resume: its steps go
-            warnings.warn(f"starting over: the checkpoint of an earlier run ({dropped.name} in {ckpt_root}) is removed — pass --resume "
-                          "to continue from it", stacklevel=2)
-        _clear(partial, keep=PRECOMPUTED_NAME if cfg.resume else None)  # a pass saved before a kill with no checkpoint
-        partial.mkdir(parents=True, exist_ok=True)
-    barrier(ctx)
-    state: dict[str, Any] = {"step": 0, "tokens": 0, "train_time_s": 0.0, "skipped_steps": 0, "gap": None, "first_loss": None}
-    if resume_from is not None:
-        state = _resume(prep, resume_from, model.policy, model.optimizer, model.scheduler, ctx)
-        behavior, ref = load_precomputed(prep)
-    else:
-        try:
-            behavior, ref = precompute(prep, model.policy, ctx, model.autocast, state)
-        except UserError:  # a --ref-model that does not load: refused before any work, nothing left behind
-            if ctx.is_main and partial.is_dir() and not any(partial.iterdir()):
-                partial.rmdir()
-            raise
+    ckpt_root = partial / "checkpoints"  # <out>.partial/ holds everything until the policy is complete
+    state, behavior, ref = _start(prep, ctx, model)
     state.update(config_fingerprint=prep.config_fingerprint, data_fingerprint=prep.data_fingerprint,
                  config=config_to_dict(prep.cfg))  # what a refused resume names as changed
     start_step = int(state["step"])
@@ -148,7 +129,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     state["parameters"] = int(sum(p.numel() for p in model.policy.parameters()))  # before a LoRA merge (one process) changes it
     ckpt.save_policy(partial, model.policy, ctx, source=cfg.model, save_dtype=getattr(torch, cfg.save_dtype),
                      lora=bool(cfg.lora_rank), lora_config=model.lora_config)
-    resumed = None if resume_from is None else int(resume_from.name.split("-")[1])
+    resumed = start_step or None  # a checkpoint's step (checkpoints come after a step: never 0)
     state["peak_memory"] = _peak_memory(ctx)
     return _summary(prep, ctx, state, last, model.params, model.precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
 
@@ -240,6 +221,30 @@ def _resume(prep: Prepared, path, policy, optimizer, scheduler, ctx: DistContext
                 what += f" (changed: {', '.join(changed[:4]) or 'the model files (copied without their times?) or the data processing'})"
             raise UserError(f"the checkpoint in {path.parent} was made with a different {what} — run without --resume to start over")
     return ckpt.load_checkpoint(path, policy, optimizer, scheduler, ctx)
+
+
+def _start(prep: Prepared, ctx: DistContext, model: _Learner) -> tuple[dict[str, Any], np.ndarray, np.ndarray | None]:
+    """Where training starts: the latest checkpoint (``resume``), else step 0 in a cleared ``<out>.partial/`` (which holds
+    everything until the policy is complete) after the pass before step 1. Returns (run state, μ, the reference's log-probs)."""
+    cfg, partial = prep.cfg, prep.partial
+    ckpt_root = partial / "checkpoints"
+    resume_from = ckpt.latest_checkpoint(ckpt_root) if cfg.resume else None
+    if ctx.is_main and resume_from is None:
+        if (dropped := ckpt.latest_checkpoint(ckpt_root)) is not None:  # a requeued job's rerun without --resume: its steps go
+            warnings.warn(f"starting over: the checkpoint of an earlier run ({dropped.name} in {ckpt_root}) is removed — pass --resume "
+                          "to continue from it", stacklevel=3)
+        _clear(partial, keep=PRECOMPUTED_NAME if cfg.resume else None)  # a pass saved before a kill with no checkpoint
+        partial.mkdir(parents=True, exist_ok=True)
+    barrier(ctx)
+    if resume_from is not None:
+        return (_resume(prep, resume_from, model.policy, model.optimizer, model.scheduler, ctx), *load_precomputed(prep))
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "train_time_s": 0.0, "skipped_steps": 0, "gap": None, "first_loss": None}
+    try:
+        return (state, *precompute(prep, model.policy, ctx, model.autocast, state))
+    except UserError:  # a --ref-model that does not load: refused before any work, nothing left behind
+        if ctx.is_main and partial.is_dir() and not any(partial.iterdir()):
+            partial.rmdir()
+        raise
 
 
 def _clear(partial, keep: str | None = None) -> None:
