@@ -134,7 +134,7 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
     if boot:
         lines += ["", f"[low, high]: 95% percentile bootstrap interval over prompts ({boot['resamples']} resamples, seed {boot['seed']})."]
     lines += _changes(rows, run_dir)
-    for r in (r for r in rows if r["round"] > 0 and "train_steps" not in r):  # a killed round read as the run's last word (0: the base)
+    for r in (r for r in rows if unfinished(r)):  # a killed round read as the run's last word
         lines += ["", f"Round {r['round']} is not finished (no trained policy yet): running, or stopped — the same `topr iterate` resumes it."]
     for r in rows:
         if r.get("error_rate") or r.get("greedy_error_rate"):  # counted wrong: a missing gold, a failing plugin
@@ -148,6 +148,11 @@ def markdown(rows: list[dict[str, Any]], run_dir: Path) -> str:
                   f"{100 * last['pass@1']:.1f}% (round {last['round']}): {delta:+.1f} points."]
     lines += ["", "Plots: `accuracy.png`, `mix.png`, `rewards.png`, `loss.png`.", ""]
     return "\n".join(lines)
+
+
+def unfinished(row: dict[str, Any]) -> bool:
+    """A round with no trained policy yet (running, or stopped); round 0 is the base policy's eval, never trained."""
+    return row["round"] > 0 and "train_steps" not in row
 
 
 def eval_k(rows: list[dict[str, Any]]) -> str:

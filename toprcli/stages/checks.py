@@ -55,8 +55,11 @@ def check_starting_model(cfg: IterateConfig, model: str) -> None:
     """A pipeline's starting model: there (a mistyped path, a directory without config.json or tokenizer), and with room in
     its context for a prompt beside each completion (generate refused it at round 0, after the engine had started)."""
     check_model(model)
+    if not Path(model).is_dir():  # a hub id: its config is not read here
+        return
+    own = context_length(model)  # read once; a section's max_model_len overrides it
     for stage, section in (("generate", cfg.generate), ("eval", cfg.eval)):
-        context = context_length(model, section.engine.max_model_len) if Path(model).is_dir() else None
+        context = own if section.engine.max_model_len is None else section.engine.max_model_len
         if context is not None and section.sampling.max_new_tokens >= context:
             raise UserError(f"{stage}.sampling.max_new_tokens {section.sampling.max_new_tokens} leaves no room for a prompt in the context "
                             f"of {model} ({context} tokens) — lower it (--set {stage}.sampling.max_new_tokens=...)")
