@@ -112,6 +112,16 @@ def kill_after_checkpoint(monkeypatch):
     return arm
 
 
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch) -> str:
+    """An MLflow SQLite store under ``tmp_path``, which is the working directory too: MLflow puts such a store's
+    artifacts in ./mlruns (the repo's, when a test ran from it)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    return uri
+
+
 @pytest.fixture(scope="session")
 def hf_backend(tiny_model_dir):
     """The hf backend serving the tiny model (float32, batch 8), shared by the session."""

@@ -82,14 +82,13 @@ def test_a_failing_backend_is_one_warning_and_the_run_goes_on(tmp_path, monkeypa
     assert state["tensorboard"]["logged"] == {"train": 1} and "logged" not in state["mlflow"]
 
 
-def test_a_step_a_backend_failed_to_take_is_logged_on_the_next_run(tmp_path, monkeypatch):
+def test_a_step_a_backend_failed_to_take_is_logged_on_the_next_run(tmp_path, monkeypatch, mlflow_store):
     """MLflow's server is down while round 2 is logged: the backend is dropped for this run, and round 2 is not
     marked as logged, so the rerun logs it (it was marked, and the run's MLflow series had a hole for good)."""
     from mlflow.tracking import MlflowClient
 
     from toprcli.tracking import mlflow_run
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     cfg, run = TrackingConfig(report_to=["mlflow"]), tmp_path / "run"
     backend_class = mlflow_run.MlflowRun
     real = backend_class.log
@@ -114,11 +113,10 @@ def test_a_step_a_backend_failed_to_take_is_logged_on_the_next_run(tmp_path, mon
 
 
 @pytest.mark.parametrize("stop, status", [(None, "FINISHED"), (RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED")])
-def test_a_run_that_stops_on_an_error_or_a_signal_is_not_reported_finished(tmp_path, monkeypatch, stop, status):
+def test_a_run_that_stops_on_an_error_or_a_signal_is_not_reported_finished(tmp_path, monkeypatch, stop, status, mlflow_store):
     """The tracked run's status says how the command ended (MLflow marked every run FINISHED, a crash too)."""
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     tracker = open_tracker(TrackingConfig(report_to=["mlflow"]), tmp_path / "run", config={})
     run_id = tracker.state["backends"]["mlflow"]["run_id"]
     try:
@@ -314,13 +312,12 @@ def _mlflow_history(tracker, key):
     return sorted((m.step, m.value) for m in MlflowClient().get_metric_history(run_id, key))
 
 
-def test_a_rounds_eval_that_comes_after_the_round_was_logged_is_logged(tmp_path, monkeypatch):
+def test_a_rounds_eval_that_comes_after_the_round_was_logged_is_logged(tmp_path, monkeypatch, mlflow_store):
     """rounds 10, eval_every 5: round 3 was logged after its training; ended early with rounds=3, its eval then ran,
     and its pass@1 never reached the trackers (the round's mark was taken). NaN is logged as NaN (it was dropped)."""
     from toprcli.pipeline import EVAL_KEYS
     from toprcli.run_tracking import log_round
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     cfg, run = TrackingConfig(report_to=["mlflow"]), tmp_path / "run"
     with open_tracker(cfg, run, config={}) as tracker:
         log_round(tracker, run, 3, {"round": 3, "p_effective": 0.5, "train_final_loss": float("nan")}, {}, EVAL_KEYS)
@@ -329,14 +326,13 @@ def test_a_rounds_eval_that_comes_after_the_round_was_logged_is_logged(tmp_path,
         assert [v != v for _, v in _mlflow_history(tracker, "round/train_final_loss")] == [True]
 
 
-def test_evals_that_come_out_of_order_are_each_logged_once(tmp_path, monkeypatch):
+def test_evals_that_come_out_of_order_are_each_logged_once(tmp_path, monkeypatch, mlflow_store):
     """eval_every 2, then lowered to 1: round 1's eval came after round 2's and never reached the trackers (a mark held
     the last eval's round); and a W&B offline rerun logged every round's eval again (its marks from the files had no
     round:eval)."""
     from toprcli.pipeline import EVAL_KEYS
     from toprcli.run_tracking import log_round
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_SERVICE", raising=False)
     cfg, run = TrackingConfig(report_to=["mlflow", "wandb"]), tmp_path / "run"
@@ -372,7 +368,7 @@ def test_a_changed_project_keeps_tensorboards_series_once(tmp_path):
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 2]
 
 
-def test_a_signal_while_a_backend_logs_does_not_log_the_step_twice(tmp_path, monkeypatch):
+def test_a_signal_while_a_backend_logs_does_not_log_the_step_twice(tmp_path, monkeypatch, mlflow_store):
     """A Ctrl-C after a backend stored a step but before tracking.json said so: the resumed run logged it again."""
     import signal
 
@@ -380,7 +376,6 @@ def test_a_signal_while_a_backend_logs_does_not_log_the_step_twice(tmp_path, mon
     from toprcli.interrupt import Interrupted
     from toprcli.tracking import mlflow_run
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     cfg, run = TrackingConfig(report_to=["mlflow"]), tmp_path / "run"
     real = mlflow_run.MlflowRun.log
 
@@ -407,10 +402,9 @@ def test_a_signal_while_a_backend_logs_does_not_log_the_step_twice(tmp_path, mon
         assert _mlflow_history(tracker, "train/loss") == [(1, 0.1), (2, 0.2), (3, 0.3)]
 
 
-def test_a_changed_project_starts_a_tracked_run_there_with_the_whole_history(tmp_path, monkeypatch):
+def test_a_changed_project_starts_a_tracked_run_there_with_the_whole_history(tmp_path, monkeypatch, mlflow_store):
     """trackio refused the resume for good (its run was in the old project), W&B reused the id without the earlier
     steps, MLflow stayed in the old experiment: now each starts a new run in the new project and takes every step."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     run = tmp_path / "run"
     with open_tracker(TrackingConfig(report_to=["mlflow"], project="a"), run, config={}) as tracker:
         for step in (1, 2):
@@ -549,14 +543,13 @@ def test_a_torn_metrics_line_is_skipped_and_null_is_nan_again(tmp_path):
     assert [r["step"] for r in got] == [1, 2] and got[0]["loss"] == 0.5 and got[1]["loss"] != got[1]["loss"]
 
 
-def test_a_round_logged_in_two_parts_has_its_step_once(tmp_path, monkeypatch):
+def test_a_round_logged_in_two_parts_has_its_step_once(tmp_path, monkeypatch, mlflow_store):
     """MLflow and TensorBoard have a step of their own: `round/step` as a metric was logged again with the round's eval."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from toprcli.pipeline import EVAL_KEYS
     from toprcli.run_tracking import log_round
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     run = tmp_path / "run"
     with open_tracker(TrackingConfig(report_to=["mlflow", "tensorboard"]), run, config={}) as tracker:
         log_round(tracker, run, 1, {"round": 1, "p_effective": 0.5, "pass@1": 0.25, "train_final_loss": None, "train_steps": 3}, {}, EVAL_KEYS)
@@ -585,7 +578,7 @@ def test_an_mlflow_store_is_saved_absolute_and_a_scheme_word_as_it_is(tmp_path, 
     assert _absolute("databricks") == "databricks" and _absolute("http://host:5000") == "http://host:5000"
 
 
-def test_mlflow_takes_tag_and_config_keys_it_would_refuse_and_gives_up_on_a_dead_server_in_seconds(tmp_path, monkeypatch):
+def test_mlflow_takes_tag_and_config_keys_it_would_refuse_and_gives_up_on_a_dead_server_in_seconds(tmp_path, monkeypatch, mlflow_store):
     """`--tag split@k=test` refused MLflow's whole run (an empty run left RUNNING, every rerun the same); a server that
     is down held the command ~4 minutes in MLflow's retries while a SIGTERM waited (a Slurm job killed before its
     checkpoint)."""
@@ -593,7 +586,6 @@ def test_mlflow_takes_tag_and_config_keys_it_would_refuse_and_gives_up_on_a_dead
 
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with open_tracker(TrackingConfig(report_to=["mlflow"], tags={"split@k": "test"}), tmp_path / "run", config={"a@b": {"c#d": 1}}) as tracker:
@@ -632,14 +624,13 @@ def test_a_damaged_tracking_record_is_one_line_naming_it(tmp_path):
         open_tracker(TrackingConfig(report_to=["tensorboard"]), tmp_path / "run", config={})
 
 
-def test_a_finished_training_run_again_catches_up_a_tracker_named_since(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_finished_training_run_again_catches_up_a_tracker_named_since(tiny_model_dir, tmp_path, monkeypatch, mlflow_store):
     """The rerun of a finished `topr train` returned before its trackers: a backend that failed mid-run (or one added)
     never got the steps it lacked, and MLflow's run stayed RUNNING."""
     from mlflow.tracking import MlflowClient
 
     from builders import write_curated
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     data, out = write_curated(tmp_path / "train.parquet", n=16), tmp_path / "pol"
     args = ["train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--optimizer", "adamw", "--lr", "1e-3", "--batch-size", "4",
             "--max-steps", "3", "--no-progress", "--report-to", "tensorboard"]

@@ -579,11 +579,10 @@ def test_train_reports_each_step_once_across_a_resume(tiny_model_dir, data_path,
     assert state["logged"] == {"train": 5} and state["log_dir"] == str(tmp_path / "run" / "tb")  # not <out>.partial/tb
 
 
-def test_a_tracked_training_names_its_output_not_the_partial_dir(tiny_model_dir, data_path, tmp_path, monkeypatch):
+def test_a_tracked_training_names_its_output_not_the_partial_dir(tiny_model_dir, data_path, tmp_path, monkeypatch, mlflow_store):
     """The MLflow run of `topr train --out run` was tagged run_dir=run.partial, which is gone once the run finishes."""
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "run", max_steps=1, tracking=TrackingConfig(report_to=["mlflow"])))
     state = json.loads((tmp_path / "run" / "tracking.json").read_text())["backends"]["mlflow"]
     assert MlflowClient().get_run(state["run_id"]).data.tags["run_dir"] == str((tmp_path / "run").resolve())
