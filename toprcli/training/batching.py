@@ -28,6 +28,7 @@ completion-aligned: column j is completion token j.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import numpy as np
@@ -78,15 +79,16 @@ class TokenData:
     def n_rows(self) -> int:
         return len(self.advantages)
 
-    @property
+    # Computed once: every step's plan reads them, and each is an O(rows) pass (the offsets never change).
+    @cached_property
     def prompt_lens(self) -> np.ndarray:
         return np.diff(self.prompt_off)
 
-    @property
+    @cached_property
     def completion_lens(self) -> np.ndarray:
         return np.diff(self.completion_off)
 
-    @property
+    @cached_property
     def seq_lens(self) -> np.ndarray:
         return self.prompt_lens + self.completion_lens
 
@@ -226,20 +228,21 @@ def split_units(units_in_step: np.ndarray, longest: np.ndarray, world_size: int)
 
 
 def pack_units(units_in_rank: np.ndarray, units: Units, lengths: np.ndarray, token_budget: int,
-               prompt_lens: Optional[np.ndarray] = None) -> list[np.ndarray]:
+               prompt_lens: Optional[np.ndarray] = None, longest: Optional[np.ndarray] = None) -> list[np.ndarray]:
     """Greedy packing, longest unit first, while the micro-batch's padded cost ≤ budget.
 
     Cost: rows × longest row; with ``prompt_lens`` (n_rows,) — the shared-prefix layout, where
     ``lengths`` are completion lengths and a unit is one prompt's rows — prompts × longest prompt
     + rows × longest completion, each prompt counted once. Returns the rows of each micro-batch,
     unit after unit. A unit over the budget is cut into pieces that fit, longest first, in multiples
-    of ``units.piece`` rows (a single piece over the budget gets a micro-batch of its own).
+    of ``units.piece`` rows (a single piece over the budget gets a micro-batch of its own). ``longest``
+    (n_units,): each unit's longest row by that cost, if the caller has it (:func:`unit_longest`).
     """
     if len(units_in_rank) == 0:
         return []
     shared = prompt_lens is not None
     size = (lambda r: lengths[r] + prompt_lens[r]) if shared else (lambda r: lengths[r])  # noqa: E731
-    longest = units.longest(size(np.arange(len(lengths))))
+    longest = unit_longest(units, lengths, prompt_lens) if longest is None else longest
     ordered = units_in_rank[np.argsort(-longest[units_in_rank], kind="stable")]
 
     def cost(parts: list[np.ndarray]) -> int:
@@ -274,18 +277,24 @@ def _cut(rows: np.ndarray, cost_of_first, budget: int, piece: int = 1) -> list[n
     return [rows[i : i + k] for i in range(0, len(rows), k)]
 
 
+def unit_longest(units: Units, lengths: np.ndarray, prompt_lens: Optional[np.ndarray] = None) -> np.ndarray:
+    """(n_units,) each unit's longest row by packing's cost (with ``prompt_lens``: prompt + completion)."""
+    return units.longest(lengths if prompt_lens is None else lengths + prompt_lens)
+
+
 def plan_micro_batches(
     units_in_step: np.ndarray, units: Units, lengths: np.ndarray, world_size: int, token_budget: int,
-    prompt_lens: Optional[np.ndarray] = None,
+    prompt_lens: Optional[np.ndarray] = None, longest: Optional[np.ndarray] = None,
 ) -> list[list[np.ndarray]]:
     """Micro-batches (their rows) of every rank, padded with empty ones to the same count.
 
     Every rank computes the whole plan (it holds the whole dataset), so the
     count is agreed on without communication. ``prompt_lens``: the shared-prefix
-    cost (see :func:`pack_units`; ``lengths`` are then completion lengths).
+    cost (see :func:`pack_units`; ``lengths`` are then completion lengths). ``longest``: :func:`unit_longest`,
+    computed once by a caller that plans every step (it reads every row; a step's plan reads only its own).
     """
-    longest = units.longest(lengths if prompt_lens is None else lengths + prompt_lens)
-    per_rank = [pack_units(r, units, lengths, token_budget, prompt_lens) for r in split_units(units_in_step, longest, world_size)]
+    longest = unit_longest(units, lengths, prompt_lens) if longest is None else longest
+    per_rank = [pack_units(r, units, lengths, token_budget, prompt_lens, longest) for r in split_units(units_in_step, longest, world_size)]
     count = max(1, max(len(p) for p in per_rank))
     empty = np.zeros(0, dtype=np.int64)
     return [p + [empty] * (count - len(p)) for p in per_rank]

@@ -33,8 +33,8 @@ def micro_batches(prep: Prepared, units: np.ndarray, ctx: DistContext) -> list[n
     data = prep.data
     if prep.cfg.shared_prefix:
         return plan_micro_batches(units, prep.units, data.completion_lens, ctx.world_size, prep.cfg.micro_batch_tokens,
-                                  prompt_lens=data.prompt_lens)[ctx.rank]
-    return plan_micro_batches(units, prep.units, data.seq_lens, ctx.world_size, prep.cfg.micro_batch_tokens)[ctx.rank]
+                                  prompt_lens=data.prompt_lens, longest=prep.unit_longest)[ctx.rank]
+    return plan_micro_batches(units, prep.units, data.seq_lens, ctx.world_size, prep.cfg.micro_batch_tokens, longest=prep.unit_longest)[ctx.rank]
 
 
 def stop_requested(ctx: DistContext) -> int:

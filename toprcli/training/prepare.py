@@ -15,6 +15,7 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,22 +28,10 @@ from toprcli.errors import UserError
 from toprcli.generation.model_info import check_model, config_context_length, load_config
 from toprcli.losses import LOSSES, policy_loss, resolve_options
 from toprcli.sampling import Processing
-from toprcli.shards import (
-    check_nulls,
-    check_writable,
-    fingerprint,
-    model_identity,
-    models_of,
-    parquet_files,
-    read_file_metadata,
-    read_schema,
-    read_table,
-    same_model,
-    sampling_of,
-    validate_columns,
-)
+from toprcli.shards import (check_nulls, check_writable, fingerprint, model_identity, models_of, parquet_files, read_file_metadata,
+                            read_schema, read_table, same_model, sampling_of, validate_columns)
 from toprcli.curation import group_ids
-from toprcli.training.batching import TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan
+from toprcli.training.batching import TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan, unit_longest
 from toprcli.training.prefix import unsupported as unsupported_prefix
 
 # Options of ``policy_loss`` that apply to every loss; they may also be given in
@@ -107,6 +96,12 @@ class Prepared:
     def samples(self) -> int:
         """Rows the run consumes (with repeats over epochs)."""
         return int(self.plan.rows_done[-1])
+
+    @cached_property
+    def unit_longest(self) -> np.ndarray:
+        """(n_units,) each unit's longest row as packing counts it: read by every step's plan, computed once."""
+        d = self.data
+        return unit_longest(self.units, d.completion_lens, d.prompt_lens) if self.cfg.shared_prefix else unit_longest(self.units, d.seq_lens)
 
     @property
     def recomputes_behavior(self) -> bool:
