@@ -268,9 +268,17 @@ _WRITTEN_BY = {"generation": "topr generate", "score": "topr score"}
 
 def check_finished(path: str | os.PathLike[str], key: str) -> None:
     """A directory a stage wrote but did not finish (killed, or data-parallel parts still running: its shards so
-    far, no _manifest.json) would pass on part of the data. A hand-made directory (no ``key`` record) is read as it is."""
+    far, no _manifest.json) would pass on part of the data; so would a finished one a shard was deleted from. A
+    hand-made directory (no ``key`` record) is read as it is."""
     path = Path(path)
-    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
+    if not path.is_dir():
+        return
+    if (path / MANIFEST_NAME).is_file():
+        recorded = ((read_manifest(path) or {}).get("counts") or {}).get("shards")
+        if isinstance(recorded, int) and (missing := sorted(set(range(recorded)) - set(complete_shards(path)))):
+            raise UserError(f"{path}: {shard_name(missing[0])} is missing ({len(missing)} of the {recorded} shards its {MANIFEST_NAME} "
+                            f"records) — its rows would be left out in silence: delete {path} and rerun the `{_WRITTEN_BY[key]}` "
+                            "that wrote it (`topr iterate` reruns it)")
         return
     if any(key in read_file_metadata(f) for f in complete_shards(path).values()):
         raise UserError(f"{path}: `{_WRITTEN_BY[key]}` has not finished this directory (no {MANIFEST_NAME}) — rerun the same "
