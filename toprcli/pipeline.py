@@ -48,6 +48,7 @@ from toprcli.shards import check_writable, output_lock, read_manifest, write_jso
 from toprcli.stages import curate, score, warmstart
 from toprcli.stages import train as train_stage
 from toprcli.stages.checks import check_before_work, check_starting_model
+from toprcli.verifiers import check_sources
 
 STATE_FILE = "state.json"
 # What a round reports of a generative verifier's judgement (eval's verifier_model or candidates).
@@ -317,7 +318,7 @@ class Pipeline:
         if first and not self.cfg.warm_start.init_model and not (self.branch_from and self.cfg.train_from == "previous"):
             check_starting_model(self.cfg, self.initial_model())  # refused before the run dir records it (a branch: its round's policy)
         if first and self.verifier() == "data_source":  # an unmapped verl source: refused before round 0 generates
-            score.check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
+            check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
         if self.cfg.score.verifier == "auto":  # recorded as what it stands for: a rerun resolves it the same, or is refused
             self.cfg = replace(self.cfg, score=replace(self.cfg.score, verifier=self.verifier()))
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None

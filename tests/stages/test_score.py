@@ -436,6 +436,31 @@ def test_verl_reward_functions_run_as_they_are_and_a_misfit_signature_is_refused
         assert not (tmp_path / fn).exists()
 
 
+def test_a_plugin_that_timed_out_on_every_row_is_refused(tmp_path, monkeypatch):
+    """A plugin loading a model on its first call timed out on every row (each worker started after a timeout loads it
+    again): a finished scored dir, exit 0, every sample rewarded as wrong. A built-in verifier's timeouts stay a warning."""
+    (tmp_path / "lazy.py").write_text("import time\nLOADED = []\n"
+                                      "def check(completion, answer, row):\n    if not LOADED:\n        time.sleep(3)\n        LOADED.append(1)\n"
+                                      "    return completion == answer\n")
+    monkeypatch.chdir(tmp_path)
+    d = write_samples(tmp_path / "s", [samples_table([("a", "7", "7"), ("b", "8", "9")])])
+    with pytest.raises(UserError, match=r"every one of the 2 checks ran past --timeout 1 s; the scored shards are removed — a plugin that loads"):
+        score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:lazy.py:check", workers=1, timeout=1.0))
+    assert not shards.complete_shards(tmp_path / "o") and not (tmp_path / "o" / shards.MANIFEST_NAME).exists()
+
+
+def test_a_stop_while_a_plugin_imports_is_a_stop_not_a_broken_plugin(tmp_path):
+    """Ctrl-C while the plugin imported said "plugin module does not import (Interrupted: SIGINT)", exit 2."""
+    import subprocess
+    import sys
+
+    (tmp_path / "intr.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\ndef check(c, a, r):\n    return True\n")
+    d = write_samples(tmp_path / "s", [samples_table([("a", "7", "7")])])
+    r = subprocess.run([sys.executable, "-m", "toprcli", "score", "-s", str(d), "-o", str(tmp_path / "o"), "--verifier", "python:intr.py:check"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 130 and "does not import" not in r.stderr and "interrupted" in r.stderr.lower(), r.stderr
+
+
 def test_a_scoring_where_every_check_failed_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
     """Every completion an error (here: no golds for gsm8k) wrote a finished scored dir, exit 0, with a warning; curate
     then trained on it as if every sample were wrong."""

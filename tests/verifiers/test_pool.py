@@ -198,6 +198,20 @@ def test_plugin_failing_in_the_worker_is_a_user_error(tmp_path, monkeypatch):
             pass
 
 
+def test_workers_slow_to_import_a_plugin_are_one_line_naming_it(tmp_path, monkeypatch):
+    """A plugin whose import took past the start-up limit (a model loaded at import) was a RuntimeError traceback."""
+    import toprcli.verifiers.pool as pool
+
+    (tmp_path / "slow.py").write_text("import os, time\nif os.environ.get('OMP_NUM_THREADS') == '1':\n    time.sleep(5)\n"
+                                      "def f(c, a, r):\n    return True\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    monkeypatch.setattr(pool, "STARTUP_TIMEOUT", 1.0)
+    with pytest.raises(UserError, match=r"verifier python:slow:f: its workers were not ready after 1 s — each worker imports it"):
+        with VerifierPool("python:slow:f", workers=1, timeout=2):
+            pass
+
+
 def test_a_memory_cap_too_small_for_the_verifier_is_one_line_naming_it(tmp_path, monkeypatch):
     """150 MiB cannot hold math-verify: a RuntimeError traceback ("exited with code None"). A plugin over the cap at
     import was told to check its PYTHONPATH."""

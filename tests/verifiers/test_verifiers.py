@@ -345,6 +345,19 @@ def test_a_plugins_own_verdict_is_checked_like_a_bare_return():
     assert from_plugin_result(1e39).verdict == "error" and from_plugin_result(-3).score == -3.0
 
 
+def test_a_verl_reward_dict_is_correct_by_its_acc_and_answers_with_its_pred():
+    """verl's {"score": 0.1, "acc": False} (a format bonus on a wrong answer) was counted correct (score > 0): curate's
+    positives, pairs and p̃ read `correct`. A dict without "score" was "expected bool or float"."""
+    from toprcli.verifiers.base import from_plugin_result
+
+    assert from_plugin_result({"score": 0.1, "acc": False, "pred": 12}) == Verdict("incorrect", extracted_answer="12", score=0.1)
+    assert from_plugin_result({"score": 0.0, "acc": True}).verdict == "correct"
+    assert from_plugin_result({"score": 1.0}) == Verdict("correct", score=1.0)  # no acc: by the score, as before
+    assert from_plugin_result({"score": None, "acc": True}).verdict == "no_answer"
+    missing = from_plugin_result({"reward": 1.0})
+    assert missing.verdict == "error" and "without a 'score' key (keys: reward)" in missing.detail
+
+
 @pytest.mark.parametrize(
     "spec, words",
     [

@@ -32,7 +32,7 @@ from toprcli.stages import generate as generate_stage
 from toprcli.stages import score as score_stage
 from toprcli.stages.eval_judge import VERIFIED, check_judge, judge
 from toprcli.tracking import check_installed, open_tracker, sample_rows
-from toprcli.verifiers import ERROR, NO_ANSWER, TIMEOUT
+from toprcli.verifiers import ERROR, NO_ANSWER, TIMEOUT, check_sources
 from toprcli.verifiers.voting import vote_keys, voting_verifier
 
 STAGE = "eval"
@@ -194,7 +194,7 @@ def _evaluate(cfg: EvalConfig, out: Path, backend: Any, examples: list | None, p
     if examples is None:
         examples = load_examples(cfg.dataset)
     if cfg.verifier == "data_source":  # refused now, not after the samples are generated
-        score_stage.check_sources({e.data_source for e in examples}, cfg.verifier_by_source)
+        check_sources({e.data_source for e in examples}, cfg.verifier_by_source)
     t0 = time.perf_counter()
     runs = [("sampled", out, False)]
     if cfg.greedy:

@@ -44,7 +44,7 @@ from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
-from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, plugins, resolve_verifier, reward_of
+from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, check_sources, plugins, resolve_verifier, reward_of
 
 STAGE = "score"
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
@@ -181,18 +181,6 @@ def _check_sources(files: dict[int, Path], mapping: dict[str, str]) -> None:
             raise UserError(f"{path} has no data_source column — --verifier data_source is for verl-format datasets; pick a verifier")
         sources |= set(pq.read_table(path, columns=["data_source"]).column(0).to_pylist())
     check_sources(sources, mapping)
-
-
-def check_sources(sources: set[str | None], mapping: dict[str, str]) -> None:
-    """Every data_source has a verifier in ``mapping`` (eval checks its examples' before it generates)."""
-    if sources <= {None}:
-        raise UserError("the data has no data_source values — --verifier data_source is for verl-format datasets; pick a verifier")
-    if None in sources:  # a null is no name a mapping could hold
-        raise UserError("some rows have no data_source value — --verifier data_source picks each row's verifier by it: fill it in, "
-                        "or score with one verifier (--verifier math, gsm8k, ...)")
-    unknown = sorted(str(s) for s in sources - set(mapping))
-    if unknown:
-        raise UserError(f"no verifier for data_source {', '.join(unknown)} — add it: --verifier-by-source {unknown[0]}=math (or gsm8k, exact)")
 
 
 def _reusable(path: Path, settings: dict[str, Any], input_fp: str) -> bool:
@@ -401,13 +389,8 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
 
     summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(_SUMMARY_COLUMNS)), result)
     failed = result.verdicts.get(ERROR, 0) + result.verdicts.get(TIMEOUT, 0)
-    if result.verdicts.get(ERROR, 0) == result.rows and todo:  # nothing checked: a verifier that does not fit, data with no golds
-        for i in files:  # (timeouts are not that: a policy's output can be slow to check)
-            (out / shards.shard_name(i)).unlink(missing_ok=True)
-        (out / RESCORING_FILE).unlink(missing_ok=True)
-        example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
-        raise UserError(f"every one of the {result.rows} completions failed its check{example}; the scored shards are removed — check "
-                        f"that verifier {cfg.verifier} fits the data (golds in the dataset's answer column; a plugin's signature and errors)")
+    if todo:
+        _refuse_unchecked(cfg, result, out, files)
     if failed and todo:  # e.g. a verifier that does not fit the golds: every sample would train as a wrong one, silently
         example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
         warnings.warn(f"{failed / result.rows:.1%} of the completions could not be checked{example} and are rewarded as wrong — "
@@ -428,6 +411,24 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
 
 
 _SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "verdict")
+
+
+def _refuse_unchecked(cfg: ScoreConfig, result: ScoreCounts, out: Path, files: dict[int, Path]) -> None:
+    """Nothing checked (a verifier that does not fit, data with no golds): refused, the scored shards removed. Timeouts alone
+    are not that for a built-in verifier (a policy's output can be slow to check); for a plugin they are (one that loads a
+    model on its first call times out on every row, in every worker started after a timeout)."""
+    errors, timeouts = result.verdicts.get(ERROR, 0), result.verdicts.get(TIMEOUT, 0)
+    if errors < result.rows and not (cfg.verifier.startswith("python:") and errors + timeouts == result.rows):
+        return
+    for i in files:
+        (out / shards.shard_name(i)).unlink(missing_ok=True)
+    (out / RESCORING_FILE).unlink(missing_ok=True)
+    example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
+    what, fix = ((f"completions failed its check{example}", f"check that verifier {cfg.verifier} fits the data (golds in the dataset's "
+                  "answer column; a plugin's signature and errors)") if errors else
+                 (f"checks ran past --timeout {cfg.timeout:g} s", "a plugin that loads a model on its first call: load it as its module "
+                  "imports, or raise --timeout"))
+    raise UserError(f"every one of the {result.rows} {what}; the scored shards are removed — {fix}")
 
 
 def _progress(progress: ProgressFn | None, total: int, done: int) -> Callable[[int], None]:

@@ -22,7 +22,7 @@ from toprcli.verifiers.base import (
     reward_of,
 )
 from toprcli.verifiers.pool import DEFAULT_TIMEOUT, VerifierPool, default_workers
-from toprcli.verifiers.registry import SPEC_HELP, resolve_verifier
+from toprcli.verifiers.registry import SPEC_HELP, check_sources, resolve_verifier
 
 __all__ = [
     "CORRECT",
@@ -37,6 +37,7 @@ __all__ = [
     "Verdict",
     "Verifier",
     "VerifierPool",
+    "check_sources",
     "default_workers",
     "resolve_verifier",
     "reward_of",

@@ -130,7 +130,8 @@ def from_plugin_result(result: Any) -> Verdict:
 
     ``True``/``False`` → correct/incorrect; a float (or int) → ``score`` = that
     number, correct iff it is > 0; ``None`` → no_answer; a :class:`Verdict`
-    passes through; verl's ``{"score": x, ...}`` is ``x``. Anything else (or NaN) is an ``error``.
+    passes through; verl's ``{"score": x, ...}`` is ``x``, correct by its ``acc`` when it has one (verl's accuracy: a
+    format bonus scores a wrong answer above 0) and with its ``pred`` as the answer. Anything else (or NaN) is an ``error``.
     """
     if isinstance(result, Verdict):
         if result.verdict not in VERDICTS:
@@ -141,8 +142,8 @@ def from_plugin_result(result: Any) -> Verdict:
         extracted = result.extracted_answer
         return replace(result, score=None if result.score is None else float(result.score),
                        extracted_answer=None if extracted is None else clip_text(str(extracted)))  # stored, as the built-ins' are: clipped
-    if isinstance(result, dict) and "score" in result:  # verl's reward dict: its score, the other keys are its extra metrics
-        result = result["score"]
+    if isinstance(result, dict):  # verl's reward dict: its score; the other keys are its extra metrics
+        return _from_reward_dict(result)
     if result is None:
         return Verdict(NO_ANSWER)
     if isinstance(result, bool):
@@ -162,6 +163,16 @@ def from_plugin_result(result: Any) -> Verdict:
         x = float(result)
         return Verdict(CORRECT if x > 0 else INCORRECT, score=x)
     return Verdict(ERROR, detail=f"plugin returned {type(result).__name__}, expected bool or float")
+
+
+def _from_reward_dict(result: dict) -> Verdict:
+    if "score" not in result:
+        return Verdict(ERROR, detail=f"plugin returned a dict without a 'score' key (keys: {', '.join(map(str, list(result)[:5]))})")
+    verdict = from_plugin_result(result["score"])
+    acc, pred = result.get("acc"), result.get("pred")
+    if verdict.verdict in (CORRECT, INCORRECT) and acc is not None and not isinstance(acc, (str, bytes)):
+        verdict = replace(verdict, verdict=CORRECT if bool(acc) else INCORRECT)
+    return verdict if pred is None else replace(verdict, extracted_answer=clip_text(str(pred)))
 
 
 _FLOAT32_MAX = 3.4028234663852886e38  # rewards are stored as float32

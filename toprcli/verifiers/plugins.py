@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from toprcli.errors import UserError
+from toprcli.interrupt import Interrupted
 from toprcli.verifiers.base import Verdict, from_plugin_result
 
 
@@ -85,7 +86,7 @@ def load_function(target: str) -> Callable:
             if cwd not in sys.path and "" not in sys.path:
                 sys.path.insert(0, cwd)
             module = importlib.import_module(module_name)
-    except UserError:
+    except (UserError, Interrupted, KeyboardInterrupt):  # a stop asked for while it imported is no fault of the plugin's
         raise
     except BaseException as e:  # a plugin may raise anything at import, even SystemExit
         first = str(e).splitlines()[0] if str(e) else ""

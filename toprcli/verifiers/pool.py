@@ -203,7 +203,7 @@ class VerifierPool:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close()
-                raise RuntimeError(f"verifier workers not ready after {STARTUP_TIMEOUT:.0f} s")
+                raise self._not_ready()
             starting = [w.conn for w in self._workers if w.state == _STARTING]
             for conn in mpc.wait(starting, timeout=min(left, _MAX_WAIT)):
                 w = next(w for w in self._workers if w.conn is conn)
@@ -358,7 +358,12 @@ class VerifierPool:
             if now - w.started > STARTUP_TIMEOUT:
                 self._workers.remove(w)
                 w.kill()
-                raise RuntimeError(f"verifier worker not ready after {STARTUP_TIMEOUT:.0f} s")
+                raise self._not_ready()
+
+    def _not_ready(self) -> UserError:
+        return UserError(f"verifier {self.verifier.spec}: its workers were not ready after {STARTUP_TIMEOUT:.0f} s — each worker "
+                         "imports it; one that loads a model as it imports takes longer: serve the model and use a judge: "
+                         "verifier, or import less at module level")
 
     def _fail(self, job: _Job, w: _Worker, verdict: str, detail: str) -> None:
         """The item ``w`` was checking gets ``verdict``; the rest of its chunk goes back to the queue; ``w`` is replaced."""

@@ -27,6 +27,18 @@ def check_by_source(completion: str, answer: str | None, row: dict | None = None
     return checks[source](completion, answer, row)
 
 
+def check_sources(sources: set[str | None], mapping: dict[str, str]) -> None:
+    """Every data_source has a verifier in ``mapping`` (eval checks its examples' before it generates)."""
+    if sources <= {None}:
+        raise UserError("the data has no data_source values — --verifier data_source is for verl-format datasets; pick a verifier")
+    if None in sources:  # a null is no name a mapping could hold
+        raise UserError("some rows have no data_source value — --verifier data_source picks each row's verifier by it: fill it in, "
+                        "or score with one verifier (--verifier math, gsm8k, ...)")
+    unknown = sorted(str(s) for s in sources - set(mapping))
+    if unknown:
+        raise UserError(f"no verifier for data_source {', '.join(unknown)} — add it: --verifier-by-source {unknown[0]}=math (or gsm8k, exact)")
+
+
 def _by_source(strict: bool, by_source: dict[str, str] | None) -> Verifier:
     mapping = dict(by_source or {})
     subs = {name: resolve_verifier(name, strict=strict) for name in sorted(set(mapping.values()))}
