@@ -665,6 +665,23 @@ def test_a_curate_killed_before_its_manifest_is_kept_by_the_rerun(tmp_path):
     assert not manifest_path(out).exists()
 
 
+def test_an_output_under_the_home_dir_is_written_there(tmp_path, monkeypatch):
+    """`--out=~/x.parquet` (no shell expands a ~ after =) was half expanded: pyarrow left a temporary in $HOME per attempt
+    and the write failed with a traceback; `run_dir: ~/runs` in YAML made a literal ./~ directory."""
+    from toprcli.cli.main import app
+    from toprcli.config import IterateConfig, from_dict
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    scored = pm1_data(tmp_path, 0.5, n_prompts=4, n=2)
+    res = CliRunner().invoke(app, ["curate", "-s", scored, "--out=~/train.parquet", "--positive-fraction", "0.2"])
+    assert res.exit_code == 0, res.output
+    assert (home / "train.parquet").is_file() and not (tmp_path / "~").exists() and not list(home.glob(".*.tmp"))
+    assert from_dict(IterateConfig, {"run_dir": "~/runs/a"}).run_dir == str(home / "runs" / "a")
+
+
 def test_scored_inputs_flagged_and_loose_in_another_order_are_refused(tmp_path):
     """`-s r3 r2 -s r1` was [r3, r1, r2] and `r3 -s r2` was [r2, r3]: the weights of --source-weights went to other rounds."""
     import subprocess

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from typing import Any, Literal
@@ -48,6 +49,7 @@ UNIT_HALF_OPEN = _check(lambda v: 0 < v <= 1, "a number in (0, 1]")
 TOP_K = _check(lambda v: v == -1 or v >= 1, "-1 (off) or an integer >= 1")
 MIN_P = _check(lambda v: 0 <= v < 1, "a number in [0, 1) (0 = off)")
 SEED = _check(lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")  # what torch and numpy seed with
+PATH = {"path": True}  # a path written to: a leading ~ is the home dir (YAML and `--out=~/x` reach us unexpanded)
 
 
 def alternatives(tp: Any) -> list[Any]:
@@ -187,7 +189,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str, base: Any = None) -> An
         check = fields[name].metadata.get("check")
         if check is not None and out is not None and not check(out):
             raise ConfigError(f"bad value for '{prefix}{name}': {value!r} — expected {fields[name].metadata['allowed']}")
-        kwargs[name] = out
+        kwargs[name] = os.path.expanduser(out) if fields[name].metadata.get("path") and isinstance(out, str) else out
     obj = dataclasses.replace(base, **kwargs)
     if hasattr(obj, "check"):  # cross-field rules, one line each
         obj.check()

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toprcli.config.fields import AT_LEAST_ONE, FINITE, MIN_P, NON_NEGATIVE, POSITIVE, SEED, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
+from toprcli.config.fields import AT_LEAST_ONE, FINITE, MIN_P, NON_NEGATIVE, PATH, POSITIVE, SEED, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
 from toprcli.config.fields import _check, choice, config_to_dict, from_dict, opt
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
@@ -89,7 +89,7 @@ class EngineConfig:
 class GenerateConfig:
     model: str = opt("", "Policy: a Hugging Face model dir (or hub id).", short="-m")
     dataset: DatasetSpec = opt(factory=DatasetSpec)
-    out: str = opt("", "Output directory for shard-*.parquet and _manifest.json.", short="-o")
+    out: str = opt("", "Output directory for shard-*.parquet and _manifest.json.", short="-o", check=PATH)
     n: int = opt(16, "Completions per prompt (paper: 16 for GSM8K, 32 for MATH).", check=AT_LEAST_ONE)
     sampling: SamplingConfig = opt(factory=SamplingConfig)
     engine: EngineConfig = opt(factory=EngineConfig)
@@ -110,7 +110,7 @@ _STRICT_HELP = "gsm8k: require '#### n' (strict), or also accept 'The answer is 
 @dataclass
 class ScoreConfig:
     samples: str = opt("", "The samples directory `topr generate` wrote (or one Parquet file).", short="-s")
-    out: str = opt("", "Directory for the scored shards and _manifest.json.", short="-o")
+    out: str = opt("", "Directory for the scored shards and _manifest.json.", short="-o", check=PATH)
     verifier: str = opt("auto", "auto (the verifier of the dataset the samples were generated from, as their manifest records it; gsm8k "
                                 "if it names none) | gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> "
                                 "bool | float | None, or verl's compute_score) | data_source (each row's verl data_source picks one through "
@@ -129,7 +129,7 @@ class ScoreConfig:
 @dataclass
 class CurateConfig:
     scored: list[str] = opt(factory=list, help="`topr score` output dirs (or Parquet files): this round first, then earlier rounds to replay.", short="-s")
-    out: str = opt("", "The training set to write, one Parquet file; its manifest goes to <out>.manifest.json.", short="-o")
+    out: str = opt("", "The training set to write, one Parquet file; its manifest goes to <out>.manifest.json.", short="-o", check=PATH)
     baseline: float | str | None = opt(None, "c in A = R − c: a number, batch-mean (the mean reward), group-mean (alias mean) or leave-one-out "
                                              "(alias loo; per prompt); unset: 0.",
                                        check=_check(lambda v: math.isfinite(v) if isinstance(v, float) else v.strip().lower() in BASELINES,
@@ -188,7 +188,7 @@ class VerifierDataConfig:
     """``topr verifier-data``: scored completions → a verification dataset (question + candidate → Yes/No)."""
 
     scored: list[str] = opt(factory=list, help="`topr score` output dirs (or an eval's scored/).", short="-s")
-    out: str = opt("", "The verification dataset to write, one Parquet file.", short="-o")
+    out: str = opt("", "The verification dataset to write, one Parquet file.", short="-o", check=PATH)
     balance: bool = opt(False, "As many correct as incorrect candidates (the larger class is subsampled, seeded).")
     max_per_question: int | None = opt(None, "At most this many candidates per question (a seeded choice).", check=AT_LEAST_ONE)
     dedupe: bool = opt(True, "One row per distinct question and candidate text.")
@@ -227,7 +227,7 @@ _CHECK_DATA = "Check against the data's sampling {} (read from the data; a diffe
 class TrainConfig:
     model: str = opt("", "Starting policy: an HF model dir or hub id; the policy that generated the data (π_k).", short="-m")
     data: str = opt("", "Curated training set (Parquet file or shard dir from `topr curate`).", short="-d")
-    out: str = opt("", "Output dir for the new policy (HF format) + metrics.jsonl + train_summary.json (while it trains: <out>.partial/).", short="-o")
+    out: str = opt("", "Output dir for the new policy (HF format) + metrics.jsonl + train_summary.json (while it trains: <out>.partial/).", short="-o", check=PATH)
     loss: str = opt("topr", "Policy loss.", check=choice(LOSSES, "a registered loss:"))
     loss_options: dict[str, Any] = opt(factory=dict, help="A loss option as KEY=VALUE (repeatable), e.g. ratio_level=token.", flag="--loss-option")
     aggregation: str = opt("seq-mean-token-mean", "How per-token losses are averaged.", check=choice(AGGREGATIONS))
@@ -302,7 +302,7 @@ class TrainConfig:
 class EvalConfig:
     model: str = opt("", "Policy: an HF model dir or hub id.", short="-m")
     dataset: DatasetSpec = opt(factory=lambda: DatasetSpec(split="test"))
-    out: str = opt("", "Output dir: samples/, scored/, greedy/, eval.json.", short="-o")
+    out: str = opt("", "Output dir: samples/, scored/, greedy/, eval.json.", short="-o", check=PATH)
     k: int = opt(16, "Samples per prompt for pass@k and maj@k.", check=AT_LEAST_ONE)
     n: int | None = opt(None, "Samples per prompt when more than k: pass@1 and pass@k (unbiased) use all n, with less variance; "
                               "maj@k votes over the first k. Unset: k.", check=AT_LEAST_ONE)
@@ -363,7 +363,7 @@ class WarmStartConfig:
 
 @dataclass
 class IterateConfig:
-    run_dir: str = opt("runs/topr", "Run directory; rerun the same command to resume.", check=_check(lambda v: bool(v.strip()), "a directory name"))
+    run_dir: str = opt("runs/topr", "Run directory; rerun the same command to resume.", check={**_check(lambda v: bool(v.strip()), "a directory name"), **PATH})
     model: str = opt("", "The starting policy (unless warm_start.init_model builds one).", short="-m")
     rounds: int = opt(3, "Number of rounds.", check=AT_LEAST_ONE)
     train_from: Literal["previous", "base"] = opt("previous", "Each round trains the previous round's policy, or the base policy.")
