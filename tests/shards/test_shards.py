@@ -222,3 +222,24 @@ def test_a_write_error_names_the_path_asked_for_not_its_temporary(tmp_path):
 
     e = PermissionError(errno.EACCES, "Permission denied", str(temporary_name(tmp_path / "ro" / "x.yaml")))
     assert str(output_error(e)) == f"cannot write {tmp_path / 'ro' / 'x.yaml'}: permission denied — choose a writable output path (or fix its permissions)"
+
+
+def test_an_output_that_is_a_symlink_is_built_locked_and_replaced_where_it_points(tmp_path):
+    """`train -o link` built the policy beside the link (on the link's disk) and swapped it over the link: a real dir
+    at the link, an empty target and the old version, moved aside as a link, never deleted. The lock was taken on the
+    path as typed, so a writer through the link ran beside one writing the target."""
+    target, link = tmp_path / "disk2" / "policy", tmp_path / "run" / "policy"
+    target.mkdir(parents=True)
+    (target / "old.txt").write_text("old")
+    link.parent.mkdir()
+    link.symlink_to(target)
+    tmp = shards.build_dir_beside(link)
+    assert tmp.parent == target.parent
+    (tmp / "new.txt").write_text("new")
+    shards.swap_dir_into_place(tmp, link)
+    assert link.is_symlink() and sorted(p.name for p in target.iterdir()) == ["new.txt"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["policy"] and sorted(p.name for p in link.parent.iterdir()) == ["policy"]
+    with shards.output_lock(target):
+        with pytest.raises(UserError, match="is being written by"):
+            with shards.output_lock(link):
+                pass

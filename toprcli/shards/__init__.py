@@ -25,6 +25,7 @@ from toprcli.shards.files import (
     remove_stale_lock,
     remove_stale_temporaries,
     swap_dir_into_place,
+    through_link,
     write_atomic,
     write_json_atomic,
     json_safe,
@@ -80,7 +81,7 @@ __all__ = [
     "CURATED_FIELDS", "CURATED_SCHEMA", "MANIFEST_NAME", "METADATA_KEY", "SAMPLES_FIELDS", "SAMPLES_SCHEMA", "SCHEMAS",
     "SCORED_FIELDS", "SCORED_SCHEMA", "SHARD_PATTERN", "VERDICTS", "build_dir_beside", "changed_keys", "changes", "check_finished", "check_nulls", "check_output_dir", "check_writable", "complete_shards", "conform",
     "fingerprint", "fsync_dir", "model_identity", "models_of", "same_model", "iter_shards", "made_from", "output_error", "output_lock", "parquet_files", "read_file_metadata", "read_manifest",
-    "read_schema", "read_table", "remove_stale_temporaries", "sampling_of", "shard_name", "swap_dir_into_place",
+    "read_schema", "read_table", "remove_stale_temporaries", "sampling_of", "shard_name", "swap_dir_into_place", "through_link",
     "validate_columns", "versions", "write_atomic", "write_json_atomic", "json_safe", "write_manifest", "write_shard", "write_table_atomic",
     "write_table_stream", "write_text_atomic",
 ]

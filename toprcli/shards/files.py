@@ -72,10 +72,17 @@ def write_atomic(path: str | os.PathLike[str], write: Any) -> Path:
     return path
 
 
+def through_link(path: str | os.PathLike[str]) -> Path:
+    """``path``, or where a symlink at ``path`` points: an output built beside the link would land on the link's disk,
+    and the swap would replace the link (the old version, moved aside as a link, was never deleted), not its target."""
+    path = Path(path)
+    return path.resolve() if path.is_symlink() else path
+
+
 def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     """Rename a completely written directory ``tmp`` to ``out``; an existing ``out`` is moved
     aside first and deleted after, so ``out`` is never missing a whole version or half-written."""
-    tmp, out = Path(tmp), Path(out)
+    tmp, out = Path(tmp), through_link(out)
     _settle(tmp)
     old = None
     if out.exists():
@@ -266,7 +273,7 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
     """
     import fcntl  # POSIX only; toprcli runs on Linux
 
-    lock = _lock_path(Path(path).absolute(), part)
+    lock = _lock_path(Path(path).resolve(), part)  # a symlink and its target are one output
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fh = open(lock, "a+")
@@ -296,7 +303,7 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
 
 def remove_stale_lock(path: str | os.PathLike[str], part: str = "") -> None:
     """Remove the lock file a killed writer of ``path`` left (the kernel dropped its lock); a held one stays."""
-    if not _lock_path(Path(path).absolute(), part).exists():  # the usual case: nothing to take (a check, not a write)
+    if not _lock_path(Path(path).resolve(), part).exists():  # the usual case: nothing to take (a check, not a write)
         return
     with contextlib.suppress(UserError, OSError):
         with output_lock(path, part):
@@ -307,7 +314,7 @@ def build_dir_beside(out: str | os.PathLike[str]) -> Path:
     """A new empty directory next to ``out`` to build it in, then :func:`swap_dir_into_place`. Named after
     this process and machine (``.<name>.<random>.<pid>-<host>.tmp``), so the directories killed builders
     of ``out`` left behind (a whole model each) can be told from live ones, and are removed first."""
-    out = Path(out)
+    out = through_link(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for entry in out.parent.glob(f".{out.name}.*.tmp"):
         if entry.is_dir() and not _writer_alive(entry.name):

@@ -29,7 +29,7 @@ from toprcli.generation.model_info import check_model, config_context_length, lo
 from toprcli.losses import LOSSES, policy_loss, resolve_options
 from toprcli.sampling import Processing
 from toprcli.shards import (check_nulls, check_writable, fingerprint, model_identity, models_of, parquet_files, read_file_metadata,
-                            read_schema, read_table, same_model, sampling_of, validate_columns)
+                            read_schema, read_table, same_model, sampling_of, through_link, validate_columns)
 from toprcli.curation import group_ids
 from toprcli.training.batching import TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan, unit_longest
 from toprcli.training.prefix import unsupported as unsupported_prefix
@@ -351,7 +351,7 @@ def prepare(cfg: TrainConfig) -> Prepared:
             raise UserError(f"no --{key} given — `topr train --model M --data FILE --out DIR`")
     loss = resolve_loss(cfg)
 
-    out = Path(cfg.out)
+    out = through_link(cfg.out)  # a symlink: the policy is built and swapped in where it points
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     if out.exists() and not out.is_dir():  # --overwrite replaced it, the training data (-o = -d) too
         raise UserError(f"--out {out} is a file{' (the training data)' if out.resolve() == Path(cfg.data).resolve() else ''} — the policy "
