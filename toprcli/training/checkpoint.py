@@ -111,13 +111,20 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     barrier(ctx)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    with quiet_hf(), disk_full_named(tmp):
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    _save_synced(_rng_state(), tmp / f"rng-rank{ctx.rank:05d}.pt")
-    barrier(ctx)
+    try:
+        with quiet_hf(), disk_full_named(tmp):
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+            _save_synced(_rng_state(), tmp / f"rng-rank{ctx.rank:05d}.pt")
+        barrier(ctx)
+        if ctx.is_main:
+            with disk_full_named(tmp):
+                _save_synced(scheduler.state_dict(), tmp / "scheduler.pt")
+                write_json_atomic(tmp / STATE_NAME, trainer_state)
+    except BaseException:  # a full disk: the half-written checkpoint (a model and its optimizer state) would keep it full
+        if ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if ctx.is_main:
-        _save_synced(scheduler.state_dict(), tmp / "scheduler.pt")
-        write_json_atomic(tmp / STATE_NAME, trainer_state)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         fsync_dir(root)  # the rename on disk before the older checkpoints go (dcp.save fsyncs its own files)
