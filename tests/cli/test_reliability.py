@@ -59,6 +59,18 @@ def _commands(i: dict[str, Path], out: Path) -> dict[str, list[str]]:
     }
 
 
+@pytest.mark.parametrize("stage", ["generate", "score", "curate", "train", "eval", "iterate", "init-model"])
+def test_an_output_name_too_long_for_its_side_files_is_one_line(inputs, tmp_path, stage):
+    """A 245-character name took its lock, then failed on a side file's name (curate after its first pass; generate on
+    the lock): OSError ENAMETOOLONG, a traceback."""
+    out = tmp_path / ("x" * 236)
+    res = CliRunner().invoke(app, _commands(inputs, out)[stage])
+    assert res.exit_code == 2, res.output
+    line = one_error_line(res.stderr)
+    assert "cannot write" in line and "choose a shorter output name" in line, line
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
 @pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv cannot drop DAC override")
 @pytest.mark.parametrize("stage", ["generate", "score", "curate", "train", "eval", "iterate", "init-model"])
 def test_an_output_that_cannot_be_written_is_one_line(inputs, tmp_path, stage):

@@ -212,6 +212,8 @@ _FULL_BELOW = 16 << 20  # bytes free under which a failed write is the disk's fa
 def output_error(e: OSError, path: str | os.PathLike[str] | None = None) -> UserError | None:
     """A UserError (one line: path, problem, fix) for a permission or disk error; None for other OSErrors."""
     text = str(e)
+    if e.errno == errno.ENAMETOOLONG:
+        return UserError(f"cannot write {path or e.filename}: a file name in that path is too long for its file system — choose a shorter output name")
     code = e.errno if e.errno in _UNWRITABLE or e.errno in _FULL or e.errno in _NOT_A_DIR else None
     if code is None:  # pyarrow reports some of these without errno
         code = next((c for c, words in {**_UNWRITABLE, **_FULL}.items() if words in text.lower()), None)
@@ -255,6 +257,10 @@ def check_writable(path: str | os.PathLike[str]) -> None:
         raise UserError(f"cannot write {p}: {str(err).split(': ', 1)[1]}") from None
     os.close(fd)
     os.unlink(name)
+    with contextlib.suppress(OSError, ValueError):  # the longest name written beside it: its manifest's temporary (curate)
+        if len(temporary_name(p.with_name(p.name + ".manifest.json")).name.encode()) > os.pathconf(probe_dir, "PC_NAME_MAX"):
+            raise UserError(f"cannot write {p}: its name ({len(p.name)} characters) leaves no room for the temporary files written "
+                            "beside it under the file system's limit — choose a shorter output name")
 
 
 def _lock_path(path: Path, part: str) -> Path:
