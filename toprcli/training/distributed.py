@@ -140,14 +140,20 @@ def shard_model(model: torch.nn.Module, ctx: DistContext, *, bf16: bool) -> torc
     return model
 
 
+REDUCE_CHUNK = 1 << 26  # elements on the device at a time: a whole dataset's log-probs (4 B a token: 130 GB at 8M rows) would not fit
+
+
 def all_reduce(t: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tensor:
-    """In-place all-reduce (sum or max) of a tensor; identity for one process."""
+    """In-place all-reduce (sum or max) of a contiguous tensor, :data:`REDUCE_CHUNK` elements at a time; identity for
+    one process."""
     if ctx.distributed:
-        backend_device = ctx.device
-        moved = t.to(backend_device)
-        dist.all_reduce(moved, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-        if moved is not t:
-            t.copy_(moved.to(t.device))
+        flat = t.view(-1)
+        for start in range(0, flat.numel(), REDUCE_CHUNK):
+            part = flat[start : start + REDUCE_CHUNK]
+            moved = part.to(ctx.device)
+            dist.all_reduce(moved, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+            if moved is not part:
+                part.copy_(moved.to(part.device))
     return t
 
 
