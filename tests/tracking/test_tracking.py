@@ -705,3 +705,22 @@ def test_a_failed_backend_is_ended_once_and_when_the_tracker_closes(tmp_path, mo
         warnings.simplefilter("always")
         open_tracker(TrackingConfig(report_to=["tensorboard"]), tmp_path / "run2", config={}).close()
     assert calls == ["close finished"]
+
+
+def test_the_completions_table_is_the_first_sample_of_the_first_prompts_read_shard_by_shard(tmp_path):
+    """It read every completion of a round's eval into Python to keep 8 (on every resume, for every round)."""
+    import pyarrow as pa
+
+    from toprcli import shards
+    from toprcli.tracking import SAMPLE_COLUMNS, SAMPLE_ROWS, sample_rows
+
+    def shard(first: int, prompts: int) -> pa.Table:
+        rows = [{"prompt_id": f"p{p}", "prompt": "q", "completion": f"c{p}-{k}", "extracted_answer": None, "answer": "1",
+                 "verdict": "incorrect", "reward": -1.0, "sample_index": k} for p in range(first, first + prompts) for k in (1, 0)]
+        return pa.Table.from_pylist(rows)
+
+    for j, (first, prompts) in enumerate([(0, 3), (3, 3), (6, 5), (11, 5)]):
+        shards.write_shard(tmp_path, j, shard(first, prompts))
+    rows = sample_rows(tmp_path)
+    assert [r["completion"] for r in rows] == [f"c{p}-0" for p in range(SAMPLE_ROWS)] and list(rows[0]) == SAMPLE_COLUMNS
+    assert sample_rows(tmp_path / "none") == []

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyarrow.compute as pc
+
 from toprcli import __version__
 from toprcli.config import TrackingConfig
 from toprcli.errors import UserError
@@ -62,11 +64,14 @@ def numeric(metrics: dict[str, Any], axis: str) -> dict[str, float]:
 
 def sample_rows(scored: Path) -> list[dict[str, Any]]:
     """A few scored completions (one per prompt) for a samples table; none while ``scored`` is incomplete."""
-    if not complete_shards(scored):
-        return []
-    table = read_table(scored, columns=SAMPLE_COLUMNS + ["sample_index"])
-    rows = [row for row in table.to_pylist() if row["sample_index"] == 0][:SAMPLE_ROWS]
-    return [{c: row[c] for c in SAMPLE_COLUMNS} for row in rows]
+    rows: list[dict[str, Any]] = []
+    for path in complete_shards(scored).values():  # shard by shard, until there are enough (a round's eval is every completion)
+        table = read_table(path, columns=SAMPLE_COLUMNS + ["sample_index"])
+        first = table.filter(pc.equal(table.column("sample_index"), 0)).slice(0, SAMPLE_ROWS - len(rows))
+        rows += first.select(SAMPLE_COLUMNS).to_pylist()
+        if len(rows) == SAMPLE_ROWS:
+            break
+    return rows
 
 
 def replay(metrics: Path, sink) -> None:
