@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
+
 from toprcli.config import IterateConfig, as_now, read_yaml
 from toprcli.errors import UserError
 from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir, round_dirs, run_summary, setting_changes
@@ -71,9 +73,8 @@ def _reward_stats(scored: Path) -> dict[str, Any]:
         return {}
     t = read_table(scored, columns=["reward", "verdict"])
     rewards = t.column("reward").to_numpy()
-    verdicts: dict[str, int] = {}
-    for v in t.column("verdict").to_pylist():
-        verdicts[v] = verdicts.get(v, 0) + 1
+    counts = pc.value_counts(t.column("verdict"))  # in order of first appearance, as a count in Python was (0.5 s a million rows)
+    verdicts = dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
     return {
         "train_samples": int(t.num_rows),
         "reward_mean": float(rewards.mean()),
