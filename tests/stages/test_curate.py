@@ -83,6 +83,23 @@ def run(tmp_path, scored, **kw) -> tuple:
     return result, pq.read_table(cfg.out)
 
 
+def test_row_groups_are_bounded_in_bytes_and_the_rows_are_the_same(tmp_path, monkeypatch):
+    """Row groups were 65,536 rows whatever a row weighed: with 4k-token rows a group is ~3 GiB, and curate holds two to
+    four of them (6-12 GiB where benchmarks/curate.py measured ~1 GiB on short rows). They are ~128 MiB now (at least
+    1,024 rows); the rows and their order do not change."""
+    import toprcli.shards.scored_inputs as si
+
+    scored = pm1_data(tmp_path, 0.3, n_prompts=700, n=4)
+    _, whole = run(tmp_path, scored, positive_fraction=0.2)
+    assert pq.ParquetFile(tmp_path / "train.parquet").metadata.num_row_groups == 1
+    monkeypatch.setattr(si, "ROW_GROUP_BYTES", 1)  # as if every row weighed more than a group may
+    assert si.ScoredInputs.open([scored]).row_group_rows() == 1024  # the floor
+    curate(CurateConfig(scored=[scored], out=str(tmp_path / "grouped.parquet"), positive_fraction=0.2))
+    grouped = pq.read_table(tmp_path / "grouped.parquet")
+    assert pq.ParquetFile(tmp_path / "grouped.parquet").metadata.num_row_groups == 3
+    assert grouped.num_rows == whole.num_rows == 2800 and grouped.equals(whole)  # the file's own record (its out) aside
+
+
 # -- baselines -------------------------------------------------------------------
 
 

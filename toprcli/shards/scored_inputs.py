@@ -25,7 +25,8 @@ from toprcli.sampling import Processing
 from toprcli.shards.schema import check_nulls, validate_columns
 from toprcli.shards.store import METADATA_KEY, check_finished, parquet_files, read_file_metadata, sampling_of
 
-ROW_GROUP = 65_536
+ROW_GROUP = 65_536  # rows a row group holds at most
+ROW_GROUP_BYTES = 128 << 20  # and about this many bytes: curate holds ~2-4 row groups at once (4k-token rows: 3 GiB a group)
 # A read buffer streams a big row group page by page instead of loading it whole
 # (a 1M-row row group: ~0.4 GiB less peak memory, and faster).
 READ_BUFFER = 1 << 22
@@ -69,6 +70,14 @@ class ScoredInputs:
     @property
     def rows(self) -> int:
         return int(self.file_rows.sum())
+
+    def row_group_rows(self) -> int:
+        """Rows a row group of the output holds: :data:`ROW_GROUP`, fewer when the inputs' rows are large (by their
+        footers' uncompressed sizes), so that memory is bounded in bytes, not only in rows."""
+        sizes = [pq.ParquetFile(f).metadata for f in self.files]
+        total = sum(m.row_group(g).total_byte_size for m in sizes for g in range(m.num_row_groups))
+        per_row = total / max(1, self.rows)
+        return int(min(ROW_GROUP, max(1024, ROW_GROUP_BYTES // max(1.0, per_row))))
 
     def starts(self) -> np.ndarray:
         """(F + 1,) the global index of each file's first row, then the total."""
@@ -177,10 +186,11 @@ class ScoredInputs:
         added: Mapping[str, np.ndarray],
         schema: pa.Schema,
         *,
+        row_group: int = ROW_GROUP,
         progress: Callable[[int, int], None] | None = None,
     ) -> Iterator[pa.Table]:
         """The rows where ``keep`` (N,) is set, every input column plus ``added`` (name → (N,) values),
-        conformed to ``schema``, in input order, in tables of exactly ROW_GROUP rows (the last shorter)."""
+        conformed to ``schema``, in input order, in tables of exactly ``row_group`` rows (the last shorter)."""
         starts = self.starts()
         pending: list[pa.Table] = []
         n_pending = 0
@@ -191,7 +201,7 @@ class ScoredInputs:
                 # Single-threaded decode: this runs in the writer's reader thread while the main
                 # thread encodes, a balanced two-stage pipeline (Arrow's pool would compete with it).
                 reader = pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
-                for batch in reader.iter_batches(batch_size=ROW_GROUP, columns=columns, use_threads=False):
+                for batch in reader.iter_batches(batch_size=row_group, columns=columns, use_threads=False):
                     hi = lo + batch.num_rows
                     mask = keep[lo:hi]
                     if mask.any():
@@ -202,11 +212,11 @@ class ScoredInputs:
                             t = t.filter(pa.array(mask))
                         pending.append(_conform(t, schema))
                         n_pending += t.num_rows
-                        if n_pending >= ROW_GROUP:
+                        if n_pending >= row_group:
                             whole = pa.concat_tables(pending)
-                            n_full = (n_pending // ROW_GROUP) * ROW_GROUP
-                            for k in range(0, n_full, ROW_GROUP):
-                                yield whole.slice(k, ROW_GROUP)
+                            n_full = (n_pending // row_group) * row_group
+                            for k in range(0, n_full, row_group):
+                                yield whole.slice(k, row_group)
                             pending, n_pending = [whole.slice(n_full)], n_pending - n_full
                     lo = hi
             if progress is not None:

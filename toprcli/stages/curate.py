@@ -50,7 +50,7 @@ from toprcli import shards
 from toprcli.config import BASELINES, CurateConfig, config_to_dict
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn, report
-from toprcli.shards.scored_inputs import ROW_GROUP, ScoredInputs, dictionary_columns
+from toprcli.shards.scored_inputs import ScoredInputs, dictionary_columns
 from toprcli.stages import StageResult
 from toprcli.stages.curate_record import STAGE, manifest_path, previous_or_refuse, write_manifest
 
@@ -213,11 +213,12 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     # An old manifest must never vouch for a new file (a kill between the two writes).
     manifest_path(out).unlink(missing_ok=True)
     schema = inputs.output_schema(ADDED, meta)
-    tables = inputs.stream_kept(keep, {"advantage": advantage_full, "weight": weight_full}, schema,
+    row_group = inputs.row_group_rows()
+    tables = inputs.stream_kept(keep, {"advantage": advantage_full, "weight": weight_full}, schema, row_group=row_group,
                                 progress=lambda i, n: report(progress, "curate: writing", i, n))
     if pair_order is not None:
-        schema, tables = cu.as_pair_rows(schema, tables, pair_order, ROW_GROUP)
-    shards.write_table_stream(out, schema, tables, row_group_size=ROW_GROUP, use_dictionary=dictionary_columns(schema))
+        schema, tables = cu.as_pair_rows(schema, tables, pair_order, row_group)
+    shards.write_table_stream(out, schema, tables, row_group_size=row_group, use_dictionary=dictionary_columns(schema))
     wall = time.perf_counter() - t0
     write_manifest(out, config, fingerprints, summary, wall)
     return StageResult(STAGE, str(out), {**summary, "manifest": str(manifest_path(out))}, wall_time_s=wall)
