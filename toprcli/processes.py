@@ -85,6 +85,16 @@ def _alive(pid: int, start: int) -> bool:
     return st is not None and st[1] == start
 
 
+def kill_now(known: dict[int, int]) -> None:
+    """SIGKILL every process of ``known`` (pid: start time) still alive; a pid reused since is left alone."""
+    for p, s in known.items():
+        if _alive(p, s):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def reap(known: dict[int, int], grace_s: float = GRACE_S) -> list[int]:
     """SIGTERM every process of ``known`` still alive (and its descendants), SIGKILL it after ``grace_s``."""
     targets = {p: s for p, s in known.items() if _alive(p, s)}

@@ -34,10 +34,10 @@ def check(completion, answer, row):
         return row["prompt_id"] == "p7"
     if completion == "float":
         return 0.25
-    if completion == "child":  # a check that starts a process, then hangs
+    if completion in ("child", "session"):  # a check that starts a process (in a session of its own: a sandbox's), then hangs
         import subprocess
-        proc = subprocess.Popen(["sleep", "600"])
-        with open("child.pid", "w") as f:
+        proc = subprocess.Popen(["sleep", "600"], start_new_session=completion == "session")
+        with open(completion + ".pid", "w") as f:
             f.write(str(proc.pid))
         time.sleep(600)
     return completion == answer
@@ -129,12 +129,14 @@ def test_time_limit_is_per_check_not_per_chunk(plugin_dir):
     assert 1.0 <= elapsed < 6.0
 
 
-def test_a_worker_killed_at_its_deadline_takes_the_processes_its_check_started(plugin_dir):
-    """The worker was killed alone: a plugin's subprocess was reparented to init and kept running."""
+@pytest.mark.parametrize("how", ["child", "session"])
+def test_a_worker_killed_at_its_deadline_takes_the_processes_its_check_started(plugin_dir, how):
+    """The worker was killed alone: a plugin's subprocess was reparented to init and kept running. Killing the worker's
+    group took those in it, not one in a session of its own (a sandboxed code reward's), which piled up until the end."""
     with VerifierPool("python:poolplug:check", workers=1, timeout=1.0) as pool:
-        got = pool.map(["child", "a"], ["a", "a"])
+        got = pool.map([how, "a"], ["a", "a"])
         assert [v.verdict for v in got] == ["timeout", "correct"]
-        child = int((plugin_dir / "child.pid").read_text())
+        child = int((plugin_dir / f"{how}.pid").read_text())
         deadline = time.monotonic() + 5
         while alive([child]) and time.monotonic() < deadline:
             time.sleep(0.1)
