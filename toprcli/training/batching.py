@@ -29,14 +29,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Callable
 from typing import Optional
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-# Columns the trainer reads (everything else in a curated file is ignored).
-TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "behavior_logprobs", "advantage", "weight")
+# Columns the trainer reads (everything else in a curated file is ignored); the list columns are the heavy ones.
+LIST_COLUMNS = ("prompt_token_ids", "completion_token_ids", "behavior_logprobs")
+TOKEN_COLUMNS = (*LIST_COLUMNS, "advantage", "weight")
 
 
 def _flat_list(column: pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -57,9 +59,9 @@ def _flat_list(column: pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
 class TokenData:
     """A training set as flat arrays. ``*_off`` are row offsets (n+1,) into the flat arrays."""
 
-    prompt_ids: np.ndarray  # (total prompt tokens,) int64
+    prompt_ids: np.ndarray  # (total prompt tokens,) int32, as stored (collate widens a micro-batch's: 4 B a token, not 8)
     prompt_off: np.ndarray  # (n+1,)
-    completion_ids: np.ndarray  # (total completion tokens,) int64
+    completion_ids: np.ndarray  # (total completion tokens,) int32
     completion_off: np.ndarray  # (n+1,)
     behavior: np.ndarray  # (total completion tokens,) float32, log μ
     behavior_off: np.ndarray  # (n+1,) — must equal completion_off (checked by the trainer)
@@ -68,11 +70,17 @@ class TokenData:
 
     @classmethod
     def from_table(cls, table: pa.Table) -> "TokenData":
-        p, p_off = _flat_list(table.column("prompt_token_ids"), np.int64)
-        c, c_off = _flat_list(table.column("completion_token_ids"), np.int64)
-        b, b_off = _flat_list(table.column("behavior_logprobs"), np.float32)
-        adv = np.asarray(table.column("advantage").to_numpy(zero_copy_only=False), dtype=np.float32)
-        w = np.asarray(table.column("weight").to_numpy(zero_copy_only=False), dtype=np.float32)
+        return cls.from_columns(table.column)
+
+    @classmethod
+    def from_columns(cls, column: Callable[[str], pa.ChunkedArray]) -> "TokenData":
+        """``column(name)`` gives each of :data:`TOKEN_COLUMNS` in turn: a caller reading them one at a time from
+        the files holds one column's Arrow data at once, not the whole table's beside the arrays made from it."""
+        p, p_off = _flat_list(column("prompt_token_ids"), np.int32)
+        c, c_off = _flat_list(column("completion_token_ids"), np.int32)
+        b, b_off = _flat_list(column("behavior_logprobs"), np.float32)
+        adv = np.asarray(column("advantage").to_numpy(zero_copy_only=False), dtype=np.float32)
+        w = np.asarray(column("weight").to_numpy(zero_copy_only=False), dtype=np.float32)
         return cls(p, p_off, c, c_off, b, b_off, adv, w)
 
     @property

@@ -31,7 +31,7 @@ from toprcli.sampling import Processing
 from toprcli.shards import (check_nulls, check_writable, fingerprint, model_identity, models_of, parquet_files, read_file_metadata,
                             read_schema, read_table, same_model, sampling_of, through_link, validate_columns)
 from toprcli.curation import group_ids
-from toprcli.training.batching import TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan, unit_longest
+from toprcli.training.batching import LIST_COLUMNS, TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan, unit_longest
 from toprcli.training.prefix import unsupported as unsupported_prefix
 
 # Options of ``policy_loss`` that apply to every loss; they may also be given in
@@ -184,12 +184,20 @@ def load_training_data(path: str, *, need_policy: bool, extra: tuple[str, ...] =
         ):
             raise UserError(f"{f} and {first_file} record different sampling settings — one training set holds one sampling "
                             "distribution; curate them into one file with `topr curate`")
-    table = read_table(files, columns=columns)
+    table = read_table(files, columns=[c for c in columns if c not in LIST_COLUMNS])
     if table.num_rows == 0:
         raise UserError(f"{path}: the training set has no rows — check the curation step (its filters may drop everything)")
     check_nulls(table, "curated", path)
+
+    def column(name: str) -> Any:  # the heavy list columns one at a time: peak memory is one of them, not the table
+        if name in table.column_names:
+            return table.column(name)
+        part = read_table(files, columns=[name])
+        check_nulls(part, "curated", path)
+        return part.column(name)
+
     policies = {str(p): recorded.get(str(p)) for p in pc.unique(table.column("policy")).to_pylist()} if need_policy else {}
-    return TokenData.from_table(table), policies, sampling, table.select(list(extra))
+    return TokenData.from_columns(column), policies, sampling, table.select(list(extra))
 
 
 def batch_units(table, path: str, *, pairwise: bool, group_by_prompt: bool) -> Units:
