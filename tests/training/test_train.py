@@ -175,11 +175,22 @@ def test_a_plan_from_longest_rows_read_once_is_the_plan(shared):
     units = Units.from_labels(rng.integers(0, 60, 300))
     lengths, prompt_lens = (completions, prompts) if shared else (prompts + completions, None)
     longest = unit_longest(units, lengths, prompt_lens)
+    sizes = prompts + completions  # packing's cost of a row, in both layouts
+    assert longest.tolist() == [max(sizes[units.rows[units.off[u] : units.off[u + 1]]]) for u in range(units.n_units)]
     for step in np.array_split(rng.permutation(units.n_units), 12):
         computed = plan_micro_batches(step, units, lengths, 3, 400, prompt_lens=prompt_lens)
         given = plan_micro_batches(step, units, lengths, 3, 400, prompt_lens=prompt_lens, longest=longest)
         assert [[mb.tolist() for mb in rank] for rank in computed] == [[mb.tolist() for mb in rank] for rank in given]
         assert sum(len(mb) for rank in given for mb in rank) == len(units.rows_of(step))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_trainers_longest_rows_are_those_of_its_layout(tiny_model_dir, data_path, tmp_path, shared):
+    from toprcli.training.prepare import prepare
+
+    prep = prepare(_cfg(tiny_model_dir, data_path, tmp_path / "p", group_by_prompt=True, shared_prefix=shared))
+    sizes = prep.data.prompt_lens + prep.data.completion_lens
+    assert prep.unit_longest.tolist() == [max(sizes[prep.units.rows_of(np.array([u]))]) for u in range(prep.units.n_units)]
 
 
 def test_collate_layout(token_data):

@@ -209,7 +209,7 @@ def test_workers_slow_to_import_a_plugin_are_one_line_naming_it(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     monkeypatch.setattr(pool, "STARTUP_TIMEOUT", 1.0)
-    with pytest.raises(UserError, match=r"verifier python:slow:f: its workers were not ready after 1 s — each worker imports it"):
+    with pytest.raises(UserError, match=r"verifier python:slow:f: its workers were not ready after 1 s — each worker imports it: a model"):
         with VerifierPool("python:slow:f", workers=1, timeout=2):
             pass
 

@@ -274,10 +274,10 @@ def check_finished(path: str | os.PathLike[str], key: str) -> None:
     if not path.is_dir():
         return
     if (path / MANIFEST_NAME).is_file():
-        recorded = ((read_manifest(path) or {}).get("counts") or {}).get("shards")
-        if isinstance(recorded, int) and (missing := sorted(set(range(recorded)) - set(complete_shards(path)))):
-            raise UserError(f"{path}: {shard_name(missing[0])} is missing ({len(missing)} of the {recorded} shards its {MANIFEST_NAME} "
-                            f"records) — its rows would be left out in silence: delete {path} and rerun the `{_WRITTEN_BY[key]}` "
+        recorded = ((read_manifest(path) or {}).get("counts") or {}).get("shards")  # how many (score keeps its input's numbers)
+        if isinstance(recorded, int) and (present := len(complete_shards(path))) < recorded:
+            raise UserError(f"{path}: {recorded - present} of the {recorded} shards its {MANIFEST_NAME} records are missing (deleted or "
+                            f"moved) — their rows would be left out in silence: delete {path} and rerun the `{_WRITTEN_BY[key]}` "
                             "that wrote it (`topr iterate` reruns it)")
         return
     if any(key in read_file_metadata(f) for f in complete_shards(path).values()):

@@ -393,8 +393,11 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
         _refuse_unchecked(cfg, result, out, files)
     if failed and todo:  # e.g. a verifier that does not fit the golds: every sample would train as a wrong one, silently
         example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
-        warnings.warn(f"{failed / result.rows:.1%} of the completions could not be checked{example} and are rewarded as wrong — "
-                      f"check that verifier {cfg.verifier} fits the data", ChecksFailed, stacklevel=2)
+        lazy = cfg.verifier.startswith("python:") and result.verdicts.get(TIMEOUT, 0) == result.rows  # or a model loaded on its first call
+        fix = ("every check ran past --timeout: a plugin that loads a model on its first call loads it again in each worker started after "
+               "a timeout — load it as its module imports, or raise --timeout" if lazy else f"check that verifier {cfg.verifier} fits the data")
+        warnings.warn(f"{failed / result.rows:.1%} of the completions could not be checked{example} and are rewarded as wrong — {fix}",
+                      ChecksFailed, stacklevel=2)
     result.wall_time_s = time.monotonic() - t0
     result.rows_per_s = scored_rows / t_scoring if t_scoring > 0 else None
     shards.write_manifest(
@@ -414,21 +417,16 @@ _SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "ve
 
 
 def _refuse_unchecked(cfg: ScoreConfig, result: ScoreCounts, out: Path, files: dict[int, Path]) -> None:
-    """Nothing checked (a verifier that does not fit, data with no golds): refused, the scored shards removed. Timeouts alone
-    are not that for a built-in verifier (a policy's output can be slow to check); for a plugin they are (one that loads a
-    model on its first call times out on every row, in every worker started after a timeout)."""
-    errors, timeouts = result.verdicts.get(ERROR, 0), result.verdicts.get(TIMEOUT, 0)
-    if errors < result.rows and not (cfg.verifier.startswith("python:") and errors + timeouts == result.rows):
+    """Nothing checked (every check an error: a verifier that does not fit, data with no golds): refused, the scored shards
+    removed. Timeouts are not that: a policy's output can be slow to check (a program a code reward runs that never ends)."""
+    if result.verdicts.get(ERROR, 0) < result.rows:
         return
     for i in files:
         (out / shards.shard_name(i)).unlink(missing_ok=True)
     (out / RESCORING_FILE).unlink(missing_ok=True)
     example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
-    what, fix = ((f"completions failed its check{example}", f"check that verifier {cfg.verifier} fits the data (golds in the dataset's "
-                  "answer column; a plugin's signature and errors)") if errors else
-                 (f"checks ran past --timeout {cfg.timeout:g} s", "a plugin that loads a model on its first call: load it as its module "
-                  "imports, or raise --timeout"))
-    raise UserError(f"every one of the {result.rows} {what}; the scored shards are removed — {fix}")
+    raise UserError(f"every one of the {result.rows} completions failed its check{example}; the scored shards are removed — check "
+                    f"that verifier {cfg.verifier} fits the data (golds in the dataset's answer column; a plugin's signature and errors)")
 
 
 def _progress(progress: ProgressFn | None, total: int, done: int) -> Callable[[int], None]:

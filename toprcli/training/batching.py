@@ -57,7 +57,8 @@ def _flat_list(column: pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class TokenData:
-    """A training set as flat arrays. ``*_off`` are row offsets (n+1,) into the flat arrays."""
+    """A training set as flat arrays. ``*_off`` are row offsets (n+1,) into the flat arrays; the lengths, an O(rows) pass
+    each that every step's plan reads, are computed once (the offsets never change)."""
 
     prompt_ids: np.ndarray  # (total prompt tokens,) int32, as stored (collate widens a micro-batch's: 4 B a token, not 8)
     prompt_off: np.ndarray  # (n+1,)
@@ -87,7 +88,6 @@ class TokenData:
     def n_rows(self) -> int:
         return len(self.advantages)
 
-    # Computed once: every step's plan reads them, and each is an O(rows) pass (the offsets never change).
     @cached_property
     def prompt_lens(self) -> np.ndarray:
         return np.diff(self.prompt_off)
@@ -298,8 +298,7 @@ def plan_micro_batches(
 
     Every rank computes the whole plan (it holds the whole dataset), so the
     count is agreed on without communication. ``prompt_lens``: the shared-prefix
-    cost (see :func:`pack_units`; ``lengths`` are then completion lengths). ``longest``: :func:`unit_longest`,
-    computed once by a caller that plans every step (it reads every row; a step's plan reads only its own).
+    cost (see :func:`pack_units`; ``lengths`` are then completion lengths). ``longest``: once a run (it reads every row).
     """
     longest = unit_longest(units, lengths, prompt_lens) if longest is None else longest
     per_rank = [pack_units(r, units, lengths, token_budget, prompt_lens, longest) for r in split_units(units_in_step, longest, world_size)]

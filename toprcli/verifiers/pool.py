@@ -365,8 +365,8 @@ class VerifierPool:
 
     def _not_ready(self) -> UserError:
         return UserError(f"verifier {self.verifier.spec}: its workers were not ready after {STARTUP_TIMEOUT:.0f} s — each worker "
-                         "imports it; one that loads a model as it imports takes longer: serve the model and use a judge: "
-                         "verifier, or import less at module level")
+                         "imports it: a model that takes longer to load can load on the check's first call instead, with --timeout "
+                         "raised to cover that call")
 
     def _fail(self, job: _Job, w: _Worker, verdict: str, detail: str) -> None:
         """The item ``w`` was checking gets ``verdict``; the rest of its chunk goes back to the queue; ``w`` is replaced."""
