@@ -85,7 +85,7 @@ def test_vote_keys_replace_string_voting():
     answers, invalid = ["\\frac{1}{2}", "0.5", "3", "3"], [False] * 4
     assert eval_metrics(pids, correct, answers, invalid, k=4)["maj@4"] == 0.0
     assert eval_metrics(pids, correct, answers, invalid, k=4, vote_keys=[0, 0, 1, 1])["maj@4"] == 0.5
-    with pytest.raises(ValueError, match="vote keys"):
+    with pytest.raises(ValueError, match="vote_keys for 4 samples"):
         eval_metrics(pids, correct, answers, invalid, k=4, vote_keys=[0, 0, 1])
     with pytest.raises(ValueError, match="k must be"):
         eval_metrics(pids, correct, answers, invalid, k=0)
@@ -201,3 +201,16 @@ def test_weighted_votes_that_tie_in_exact_arithmetic_tie_in_floats():
     third = np.float32(1 / 3)
     assert majority_vote_correct(["A", "A", "A", "B"], [False, False, False, True], [third, third, third, np.float32(1.0)]) == 0.5
     assert majority_vote_correct(["A"] * 5 + ["B"], [False] * 5 + [True], [np.float32(0.2)] * 5 + [np.float32(1.0)]) == 0.5
+
+
+def test_inputs_of_other_lengths_are_a_value_error():
+    """An `invalid` of length 1 gave an invalid rate of 1.0 in silence; a long `correct` was cut to fit; a short one
+    was an IndexError."""
+    from toprcli.evaluation import best_of_k_correct
+
+    ids, ok, got = ["a", "a", "b", "b"], [True, False, True, True], ["1", "2", "3", "3"]
+    for correct, extracted, invalid in ((ok, got, [True]), (ok + [True], got, [False] * 4), (ok[:3], got, [False] * 4), (ok, got[:1], [False] * 4)):
+        with pytest.raises(ValueError, match="for 4 samples"):
+            eval_metrics(ids, correct, extracted, invalid, k=2)
+    with pytest.raises(ValueError, match="2 scores for 3 candidates"):
+        best_of_k_correct([0.1, 0.9], [True, False, True])

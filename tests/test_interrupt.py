@@ -82,3 +82,15 @@ def test_sighup_stops_like_sigterm_unless_it_was_ignored_as_nohup_does():
             "def app(**kw):\n    raise Interrupted(2)\nm.app = app\nm.main()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 130 and done.stderr.strip() == "interrupted by SIGINT", done.stderr
+
+
+def test_a_stop_ends_what_it_stopped_and_the_next_section_starts_afresh(installed):
+    """In a notebook (install() once, several runs): after one Ctrl-C, every later training raised "stopped before step
+    1" with no signal sent, as the recorded signal was never forgotten."""
+    with pytest.raises(interrupt.Interrupted):
+        with interrupt.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            with interrupt.deferred():  # a nested section (a stage in a pipeline) keeps what its outer one recorded
+                assert interrupt.requested() == signal.SIGINT
+    with interrupt.deferred():
+        assert interrupt.requested() is None  # the next run is not stopped by the last one's signal

@@ -139,10 +139,11 @@ def eval_metrics(
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    for name, values in (("correct", correct), ("extracted", extracted), ("invalid", invalid), ("vote_keys", vote_keys)):
+        if values is not None and len(values) != len(prompt_ids):  # a short invalid list gave an invalid rate of 1.0
+            raise ValueError(f"{len(values)} {name} for {len(prompt_ids)} samples (prompt_ids)")
     if vote_keys is None:
         vote_keys = [normalize_answer(a) for a in extracted]
-    elif len(vote_keys) != len(prompt_ids):
-        raise ValueError(f"{len(vote_keys)} vote keys for {len(prompt_ids)} samples")
     return summarize_scores(*prompt_scores(prompt_ids, correct, k, vote_keys), k=k, samples=len(prompt_ids), invalid=invalid)
 
 
@@ -211,6 +212,8 @@ def best_of_k_correct(scores: Sequence[float], correct: Sequence[bool]) -> float
 
     Ties for the highest score count in expectation (j correct of m tied: j/m).
     """
+    if len(scores) != len(correct):
+        raise ValueError(f"{len(scores)} scores for {len(correct)} candidates (correct)")
     if len(scores) == 0:
         return 0.0
     s = np.asarray(scores, dtype=np.float64)

@@ -82,9 +82,13 @@ def deferred() -> Iterator[None]:
     """Inside, a first signal is recorded instead of raised; the code polls :func:`requested`.
 
     On leaving normally, a recorded signal is raised as :class:`Interrupted`, so work that
-    finished its last step still ends the command with the signal's exit code.
+    finished its last step still ends the command with the signal's exit code. The outermost section starts with no
+    signal recorded: an earlier one has ended what it stopped (raised), and a second run in the same process (a
+    notebook's) must not stop before its first step.
     """
     global _deferring
+    if not _deferring:
+        reset()
     _deferring += 1
     try:
         yield

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from toprcli import run_tracking, runs
-from toprcli.config import EngineConfig, EvalConfig, IterateConfig, TrainConfig
+from toprcli.config import EngineConfig, EvalConfig, IterateConfig, TrainConfig, validated
 from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
 from toprcli.generation import open_backend
@@ -160,7 +160,7 @@ class Pipeline:
     def __init__(self, cfg: IterateConfig, *, progress: ProgressFn | None = None, on_start: Callable[[dict | None], None] | None = None,
                  on_round: Callable[[int, dict], None] | None = None, apply_from_next_round: bool = False,
                  branch_from: str | None = None, report: Callable[[Path], Path] | None = None):
-        self.cfg = cfg
+        self.cfg = cfg = validated(cfg)  # built in Python, it skipped a config file's checks
         self.branch_from, self.on_start = branch_from, on_start
         self.report, self.report_dir = report, None  # report: writes the run's report, returns its directory
         self.tracker: run_tracking.Tracker | None = None

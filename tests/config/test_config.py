@@ -420,3 +420,23 @@ def test_a_config_warning_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "toprcli", "config", "check", str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=120)
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 0 and lines[0].startswith("warning: curate.pairs is matched") and "UserWarning" not in done.stderr, done.stderr
+
+
+def test_a_config_built_in_python_is_checked_by_its_stage_as_a_files_would_be(tmp_path):
+    """Configs built in Python skipped every check: batch_size 0 hung the trainer (a step plan that never grew), workers
+    -1 the scorer, a dict for sampling was an AttributeError; data_parallel_size 2 and nproc_per_node 2 ran in one
+    process, in silence (the launch functions start the children)."""
+    from toprcli.config import GenerateConfig, ScoreConfig, TrainConfig, validated
+    from toprcli.errors import UserError
+    from toprcli.stages import generate, score, train
+
+    with pytest.raises(ConfigError, match="bad value for 'batch_size': 0"):
+        train.run(TrainConfig(model="m", data="d", out=str(tmp_path / "p"), batch_size=0))
+    with pytest.raises(ConfigError, match="bad value for 'workers': -1"):
+        score.run(ScoreConfig(samples="s", out=str(tmp_path / "s"), workers=-1))
+    assert validated(GenerateConfig(sampling={"temperature": 0.7})).sampling.temperature == 0.7  # as YAML gives it
+    with pytest.raises(UserError, match=r"call toprcli.launch.run_generate\(cfg\)"):
+        generate.run(GenerateConfig(model="m", out=str(tmp_path / "g"), data_parallel_size=2))
+    with pytest.raises(UserError, match=r"call toprcli.launch.run_train\(cfg\)"):
+        train.run(TrainConfig(model="m", data="d", out=str(tmp_path / "t"), nproc_per_node=2))
+    assert list(tmp_path.iterdir()) == []

@@ -194,3 +194,63 @@ def test_a_shard_reseed_also_seeds_numpy_which_vllms_gpu_runner_draws_unseeded_r
     drawn = np.random.randint(2**31)
     np.random.seed((2**40 + 5) % 2**32)
     assert drawn == np.random.randint(2**31)
+
+
+def test_an_engine_that_dies_mid_generation_ends_the_command_in_one_line(tiny_model_dir, tmp_path):
+    """The engine core killed (the out-of-memory killer, SIGKILL) while it generated: `topr generate` waited on vLLM's
+    output queue for good, at 1% CPU, printing nothing. A worker killed was a 132-line traceback, exit 1."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from toprcli.processes import descendants
+
+    def running(pid: int, start: int) -> bool:  # a zombie waiting for init to reap it runs nothing
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            return False
+        return fields[0] != "Z" and int(fields[19]) == start
+
+    out = tmp_path / "samples"
+    cmd = [sys.executable, "-m", "toprcli", "generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--n", "4", "--limit", "400",
+           "--shard-size", "8", "--max-new-tokens", "200", "--backend", "vllm", "-o", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "VLLM_CPU_OMP_THREADS_BIND": "auto"})
+    deadline = time.monotonic() + 240
+    while not complete_shards(out) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    below = descendants(proc.pid)  # the engine's processes and the watchdog
+    core = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "EngineCore"], capture_output=True, text=True).stdout.split()
+    assert core, "no engine core under the command"
+    os.kill(int(core[0]), signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:  # it hung here, waiting for a dead engine
+        proc.kill()
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and "the vLLM engine died while it generated" in lines[0], err[-3000:]
+    assert complete_shards(out) and not (out / "_manifest.json").exists()  # what it finished is kept, to resume
+    deadline = time.monotonic() + 15
+    while any(running(p, s) for p, s in below.items()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p, s in below.items() if running(p, s)]  # no process left behind
+
+
+def test_why_an_engine_did_not_start_is_its_own_words():
+    """vLLM's config errors are pydantic's, whose text ends with a link: the line the user got was "For further
+    information visit https://errors.pydantic.dev/..."; the engine core's failure said its cause was "above"."""
+    import pydantic
+
+    from toprcli.generation.vllm_backend import _start_error
+
+    class Engine(pydantic.BaseModel):
+        max_model_len: int = pydantic.Field(le=512)
+
+    with pytest.raises(pydantic.ValidationError) as e:
+        Engine(max_model_len=4096)
+    assert _start_error(e.value) == "Input should be less than or equal to 512"
+    failed = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    assert "Its cause is in the command's log" in _start_error(failed)

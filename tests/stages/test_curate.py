@@ -420,7 +420,7 @@ def test_not_scored(tmp_path):
     [
         (dict(positive_fraction=0.2, baseline=0.5), "both given"),
         (dict(positive_fraction=0.2, baseline="group-mean"), "both given"),
-        (dict(baseline="median"), "bad --baseline"),
+        (dict(baseline="median"), "bad value for .baseline.: .median."),
         (dict(positive_fraction=0.2, std_normalize="group"), "std_normalize: group"),
         (dict(positive_fraction=0.2, reward_clip=1.0), "reward_clip"),
         (dict(source_weights=[1.0, 2.0]), "2 source weights for 1"),
@@ -753,7 +753,7 @@ def test_a_curated_set_is_no_scored_input_and_a_refusal_names_what_differs(tmp_p
     monkeypatch.chdir(tmp_path)
     first = curate(CurateConfig(scored=[scored], out="t.parquet"))
     assert curate(CurateConfig(scored=[scored], out="./t.parquet")).skipped
-    with pytest.raises(UserError, match=r"t.parquet already exists \(made with baseline=None there vs '0.5' now\)"):
+    with pytest.raises(UserError, match=r"t.parquet already exists \(made with baseline=None there vs 0.5 now\)"):
         curate(CurateConfig(scored=[scored], out="t.parquet", baseline="0.5"))
     with pytest.raises(UserError, match="is a curated training set, not scored data"):
         curate(CurateConfig(scored=[first.out], out="t2.parquet"))

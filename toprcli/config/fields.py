@@ -172,6 +172,12 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return _build(cls, data, prefix)
 
 
+def validated(cfg: Any) -> Any:
+    """``cfg`` checked as a config file's would be (types, each field's check, the cross-field rules, ``~`` in a path): a
+    config built in Python skipped all of it (batch_size 0 hung the trainer, workers -1 the scorer)."""
+    return from_dict(type(cfg), config_to_dict(cfg))
+
+
 def _build(cls: type, data: dict[str, Any], prefix: str, base: Any = None) -> Any:
     """A ``cls`` from ``data`` over ``base`` (default ``cls()``): a section given in part keeps the rest of
     its default as its parent declares it (eval's dataset split test, the pipeline's curate), not its class's."""

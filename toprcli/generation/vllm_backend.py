@@ -35,6 +35,7 @@ guard (the engine starts worker processes).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import os
@@ -44,6 +45,7 @@ from typing import Any
 
 from toprcli.errors import UserError
 from toprcli.generation import vllm_cpu
+from toprcli.generation.engine_watch import engine_watched
 from toprcli.generation.base import (
     BackendOptions,
     Completion,
@@ -222,8 +224,8 @@ class VLLMBackend:
         except UserError:
             raise
         except Exception as e:
-            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise UserError(f"vLLM could not start on {model}: {msg} — check the model dir, --dtype and --gpu-memory-utilization, or pass --backend hf") from None
+            raise UserError(f"vLLM could not start on {model}: {_start_error(e)} — check the model dir, --dtype, --max-model-len and "
+                            "--gpu-memory-utilization (on CPU the KV cache: VLLM_CPU_KVCACHE_SPACE), or pass --backend hf") from None
         self.start_seconds = time.perf_counter() - t0
         self.model = model
         mc = self.llm.llm_engine.model_config
@@ -323,7 +325,8 @@ class VLLMBackend:
                     return args[0]
                 return _TqdmAdapter(progress, n)
 
-        outputs = self.llm.generate(prompts, sp, use_tqdm=use_tqdm)
+        with engine_watched(self.llm):  # a dead engine: one line, not a hang
+            outputs = self.llm.generate(prompts, sp, use_tqdm=use_tqdm)
         if len(outputs) != len(requests):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} prompts")
         result = []
@@ -345,7 +348,8 @@ class VLLMBackend:
         if not prompts:
             return []
         sp = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate([{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompts, continuations)], sp, use_tqdm=False)
+        with engine_watched(self.llm):
+            outputs = self.llm.generate([{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompts, continuations)], sp, use_tqdm=False)
         out = []
         for o, p, c in zip(outputs, prompts, continuations):
             entries = o.prompt_logprobs[len(p) :]  # position j scores token j of prompt + continuation
@@ -409,6 +413,18 @@ class VLLMBackend:
 
     def weight_checksum(self) -> float:
         return float(self.llm.collective_rpc("topr_weight_checksum")[0])
+
+
+def _start_error(e: Exception) -> str:
+    """Why the engine did not start, in a line: pydantic's own message (its text ends with a link to its docs); the
+    engine core's failure says its cause is "above", which went to the command's log."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        with contextlib.suppress(Exception):
+            return str(errors()[0]["msg"])
+    text = str(e).strip()
+    last = text.splitlines()[-1] if text else type(e).__name__
+    return last.replace("See root cause above.", "Its cause is in the command's log (on the screen with --verbose).")
 
 
 def _finish(reason: str | None) -> str:

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 
 from toprcli import curation as cu
 from toprcli import shards
-from toprcli.config import BASELINES, CurateConfig, config_to_dict
+from toprcli.config import BASELINES, CurateConfig, config_to_dict, validated
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn, report
 from toprcli.shards.scored_inputs import ScoredInputs, dictionary_columns
@@ -147,6 +147,7 @@ def run(cfg: CurateConfig, *, progress: ProgressFn | None = None) -> StageResult
     """Run the curate stage for ``cfg``; raises :class:`UserError` (and writes nothing) on bad input,
     an output that cannot be written, or one another process is writing."""
     # scored/ and ./scored are the inputs the record names; ./train.parquet is train.parquet
+    cfg = validated(cfg)
     cfg = replace(cfg, scored=[os.path.normpath(s) for s in cfg.scored], out=os.path.normpath(cfg.out) if cfg.out else cfg.out)
     kind, c_const, weights = _check_options(cfg)
     out = Path(cfg.out)

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from toprcli import shards
-from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, as_now, config_to_dict
+from toprcli.config import EvalConfig, GenerateConfig, SamplingConfig, ScoreConfig, as_now, config_to_dict, validated
 from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
 from toprcli.evaluation import accuracy, bootstrap_interval, prompt_scores, summarize_scores
@@ -82,6 +82,7 @@ def run(cfg: EvalConfig, *, backend: Any = None, examples: list | None = None, p
     ``backend``: an open generation backend to use (it is not closed), else one is
     opened for ``cfg.engine`` and closed at the end.
     """
+    cfg = validated(cfg)
     given, (cfg, done) = cfg.verifier, _checked(cfg)
     out = Path(cfg.out)
     if done is not None:

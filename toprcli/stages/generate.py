@@ -56,7 +56,7 @@ from typing import Any
 import pyarrow as pa
 
 from toprcli import shards
-from toprcli.config import GenerateConfig, SamplingConfig, config_to_dict
+from toprcli.config import GenerateConfig, SamplingConfig, config_to_dict, validated
 from toprcli.errors import UserError
 from toprcli.generation import open_backend, resolve_backend_name
 from toprcli.generation.base import GenerationBackend, ProgressEvent, PromptRequest, SamplingParams, cuda_available, derive_seed, resolve_dtype
@@ -164,14 +164,15 @@ def run(
     model than ``cfg.model`` its weights are swapped with ``load_weights``);
     None opens ``cfg.engine`` and closes it at the end. ``examples``: a
     pre-loaded list of :class:`~toprcli.data.datasets.Example` (else
-    ``cfg.dataset`` is loaded). Every bad input raises :class:`UserError` before
-    the engine starts and before anything is written; so does an output that
-    cannot be written or that another process is writing. The result's summary
+    ``cfg.dataset`` is loaded). Every bad input raises :class:`UserError` before the engine starts and before
+    anything is written, as does an output that cannot be written or another process writes. The result's summary
     has prompts, completions, mean/max completion length, finish reasons,
     tokens/s and shard counts (this run's shards; counts of all shards are in
     the manifest); ``skipped`` when every shard of this process was complete.
     """
-    t_start = time.perf_counter()
+    t_start, cfg = time.perf_counter(), validated(cfg)
+    if cfg.data_parallel_size > 1:  # it generated in one process, in silence
+        raise UserError(f"--data-parallel-size {cfg.data_parallel_size} starts child processes: call toprcli.launch.run_generate(cfg)")
     plan = _plan(cfg, backend, examples)
     shards.check_writable(plan.out)
     part = f".part-{cfg.shard_index}-of-{cfg.num_shards}" if cfg.num_shards > 1 else ""

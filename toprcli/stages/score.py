@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from toprcli import shards
-from toprcli.config import DatasetSpec, ScoreConfig, config_to_dict, from_dict
+from toprcli.config import DatasetSpec, ScoreConfig, config_to_dict, from_dict, validated
 from toprcli.data.datasets import default_verifier
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn
@@ -273,7 +273,7 @@ def run(cfg: ScoreConfig, *, progress: ProgressFn | None = None) -> StageResult:
 
     ``progress``: a :data:`~toprcli.progress.ProgressFn` (task "score"), or None.
     """
-    t0 = time.monotonic()
+    t0, cfg = time.monotonic(), validated(cfg)
     if not cfg.samples:
         raise UserError("no --samples given — pass the samples directory `topr generate` wrote")
     if not cfg.out:

@@ -44,15 +44,15 @@ from typing import Any
 import torch
 
 from toprcli import interrupt, shards
-from toprcli.config import TrainConfig, as_now, config_to_dict
+from toprcli.config import TrainConfig, as_now, config_to_dict, validated
 from toprcli.errors import UserError
 from toprcli.generation.base import release_cuda_cache
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.tracking import TRACKER_FILES, behind, check_installed, open_tracker, replay
-from toprcli.training.distributed import barrier, env_rank, init_distributed, shutdown
+from toprcli.training.distributed import barrier, env_rank, env_world_size, init_distributed, shutdown
 from toprcli.training.prepare import NON_SEMANTIC_KEYS, SUMMARY_NAME, Prepared, prepare, resolve_loss
-from toprcli.training.trainer import METRICS_NAME, PRECOMPUTED_NAME, train_loop
+from toprcli.training.trainer import METRICS_NAME, PRECOMPUTED_NAME, seeded_rng, train_loop
 
 STAGE = "train"
 
@@ -66,6 +66,10 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
     ``on_record`` gets each step's metrics (a pipeline's trackers); without it, rank 0
     reports to ``cfg.tracking``'s own.
     """
+    cfg = validated(cfg)
+    if (cfg.nproc_per_node > 1 or cfg.launcher) and env_world_size() == 1:  # it trained in one process, in silence
+        raise UserError(f"train: {'--launcher' if cfg.launcher else f'--nproc-per-node {cfg.nproc_per_node}'} starts the ranks in "
+                        "child processes — call toprcli.launch.run_train(cfg), as `topr train` does")
     done = finished_summary(cfg)
     if done is not None:  # a finished run: nothing to do but what a kill in _finish left, and its trackers' gaps
         return kept(cfg, done, on_record)
@@ -82,7 +86,7 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
             elif ctx.distributed and ctx.device.type == "cpu":
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.local_world_size))
             # A SIGTERM/SIGINT stops at the next step boundary with a checkpoint (interrupt.deferred).
-            with interrupt.deferred():
+            with interrupt.deferred(), seeded_rng(cfg.seed):
                 with _tracked(prep, on_record) as sink:  # closed before <out>.partial becomes <out>
                     summary = train_loop(prep, ctx, progress if ctx.is_main else None, sink)
                 if ctx.is_main:

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from toprcli import shards
-from toprcli.config import VerifierDataConfig, config_to_dict
+from toprcli.config import VerifierDataConfig, config_to_dict, validated
 from toprcli.data.verification import label_word, verification_id, verification_text
 from toprcli.errors import UserError
 from toprcli.progress import ProgressFn, report
@@ -52,7 +52,7 @@ _COLUMNS = ["prompt_id", "iteration", "policy", "sample_index", "correct", "verd
 
 def run(cfg: VerifierDataConfig, *, progress: ProgressFn | None = None) -> StageResult:
     """Write the verification dataset of ``cfg.scored`` to ``cfg.out``; see the module docstring."""
-    t0 = time.perf_counter()
+    t0, cfg = time.perf_counter(), validated(cfg)
     if not cfg.scored:
         raise UserError("no scored data given — pass --scored DIR (one or more `topr score` output directories)")
     if not cfg.out:

@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -68,6 +68,20 @@ class _Learner:
     autocast: Callable[[], Any]
 
 
+@contextlib.contextmanager
+def seeded_rng(seed: int) -> Iterator[None]:
+    """torch's and numpy's global generators seeded for a training, and the caller's given back after it (a notebook's
+    were reset to the training's seed by every run)."""
+    saved = np.random.get_state()
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        try:
+            yield
+        finally:
+            np.random.set_state(saved)
+
+
 def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
                on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train ``prep`` (this rank's part under torchrun); returns the run's summary.
@@ -78,9 +92,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     """
     cfg, partial = prep.cfg, prep.partial
     t_start = time.perf_counter()
-    torch.manual_seed(cfg.seed)  # same on every rank: identical LoRA init before sharding
-    np.random.seed(cfg.seed)
-    model = _build_model(prep, ctx)
+    model = _build_model(prep, ctx)  # under seeded_rng(cfg.seed): the same on every rank, identical LoRA init before sharding
 
     ckpt_root = partial / "checkpoints"  # <out>.partial/ holds everything until the policy is complete
     state, behavior, ref = _start(prep, ctx, model)
