@@ -6,6 +6,7 @@ import pytest
 
 from conftest import tiny_generate_config as _cfg
 from test_hf_backend import SETTINGS, _prompts, check_backend_output
+from toprcli.errors import UserError
 from toprcli.generation import PromptRequest, SamplingParams, derive_seed
 from toprcli.shards import complete_shards, read_file_metadata, read_table, validate_columns
 
@@ -181,6 +182,10 @@ def test_cpu_step_budget_holds_a_context_declared_in_a_text_config(tmp_path):
     backend = object.__new__(VLLMBackend)  # the engine's arguments only: nothing is started
     backend.options, backend.on_gpu, backend._vllm = BackendOptions(model=str(tmp_path)), False, vllm
     assert backend._engine_kwargs(str(tmp_path))["max_num_batched_tokens"] == 8192
+    # A max_model_len past the model's context was refused by vLLM after its start, in pydantic's words: before it.
+    backend.options = BackendOptions(model=str(tmp_path), max_model_len=16384)
+    with pytest.raises(UserError, match=r"--max-model-len 16384 is past the context of .* \(8192 tokens\)"):
+        backend._engine_kwargs(str(tmp_path))
 
 
 def test_a_shard_reseed_also_seeds_numpy_which_vllms_gpu_runner_draws_unseeded_requests_from():

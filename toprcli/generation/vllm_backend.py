@@ -191,7 +191,9 @@ class VLLMBackend:
             # sampling fields (temperature, top-p, repetition penalty) must not reach μ.
             generation_config="vllm",
         )
-        if o.max_model_len is not None:
+        if o.max_model_len is not None:  # past the model's context: vLLM refuses it, after a start that says so in pydantic's words
+            if (own := context_length(model)) and o.max_model_len > own and not os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+                raise UserError(f"--max-model-len {o.max_model_len} is past the context of {model} ({own} tokens) — lower it or leave it unset")
             kwargs["max_model_len"] = o.max_model_len
         if o.sleep_mode and self.on_gpu:
             kwargs["enable_sleep_mode"] = True  # CUDA only: sleep() gives the GPU memory back
