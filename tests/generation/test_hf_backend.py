@@ -128,3 +128,26 @@ def test_hf_backend_stops_on_the_tokenizers_eos_too(tiny_model_dir, tmp_path):
     backend.net.forward = says_eos
     done = backend.generate([PromptRequest([1, 40, 41], seed=1)], SamplingParams(n=1, max_new_tokens=6))[0][0]
     assert (done.token_ids, done.finish_reason) == ([3], "stop")
+
+
+def test_a_closed_backend_gives_the_caller_its_generator_and_progress_bars_back(tiny_model_dir):
+    """In a notebook, hf generation left torch's generator at the last shard's seed and transformers' progress bars
+    off for the rest of the session."""
+    import torch
+    import transformers
+
+    from toprcli.generation.base import BackendOptions
+    from toprcli.generation.hf_backend import HFBackend
+
+    was_on = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.enable_progress_bar()  # as a notebook has them (the session's other backends turned them off)
+    torch.manual_seed(5)
+    state = torch.get_rng_state().clone()
+    backend = HFBackend(BackendOptions(model=str(tiny_model_dir)))
+    backend.reseed(9)
+    assert not transformers.utils.logging.is_progress_bar_enabled()  # ours are drawn while it runs
+    backend.close()
+    on = transformers.utils.logging.is_progress_bar_enabled()
+    if not was_on:
+        transformers.utils.logging.disable_progress_bar()
+    assert torch.equal(torch.get_rng_state(), state) and on

@@ -65,7 +65,10 @@ class HFBackend:
         self.reloads: list[dict] = []
         self._torch = torch
         self._auto_model = AutoModelForCausalLM
-        transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars would break ours
+        # The caller's, given back by close(): transformers' bars ("Loading weights" would break ours) and torch's generator
+        # (reseed() seeds it per shard; a notebook's was left at the last shard's seed).
+        self._callers: tuple[bool, Any] | None = (transformers.utils.logging.is_progress_bar_enabled(), torch.random.get_rng_state())
+        transformers.utils.logging.disable_progress_bar()
         t0 = time.perf_counter()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(options.model)
@@ -108,6 +111,14 @@ class HFBackend:
             self.net = None
             gc.collect()
             release_cuda_cache()
+        if getattr(self, "_callers", None) is not None:
+            import transformers
+
+            bars, rng = self._callers
+            self._torch.random.set_rng_state(rng)
+            if bars:
+                transformers.utils.logging.enable_progress_bar()
+            self._callers = None
 
     def __enter__(self) -> HFBackend:
         return self
