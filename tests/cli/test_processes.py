@@ -233,6 +233,8 @@ def test_a_terminal_that_hangs_up_ends_the_command_with_129(tiny_model_dir, tmp_
     def own_terminal() -> None:
         os.setsid()
         fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        # A login shell's SIGHUP: a suite run under nohup passes it on ignored, and topr keeps an ignored SIGHUP ignored
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     out = tmp_path / "samples"
     args = ["generate", "-m", str(tiny_model_dir), "-d", "builtin:arith", "--limit", "40", "--n", "4", "--max-new-tokens", "64", "--backend", "hf",
