@@ -85,12 +85,12 @@ def _alive(pid: int, start: int) -> bool:
     return st is not None and st[1] == start
 
 
-def kill_now(known: dict[int, int]) -> None:
-    """SIGKILL every process of ``known`` (pid: start time) still alive; a pid reused since is left alone."""
+def signal_all(known: dict[int, int], sig: int) -> None:
+    """Send ``sig`` to every process of ``known`` (pid: start time) still alive; a pid reused since is left alone."""
     for p, s in known.items():
         if _alive(p, s):
             try:
-                os.kill(p, signal.SIGKILL)
+                os.kill(p, sig)
             except OSError:
                 pass
 
@@ -102,12 +102,7 @@ def reap(known: dict[int, int], grace_s: float = GRACE_S) -> list[int]:
         targets.update(descendants(p))
     targets.pop(os.getpid(), None)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p, s in targets.items():
-            if _alive(p, s):
-                try:
-                    os.kill(p, sig)
-                except OSError:
-                    pass
+        signal_all(targets, sig)
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 1.0)
         while time.monotonic() < deadline and any(_alive(p, s) for p, s in targets.items()):
             time.sleep(0.05)

@@ -40,11 +40,12 @@ class ScoredInputs:
     file_rows: np.ndarray  # (F,) rows per file
     file_source: np.ndarray  # (F,) index of the source (the path given) each file came from
     schemas: list[pa.Schema]
+    file_bytes: np.ndarray  # (F,) uncompressed bytes of each file's row groups, as its footer says
 
     @classmethod
     def open(cls, paths: list[str]) -> ScoredInputs:
         """Every Parquet file of ``paths`` (scored dirs or files), checked against the scored contract."""
-        files, rows, src, schemas = [], [], [], []
+        files, rows, src, schemas, sizes = [], [], [], [], []
         seen: dict[Path, str] = {}
         for s, path in enumerate(paths):
             check_finished(path, "score")
@@ -65,7 +66,8 @@ class ScoredInputs:
                 rows.append(meta.num_rows)
                 src.append(s)
                 schemas.append(schema)
-        return cls(files, np.asarray(rows, dtype=np.int64), np.asarray(src, dtype=np.int64), schemas)
+                sizes.append(sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)))
+        return cls(files, np.asarray(rows, dtype=np.int64), np.asarray(src, dtype=np.int64), schemas, np.asarray(sizes, dtype=np.int64))
 
     @property
     def rows(self) -> int:
@@ -74,9 +76,7 @@ class ScoredInputs:
     def row_group_rows(self) -> int:
         """Rows a row group of the output holds: :data:`ROW_GROUP`, fewer when the inputs' rows are large (by their
         footers' uncompressed sizes), so that memory is bounded in bytes, not only in rows."""
-        sizes = [pq.ParquetFile(f).metadata for f in self.files]
-        total = sum(m.row_group(g).total_byte_size for m in sizes for g in range(m.num_row_groups))
-        per_row = total / max(1, self.rows)
+        per_row = int(self.file_bytes.sum()) / max(1, self.rows)
         return int(min(ROW_GROUP, max(1024, ROW_GROUP_BYTES // max(1.0, per_row))))
 
     def starts(self) -> np.ndarray:

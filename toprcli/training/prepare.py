@@ -99,9 +99,9 @@ class Prepared:
 
     @cached_property
     def unit_longest(self) -> np.ndarray:
-        """(n_units,) each unit's longest row as packing counts it: read by every step's plan, computed once."""
-        d = self.data
-        return unit_longest(self.units, d.completion_lens, d.prompt_lens) if self.cfg.shared_prefix else unit_longest(self.units, d.seq_lens)
+        """(n_units,) each unit's longest row, prompt + completion, as packing counts it in either layout (the shared
+        prefix's cost adds the prompt to the completion): read by every step's plan, computed once."""
+        return unit_longest(self.units, self.data.seq_lens)
 
     @property
     def recomputes_behavior(self) -> bool:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toprcli.errors import UserError
-from toprcli.processes import descendants, kill_now
+from toprcli.processes import descendants, signal_all
 from toprcli.verifiers.base import ERROR, TIMEOUT, Verdict, Verifier
 from toprcli.verifiers.registry import resolve_verifier
 from toprcli.verifiers.worker import CHECK, EQUIVALENT, _worker_main
@@ -102,7 +102,7 @@ class _Worker:
         escaped = descendants(self.proc.pid)  # a check's processes in sessions of their own (a sandbox's) left its group
         with contextlib.suppress(OSError):  # its group (worker._harden): processes a check started die with it
             os.killpg(self.proc.pid, signal.SIGKILL)
-        kill_now(escaped)
+        signal_all(escaped, signal.SIGKILL)
         try:
             self.proc.kill()
             self.proc.join(5)
