@@ -4,7 +4,8 @@ unless ``tracking.project`` does. Each axis has its own x-axis (``define_metric`
 log calls and is carried across resumes, so a resumed run never writes a step twice.
 
 W&B's service buffers the run file in memory (flushed every 15 s and at the end), so a killed process
-loses its last records. Offline, a resumed run therefore reads what its earlier files hold
+loses its last records. Rows are committed as they are logged (with a step, W&B holds a row open for more keys until
+the next step or the end: in one CI run a run's last row, a table, was missing from its offline file after ``finish``). Offline, a resumed run therefore reads what its earlier files hold
 (:func:`offline_marks`) and the tracker logs the rest again from the run's own files."""
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ class WandbRun:
             self.run.define_metric(f"{axis}/step")
             self.run.define_metric(f"{axis}/*", step_metric=f"{axis}/step")
             self.axes.add(axis)
-        self.run.log(metrics, step=self._next_step())
+        self.run.log(metrics, step=self._next_step(), commit=True)  # each call is a whole row: out now, not held for the next step
 
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int) -> None:
         columns = list(rows[0])
         table = self.wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
-        self.run.log({key: table, f"{key.split('/')[0]}/step": step}, step=self._next_step())
+        self.run.log({key: table, f"{key.split('/')[0]}/step": step}, step=self._next_step(), commit=True)
 
     def log_artifacts(self, directory: Path, name: str) -> None:
         artifact = self.wandb.Artifact(f"{self.run.id}-{name}", type=name)
