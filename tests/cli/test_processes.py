@@ -220,6 +220,24 @@ def test_a_command_that_logged_nothing_leaves_no_empty_log(tmp_path):
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["t"]
 
 
+def test_a_command_refused_a_runs_lock_leaves_the_runs_log(tmp_path):
+    """A second `topr iterate` on a live run is refused its lock; on the way out it removed the run's topr.log, still empty
+    and open in the live run, whose later messages (a crash's cause) then went to a deleted file."""
+    from builders import MICRO_PIPELINE
+    from toprcli.shards import output_lock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "c.yaml").write_text(MICRO_PIPELINE.format(run_dir=run))
+    log = run / "topr.log"
+    log.touch()  # the live run's log: it has written nothing yet
+    with output_lock(run):  # the live run
+        refused = subprocess.run([sys.executable, "-m", "toprcli", "iterate", "-c", str(tmp_path / "c.yaml")], capture_output=True, text=True,
+                                 timeout=300, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert refused.returncode == 2 and "is being written by" in refused.stderr, refused.stderr
+    assert log.is_file()
+
+
 @pytest.mark.parametrize("bars", ["--progress", "--no-progress"])
 def test_a_terminal_that_hangs_up_ends_the_command_with_129(tiny_model_dir, tmp_path, bars):
     """A closed ssh session: the command's terminal (a pty here) goes away, SIGHUP arrives, and every later write to the

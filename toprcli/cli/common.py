@@ -45,7 +45,7 @@ RESUME = "rerun the same command to resume (complete work is kept)"
 _own_process = False  # the command is this process's entry point (main()), not a call inside another program
 _saved_fds: tuple[int, int] | None = None  # the terminal's stdout, stderr while others' output goes to _log
 _log: Path | None = None
-_made_for_log: list[Path] = []  # directories made to hold _log (removed again with an empty log)
+_made_for_log: list[Path] = []  # _log, if this command made it, and the directories made to hold it (removed again if empty)
 
 
 def begin_process() -> None:
@@ -70,7 +70,7 @@ def send_noise_to(log: str | os.PathLike[str] | None, verbose: bool = False, jso
     if not _own_process or _saved_fds is not None or log is None and not json_out:
         return
     if log is not None:
-        _made_for_log[:] = [d for d in Path(log).absolute().parents if not d.exists()]
+        _made_for_log[:] = [p for p in (Path(log).absolute(), *Path(log).absolute().parents) if not p.exists()]
     _saved_fds = redirect_output(log)
     if _saved_fds is not None:
         console.file, err_console.file = (os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace") for fd in _saved_fds)
@@ -88,10 +88,11 @@ def restore_output() -> None:
 
 
 def _drop_empty_log() -> None:
-    """Remove the command's log, and the directories made for it, when nothing was written to it."""
-    if _log is not None and _log.is_file() and not _log.stat().st_size:
+    """Remove the command's log, and the directories made for it, when nothing was written to it. Only a log this
+    command made: a run's log may be open in the command running it (a second command, refused its lock, removed it)."""
+    if _log is not None and _log.absolute() in _made_for_log and _log.is_file() and not _log.stat().st_size:
         _log.unlink(missing_ok=True)
-        for d in _made_for_log:  # deepest first
+        for d in _made_for_log[1:]:  # deepest first
             with contextlib.suppress(OSError):
                 d.rmdir()
 
