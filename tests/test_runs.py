@@ -84,7 +84,7 @@ def test_extend_a_finished_run_and_change_the_lr_from_the_next_round(tmp_path):
     line = refused(config, "--rounds", "2", "--set", "train.lr=5e-4")
     assert "changed: train.lr" in line and "--apply-from-next-round" in line
     # Raising rounds extends the run, the new lr applies from round 2; round 1 stays byte for byte what it was.
-    iterate(config, "--rounds", "2", "--set", "train.lr=5e-4", "--apply-from-next-round")
+    assert "changed: train.lr from round 2" in iterate(config, "--rounds", "2", "--set", "train.lr=5e-4", "--apply-from-next-round")
     assert (run / "round-002" / "eval" / "eval.json").exists() and digests(run / "round-001") == round1
     lrs = [yaml.safe_load((run / f"round-00{r}" / "config.yaml").read_text())["train"]["lr"] for r in (1, 2)]
     assert lrs == [1e-3, 5e-4]
@@ -314,6 +314,28 @@ def _recorded_run(run, rounds, **changes):
         round_cfg = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": rounds, **(changes if r == 1 else {})})
         (run / f"round-{r:03d}" / "config.yaml").write_text(yaml.safe_dump(config_to_dict(round_cfg)))
     return cfg
+
+
+def test_iterate_says_where_each_changed_setting_applies(tmp_path):
+    """`--apply-from-next-round` printed nothing, and the round in progress took a changed train.lr for its training
+    (as documented, not as the flag's name says): each change is named with the round it applies from, or `at once`."""
+    from toprcli.config import IterateConfig, load_config
+    from toprcli.runs import reconcile, round_records, where_changes_apply
+
+    run = tmp_path / "run"
+    _recorded_run(run, 3)
+    shutil.rmtree(run / "round-003" / "policy")  # round 3 curated, not trained
+    for made in ("samples", "scored"):
+        (run / "round-003" / made).mkdir()
+    (run / "round-003" / "train.parquet").write_text("")
+    new = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 5, "train.lr": 5e-4, "generate.sampling.temperature": 0.9,
+                                                 "train.micro_batch_tokens": 1024})
+    before = round_records(run)
+    assert where_changes_apply(run, reconcile(run, new, apply_from_next_round=True), before) == {"generate.sampling.temperature": "from round 4", "train.lr": "from round 3",
+                                                     "train.micro_batch_tokens": "at once"}
+    back = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 5, "train.micro_batch_tokens": 1024})  # lr as round 1-2 had it
+    before = round_records(run)
+    assert where_changes_apply(run, reconcile(run, back, apply_from_next_round=True), before)["train.lr"] == "from round 3"
 
 
 def test_raising_replay_over_rounds_of_another_sampling_is_refused(tmp_path):

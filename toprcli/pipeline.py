@@ -165,6 +165,7 @@ class Pipeline:
         self.report, self.report_dir = report, None  # report: writes the run's report, returns its directory
         self.tracker: run_tracking.Tracker | None = None
         self.tracked: dict[str, str] = {}  # each tracker's run, in words (after run())
+        self.changes: dict[str, str] = {}  # each setting changed since the run's record, and where it applies (after prepare())
         self.run_dir = Path(cfg.run_dir)
         self.progress = progress
         self.on_round = on_round
@@ -322,7 +323,9 @@ class Pipeline:
         if self.cfg.score.verifier == "auto":  # recorded as what it stands for: a rerun resolves it the same, or is refused
             self.cfg = replace(self.cfg, score=replace(self.cfg.score, verifier=self.verifier()))
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
-        runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
+        before = runs.round_records(self.run_dir)
+        changed = runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
+        self.changes = runs.where_changes_apply(self.run_dir, changed, before)
         return lineage
 
     def run(self) -> list[dict[str, Any]]:

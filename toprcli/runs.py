@@ -181,6 +181,34 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     return changed
 
 
+def round_records(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """Each round's recorded config, as written (a round not yet recorded: absent)."""
+    return {r: yaml.safe_load((d / CONFIG_FILE).read_text()) or {} for r, d in round_dirs(run_dir).items() if (d / CONFIG_FILE).exists()}
+
+
+def where_changes_apply(run_dir: Path, changed: list[str], before: dict[int, dict[str, Any]]) -> dict[str, str]:
+    """Each setting ``reconcile`` changed, and where it applies: ``at once`` (``RESOURCE_KEYS``), or ``from round N``, the
+    first round whose record it changed (the round in progress, for the steps it had not begun; ``before``: the records
+    before it), else the next round to begin."""
+    after, out = round_records(run_dir), {}
+    for key in (k for k in changed if k != "rounds"):
+        if key in RESOURCE_KEYS or key in WARM_START_RESOURCES:
+            out[key] = "at once"
+            continue
+        took = [r for r in after if _value_at(after[r], key) != _value_at(before.get(r, {}), key)]
+        out[key] = f"from round {min(took) if took else max(after, default=0) + 1}"
+    return out
+
+
+def _value_at(data: Any, key: str) -> Any:
+    for part in key.split("."):
+        data = data.get(part, _MISSING) if isinstance(data, dict) else _MISSING
+    return data
+
+
+_MISSING = object()
+
+
 def _round_zero_keys(run_dir: Path, keys: list[str]) -> list[str]:
     """What round 0 (the warm start, then its eval) takes of ``keys``: the eval's until its eval begins, and the
     verifier's (``score.*``: round 0's eval judges with it) until then too."""

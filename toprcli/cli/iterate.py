@@ -75,6 +75,8 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
         if lineage:
             err_console.print(f"branch of {lineage['parent']} at round {lineage['round']} ({lineage['links']}s; changed: {', '.join(lineage['changed']) or 'nothing'})", highlight=False, markup=False)  # paths: [v1] is text
         err_console.print(f"run dir: {cfg.run_dir} · rounds: {cfg.rounds} · loss: {cfg.train.loss} · backend: {cfg.generate.engine.backend}", highlight=False, markup=False)
+        if pipeline.changes:  # a changed setting says where it went: the round in progress takes it for its steps to come
+            err_console.print("changed: " + ", ".join(f"{k} {where}" for k, where in pipeline.changes.items()), highlight=False, markup=False)
 
     def on_round(r: int, summary: dict) -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
@@ -86,7 +88,8 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
                         branch_from=branch_from, report=(lambda run_dir: write_report(run_dir)[1]) if report else None)
     rows = pipeline.run()
     out = str(pipeline.report_dir) if report else None
-    return StageResult("iterate", cfg.run_dir, {"rounds": rows, "report": out, "tracking": pipeline.tracked}, wall_time_s=time.perf_counter() - t0)
+    return StageResult("iterate", cfg.run_dir, {"rounds": rows, "report": out, "tracking": pipeline.tracked, "changed": pipeline.changes},
+                       wall_time_s=time.perf_counter() - t0)
 
 
 def show(result: StageResult, cfg: IterateConfig) -> None:
@@ -106,7 +109,7 @@ def log_file(cfg: IterateConfig) -> Path:
 
 EXTRA = {
     "report": (Annotated[bool, typer.Option(metavar="", show_default=False, help="Write plots and summary.md into RUN_DIR/report at the end (default: --report).")], True),
-    "apply_from_next_round": (Annotated[bool, typer.Option(metavar="", show_default=False, help="Use a changed config from the next round on (rounds already started keep theirs) (default: --no-apply-from-next-round).")], False),
+    "apply_from_next_round": (Annotated[bool, typer.Option(metavar="", show_default=False, help="Use a changed config from the next round on, and in the round in progress for the steps it has not begun (default: --no-apply-from-next-round).")], False),
     "branch_from": (Annotated[str | None, typer.Option(help="Start --run-dir from RUN/round-00K of another run (hard links, no copies); the config applies from round K+1.")], None),
 }
 STAGE = Stage("iterate", IterateConfig, run, show, DOC, log=log_file, default_config=default_config, extra=EXTRA)
