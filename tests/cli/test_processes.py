@@ -220,6 +220,33 @@ def test_a_command_that_logged_nothing_leaves_no_empty_log(tmp_path):
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["t"]
 
 
+@pytest.mark.parametrize("error", ["RuntimeError('a bug')", "UserError('the scorer ran out of disk')"])
+def test_how_a_command_ended_is_kept_in_its_log(tmp_path, error):
+    """A long run's error line and a bug's traceback went to the terminal only: its log, in the run's directory, held the
+    other libraries' messages up to the end and not how it ended. Both go to the log too, stamped with time and command."""
+    code = f"""
+import sys
+import toprcli.stages.score as stage
+from toprcli.errors import UserError
+def run(*a, **k):
+    print("other libraries' noise", file=sys.stderr, flush=True)
+    raise {error}
+stage.run = run
+sys.argv = ["topr", "score", "-s", {str(tmp_path / "samples")!r}, "-o", {str(tmp_path / "scored")!r}]
+from toprcli.cli.main import main
+main()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    log = (tmp_path / "scored.log").read_text()
+    assert log.startswith("other libraries' noise") and f"topr score -s {tmp_path / 'samples'}" in log
+    if error.startswith("RuntimeError"):
+        assert done.returncode == 1 and "RuntimeError: a bug" in done.stderr  # the traceback on the terminal ...
+        assert log.rstrip().endswith("RuntimeError: a bug") and "Traceback (most recent call last)" in log  # ... and in the log
+    else:
+        assert done.returncode == 2 and done.stderr.startswith("error: the scorer ran out of disk (other libraries' messages:")
+        assert log.rstrip().endswith("error: the scorer ran out of disk")
+
+
 def test_a_command_refused_a_runs_lock_leaves_the_runs_log(tmp_path):
     """A second `topr iterate` on a live run is refused its lock; on the way out it removed the run's topr.log, still empty
     and open in the live run, whose later messages (a crash's cause) then went to a deleted file."""

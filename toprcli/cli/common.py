@@ -120,10 +120,20 @@ def echo_json(data: Any, indent: int | None = None) -> None:
     echo(json.dumps(json_safe(data), indent=indent, default=str, allow_nan=False))
 
 
+def note_in_log(text: str) -> None:
+    """Append ``text`` to the command's log, stamped with the time and the command: how a long run ended (an error, a
+    traceback, a stop) stays in the run's directory beside the other libraries' messages, not only on a terminal."""
+    if _log is None or not _log.is_file():
+        return
+    with contextlib.suppress(OSError), open(_log, "a", encoding="utf-8") as f:
+        f.write(f"\n[{time.strftime('%Y-%m-%d %H:%M:%S')}] {' '.join(['topr', *sys.argv[1:]])}\n{text.rstrip()}\n")
+
+
 def fail(message: str) -> typer.Exit:
     """Print one red error line and return the exit (code 2) to raise. While other libraries'
-    output goes to a log, the line names it (a failure's root cause may be there)."""
+    output goes to a log, the line names it (a failure's root cause may be there) and goes to it too."""
     if _log is not None and _log.is_file() and _log.stat().st_size:
+        note_in_log(f"error: {message}")
         message += f" (other libraries' messages: {_log})"
     else:  # bad input, refused before anything wrote to the log: nothing of it is left
         _drop_empty_log()
@@ -164,6 +174,8 @@ def tell_interrupted(e: interrupt.Interrupted, resume: str | None = None) -> Non
     """The one line a signal's stop ends with; a terminal that is gone (SIGHUP: the pty closed) takes nothing, and
     the exit code must still say which signal (an EIO here was a traceback and exit 1)."""
     detail = f" ({e.detail})" if e.detail else ""
+    if _log is not None and _log.is_file() and _log.stat().st_size:
+        note_in_log(f"interrupted by {e.name}{detail}")
     with contextlib.suppress(OSError):
         err_console.print(f"[bold yellow]interrupted by {e.name}[/]{escape(detail)}" + (f" — {escape(resume)}" if resume else ""),
                           highlight=False, soft_wrap=True)

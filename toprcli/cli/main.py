@@ -10,6 +10,7 @@ import inspect
 import re
 import shutil
 import sys
+import traceback
 from typing import Annotated
 
 import typer
@@ -18,7 +19,7 @@ from typer import rich_utils
 from toprcli.cli import config_cmd, curate, generate, info, iterate, models, report, score, train, verifier_data
 from toprcli.cli import eval as eval_cli
 from toprcli.cli.builder import register
-from toprcli.cli.common import begin_process, fail, restore_output, tell_interrupted
+from toprcli.cli.common import begin_process, fail, note_in_log, restore_output, tell_interrupted
 
 app = typer.Typer(
     name="topr",
@@ -88,6 +89,7 @@ def main() -> None:
         raise SystemExit(e.exit_code) from None
     except Exception as e:
         if not any(c.__name__ == "UsageError" for c in type(e).__mro__):  # typer carries its own copy of click
+            note_in_log(traceback.format_exc())  # a bug's traceback: on the terminal, and kept with the run
             raise
         raise SystemExit(usage_error(e)) from None
     finally:
