@@ -20,7 +20,7 @@ the decoder's matmul FLOPs and adds the LM head's per completion token (both lay
 pay it), the speed-up if only matmul FLOPs mattered.
 
 Usage:
-  python benchmarks/prefix.py --write-docs                      # ~25 min on 2 cores
+  python benchmarks/prefix.py --write-docs                      # ~25–40 min on 2 cores (37 min for the docs' numbers)
   python benchmarks/prefix.py --shapes short --rounds 1         # a quick look
 """
 

@@ -8,6 +8,7 @@ stage command speaks the same words, and a short flag means the same thing every
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -55,6 +56,9 @@ def test_every_field_is_reachable_and_its_help_shows_the_real_default(stage):
         # --set reaches every key, flagged or not: set it to its default and read it back.
         cfg = load_config(stage.config, sets={path: config_to_dict(default) and _plain(value)})
         assert _get(cfg, path) == value, path
+    # A `--set KEY=VALUE` the help shows (a flag that cannot say "unset") is one --set takes: `=None` was refused.
+    for hint in re.findall(r"--set (\S+?)=(\S+?)\)", " ".join(p.help or "" for p in cmd.params)):
+        load_config(stage.config, sets=dict([hint]))
     # A field with a flag is one the config declares: no option that is not a field.
     options = {p.name for p in cmd.params} - {"config_", "set_", "json_", "progress_", "verbose_", "more_", *stage.extra}
     assert options == {f.param for f in flagged.values()}

@@ -123,7 +123,7 @@ def flags(cls: type) -> list[Flag]:
             metavar = _metavar(hints[f.name], meta)
             allowed = f" ({describe(hints[f.name])})" if typing.get_origin(hints[f.name]) is Literal else f" ({meta['allowed']})" if kind is str and "allowed" in meta else ""
             allowed = "" if metavar and metavar.count("|") and metavar != "<number|name>" else allowed  # the choices are in the type column
-            shown = _show(value, decl if kind is bool else None) + (f"; --set {prefix}{f.name}={value}" if kind is bool and not isinstance(value, bool) else "")
+            shown = _show(value, decl if kind is bool else None) + (f"; --set {prefix}{f.name}={'null' if value is None else value}" if kind is bool and not isinstance(value, bool) else "")
             option = typer.Option(*names, help=f"{meta.get('help', '')}{allowed} (default: {shown})", show_default=False, metavar="" if kind is bool else metavar)
             out.append(Flag(prefix + f.name, (prefix + f.name).replace(".", "__"), Annotated[kind | None, option], parse))
 

@@ -105,7 +105,7 @@ class GenerateConfig:
 
 
 _BY_SOURCE_HELP = "data_source=verifier pairs for --verifier data_source."
-_STRICT_HELP = "gsm8k: require '#### n' (strict), or also accept 'The answer is n' and the last number."
+_STRICT_HELP = "gsm8k: require '#### n' (strict), or also accept 'The answer is n', the last \\boxed{n} and the last number."
 
 
 @dataclass
@@ -113,7 +113,7 @@ class ScoreConfig:
     samples: str = opt("", "The samples directory `topr generate` wrote (or one Parquet file).", short="-s")
     out: str = opt("", "Directory for the scored shards and _manifest.json.", short="-o", check=PATH)
     verifier: str = opt("auto", "auto (the verifier of the dataset the samples were generated from, as their manifest records it; gsm8k "
-                                "if it names none) | gsm8k | math | exact | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> "
+                                "if it names none) | gsm8k | math | exact | judge (a generative verifier's Yes/No against the row's label) | regex:PATTERN | python:MODULE:FUNCTION (fn(completion, answer, row) -> "
                                 "bool | float | None, or verl's compute_score) | data_source (each row's verl data_source picks one through "
                                 "--verifier-by-source).", short="-v")
     verifier_by_source: dict[str, str] = opt(factory=lambda: dict(VERIFIER_BY_SOURCE), help=_BY_SOURCE_HELP)
@@ -310,7 +310,7 @@ class EvalConfig:
     greedy: bool = opt(True, "Also decode one greedy completion per prompt.")
     sampling: SamplingConfig = opt(factory=lambda: SamplingConfig(seed=1234))
     engine: EngineConfig = opt(factory=EngineConfig)
-    verifier: str = opt("auto", "gsm8k, math, exact, regex:PATTERN, python:mod:fn, data_source, or auto (the dataset preset's; "
+    verifier: str = opt("auto", "gsm8k, math, exact, judge, regex:PATTERN, python:mod:fn, data_source, or auto (the dataset preset's; "
                                 "under iterate, on the rounds' dataset: the rounds' score verifier, strict and verifier_by_source).", short="-v")
     verifier_by_source: dict[str, str] = opt(factory=lambda: dict(VERIFIER_BY_SOURCE), help=_BY_SOURCE_HELP)
     strict: bool = opt(False, _STRICT_HELP, flag="--strict/--flexible")
