@@ -181,7 +181,8 @@ def test_ranks_die_with_a_killed_torchrun_agent(tiny_model_dir, tmp_path):
 
 def test_a_large_all_reduce_goes_in_chunks_and_sums_every_element(tmp_path):
     """The pass over the data all-reduced one tensor of every token of the dataset on the device at once (130 GB at 8M
-    rows of 4k tokens): it goes REDUCE_CHUNK elements at a time; each rank's part is summed in place, the max too."""
+    rows of 4k tokens): it goes REDUCE_CHUNK elements at a time; each rank's part is summed in place, the max too.
+    A choice made from one rank's view of the files holds only if every rank's agrees (every_rank)."""
     script = tmp_path / "reduce.py"
     script.write_text(
         "import os, sys, torch, torch.distributed as dist\n"
@@ -194,10 +195,11 @@ def test_a_large_all_reduce_goes_in_chunks_and_sums_every_element(tmp_path):
         "t[rank::2] = torch.arange(10, dtype=torch.float32)[rank::2] + 1\n"
         "m = torch.full((7,), float(rank))\n"
         "d.all_reduce(t, ctx); d.all_reduce(m, ctx, op='max')\n"
-        "open(f'{sys.argv[1]}/rank{rank}.txt', 'w').write(f'{t.tolist()} {m.tolist()}')\n"
+        "agreed = [d.every_rank(True, ctx), d.every_rank(rank == 0, ctx), d.every_rank(False, ctx)]\n"  # a rank's own view, agreed
+        "open(f'{sys.argv[1]}/rank{rank}.txt', 'w').write(f'{t.tolist()} {m.tolist()} {agreed}')\n"
         "dist.destroy_process_group()\n")
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path)],
                          env=_env(), capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
-    expected = f"{[float(i + 1) for i in range(10)]} {[1.0] * 7}"
+    expected = f"{[float(i + 1) for i in range(10)]} {[1.0] * 7} {[True, False, False]}"
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == [expected, expected]

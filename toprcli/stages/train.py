@@ -20,7 +20,9 @@ Re-running:
   replace it at the end).
 * ``<out>.partial`` left by a killed run: ``resume`` continues from its latest
   checkpoint (same config and data required) and ends with the same weights as
-  an uninterrupted run; without ``resume`` it is discarded and training starts over.
+  an uninterrupted run (on CPU, measured; on a GPU up to the non-deterministic kernels of a
+  backward pass, atomics in attention and index_select, not run here); without ``resume`` it
+  is discarded and training starts over.
 * SIGTERM or SIGINT (when the CLI installed :mod:`toprcli.interrupt`): every rank
   stops at the same step boundary, saves a checkpoint there and raises
   :class:`~toprcli.interrupt.Interrupted`; ``resume`` continues from that step.

@@ -63,6 +63,12 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def local_cuda_index() -> int:
+    """This rank's GPU: its LOCAL_RANK among the visible ones (a launcher that shows each rank only its own GPU,
+    CUDA_VISIBLE_DEVICES per task, leaves one: cuda:0)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
+
+
 def init_distributed() -> DistContext:
     """Join the torchrun process group if there is one; pick this rank's device."""
     ws = env_world_size()
@@ -72,7 +78,7 @@ def init_distributed() -> DistContext:
         die_with_parent()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    device = torch.device("cuda", local_cuda_index()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     if ws <= 1:
@@ -125,7 +131,7 @@ def shard_model(model: torch.nn.Module, ctx: DistContext, *, bf16: bool) -> torc
     float32). Gradients are summed over ranks, not averaged: the trainer
     already divides by the global normaliser (see ``batching.loss_denominator``).
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     # Gradients are summed over ranks in float32 always (bfloat16-pure's would otherwise be summed in bf16).
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
@@ -133,11 +139,20 @@ def shard_model(model: torch.nn.Module, ctx: DistContext, *, bf16: bool) -> torc
         fully_shard(layer, mesh=ctx.mesh, mp_policy=mp)
     fully_shard(model, mesh=ctx.mesh, mp_policy=mp)
     for m in model.modules():
-        if hasattr(m, "set_gradient_divide_factor"):
-            m.set_gradient_divide_factor(1.0)
-            # plain SUM collectives (gloo has no PREMUL_SUM; NCCL gets zero-copy transfers)
-            m.set_force_sum_reduction_for_comms(True)
+        if isinstance(m, FSDPModule):
+            _sum_gradients(m)
     return model
+
+
+def _sum_gradients(m: torch.nn.Module) -> None:
+    """Gradients summed over ranks, not averaged (FSDP2's default divides by the world size: the lr would shrink by it)."""
+    if hasattr(m, "set_gradient_divide_factor"):  # torch >= 2.8
+        m.set_gradient_divide_factor(1.0)
+        m.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM; NCCL gets zero-copy transfers)
+    elif hasattr(m, "set_reduce_scatter_divide_factor"):  # torch 2.6-2.7: the same factor by its older name (not run here)
+        m.set_reduce_scatter_divide_factor(1.0)
+    else:
+        raise RuntimeError(f"torch {torch.__version__}: FSDP2 has no way to sum gradients over ranks — install torch >= 2.8")
 
 
 REDUCE_CHUNK = 1 << 26  # elements on the device at a time: a whole dataset's log-probs (4 B a token: 130 GB at 8M rows) would not fit
@@ -155,6 +170,14 @@ def all_reduce(t: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tens
             if moved is not part:
                 part.copy_(moved.to(part.device))
     return t
+
+
+def every_rank(flag: bool, ctx: DistContext) -> bool:
+    """Whether ``flag`` holds on every rank (all ranks call it): a choice each rank makes from its own view of the
+    files (a checkpoint, a saved pass, a model's shards; a stale NFS listing) is agreed before a collective depends on it,
+    or one rank waits in a collective the others never reach."""
+    missing = torch.tensor([0.0 if flag else 1.0])
+    return not all_reduce(missing, ctx, op="max").item()
 
 
 def union_keys(keys, ctx: DistContext) -> list[str]:

@@ -40,7 +40,7 @@ from toprcli.errors import UserError
 from toprcli.generation.model_info import first_line
 from toprcli.sampling import Processing
 from toprcli.training.checkpoint import quiet_hf
-from toprcli.training.distributed import DistContext, broadcast_object, shard_model
+from toprcli.training.distributed import DistContext, broadcast_object, every_rank, shard_model
 from toprcli.training.logprobs import chunked_logprobs, completion_index, default_chunk_size, scatter_completion
 from toprcli.training.lora import apply_lora, check_lora_targets, lora_config
 from toprcli.training.prefix import ONE_CALL, shared_prefix_hidden
@@ -230,6 +230,8 @@ def load_policy(
     # the meta device); LoRA adapters, or names the checkpoint lacks, fall back to a full load on rank 0
     # broadcast into the shards.
     files = checkpoint_files(model) if ctx.distributed and not lora else []
+    if ctx.distributed and not lora and not every_rank(bool(files), ctx):  # streamed on every rank, or loaded on rank 0
+        files = []
     streamed = False
     if files:
         probe = _load_lm(model, precision.weight_dtype, on_meta=True)

@@ -10,6 +10,7 @@ pass at the next micro-batch, on every rank together.
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any, Optional
 
@@ -19,8 +20,9 @@ import torch
 from toprcli import interrupt
 from toprcli.shards import same_model, write_atomic
 from toprcli.training.batching import collate, collate_shared, plan_micro_batches
-from toprcli.training.distributed import DistContext, all_reduce
+from toprcli.training.distributed import DistContext, all_reduce, every_rank
 from toprcli.training.model import PolicyLogprobs, Precision, load_policy
+from toprcli.training.prefix_packed import attention_for
 from toprcli.training.prepare import Prepared
 from toprcli.training.stats import behavior_gap
 
@@ -48,6 +50,8 @@ def precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autocas
     A pass saved for this config and data is read instead of run again (with its ``state["gap"]``)."""
     cfg, loss, data = prep.cfg, prep.loss, prep.data
     saved = _saved_pass(prep)
+    if not every_rank(saved is not None, ctx):  # read on every rank, or run on every rank (its collectives)
+        saved = None
     if saved is not None:
         state["gap"] = saved.pop("gap")
         return saved.get("behavior", data.behavior), saved.get("ref")
@@ -66,9 +70,13 @@ def precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autocas
             ref = precomputed["ref"] = own
     if loss.kl_coef > 0 and ref is None:
         ref_policy, _ = load_policy(loss.ref_model, ctx, Precision.resolve(cfg.dtype, ctx.device), prep.logprob_processing,
-                                    trainable=False, chunk_size=cfg.logprob_chunk_size)
+                                    trainable=False, chunk_size=cfg.logprob_chunk_size,
+                                    attention=attention_for(ctx.device) if cfg.shared_prefix else None)  # the policy's kernels
         ref = precomputed["ref"] = score_dataset(ref_policy, prep, ctx, autocast=autocast)
         del ref_policy
+        gc.collect()  # FSDP2's state and its module point at each other: only the collector frees the reference's shards
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
     if precomputed and ctx.is_main:
         made_for = {"fingerprint": _fingerprint(prep), "gap": json.dumps(state["gap"])}
 

@@ -32,6 +32,7 @@ from toprcli.shards import (check_nulls, check_writable, fingerprint, model_iden
                             read_schema, read_table, same_model, sampling_of, through_link, validate_columns)
 from toprcli.curation import group_ids
 from toprcli.training.batching import LIST_COLUMNS, TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan, unit_longest
+from toprcli.training.distributed import local_cuda_index
 from toprcli.training.prefix import unsupported as unsupported_prefix
 
 # Options of ``policy_loss`` that apply to every loss; they may also be given in
@@ -309,7 +310,7 @@ def activation_bytes(model_cfg: Any, tokens: int, bytes_per_value: int) -> int:
 def device_memory_bytes() -> int:
     """Memory one rank may use: the GPU's, or this machine's RAM shared by its local ranks."""
     if torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0"))).total_memory)
+        return int(torch.cuda.get_device_properties(local_cuda_index()).total_memory)
     import psutil
 
     return int(psutil.virtual_memory().total) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

@@ -44,7 +44,7 @@ from toprcli.shards import changed_keys, json_safe, write_text_atomic
 from toprcli.tracking import TRACKER_FILES
 from toprcli.training import checkpoint as ckpt
 from toprcli.training.batching import collate, collate_shared, loss_denominator
-from toprcli.training.distributed import DistContext, all_reduce, barrier
+from toprcli.training.distributed import DistContext, all_reduce, barrier, broadcast_object
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
 from toprcli.training.prefix_packed import attention_for
@@ -92,6 +92,8 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     """
     cfg, partial = prep.cfg, prep.partial
     t_start = time.perf_counter()
+    if ctx.device.type == "cuda":  # this training's peak, not the process's (an in-process iterate's earlier rounds and evals)
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     model = _build_model(prep, ctx)  # under seeded_rng(cfg.seed): the same on every rank, identical LoRA init before sharding
 
     ckpt_root = partial / "checkpoints"  # <out>.partial/ holds everything until the policy is complete
@@ -240,7 +242,8 @@ def _start(prep: Prepared, ctx: DistContext, model: _Learner) -> tuple[dict[str,
     everything until the policy is complete) after the pass before step 1. Returns (run state, μ, the reference's log-probs)."""
     cfg, partial = prep.cfg, prep.partial
     ckpt_root = partial / "checkpoints"
-    resume_from = ckpt.latest_checkpoint(ckpt_root) if cfg.resume else None
+    # Rank 0's view of the checkpoints for every rank (a stale listing elsewhere must not skip the load's collectives).
+    resume_from = broadcast_object(ckpt.latest_checkpoint(ckpt_root) if ctx.is_main else None, ctx) if cfg.resume else None
     if ctx.is_main and resume_from is None:
         if (dropped := ckpt.latest_checkpoint(ckpt_root)) is not None:  # a requeued job's rerun without --resume: its steps go
             warnings.warn(f"starting over: the checkpoint of an earlier run ({dropped.name} in {ckpt_root}) is removed — pass --resume "
