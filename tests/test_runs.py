@@ -316,6 +316,45 @@ def _recorded_run(run, rounds, **changes):
     return cfg
 
 
+def test_keep_policies_removes_old_rounds_weights_and_the_run_goes_on(tmp_path):
+    """Every round kept a whole policy (32 GB a round for an 8B model saved in float32) and nothing pruned them; deleting
+    one by hand made the next invocation train that round again. keep_policies N removes the weights of the rounds before
+    the last N once nothing left needs them (records kept, marked pruned.json), on a finished run too (it applies at once)."""
+    config = tmp_path / "micro.yaml"
+    config.write_text(MICRO.format(run_dir=tmp_path / "run"))
+    run = tmp_path / "run"
+    iterate(config, "--rounds", "2")
+    weights = {r: sorted(p.name for p in (run / f"round-00{r}" / "policy").glob("*.safetensors")) for r in (1, 2)}
+    assert weights[1] and weights[2]
+    state = (run / "state.json").read_text()
+    assert "changed: keep_policies at once" in iterate(config, "--rounds", "2", "--set", "keep_policies=1")  # no flag needed: retention
+    assert (run / "state.json").read_text() == state  # nothing ran again
+    pruned = json.loads((run / "round-001" / "policy" / "pruned.json").read_text())
+    assert pruned["removed"] == weights[1] and pruned["bytes"] > 0 and not list((run / "round-001" / "policy").glob("*.safetensors"))
+    assert (run / "round-001" / "policy" / "train_summary.json").is_file() and sorted((run / "round-002" / "policy").glob("*.safetensors"))
+    iterate(config, "--rounds", "3", "--set", "keep_policies=1")  # round 3 trains from round 2's, kept until round 3 ends
+    assert (run / "round-002" / "policy" / "pruned.json").is_file() and list((run / "round-003" / "policy").glob("*.safetensors"))
+    rows = json.loads(CliRunner().invoke(app, ["report", str(run), "--json"]).stdout)
+    assert [r["round"] for r in rows] == [0, 1, 2, 3] and all(r.get("pass@1") is not None for r in rows)
+    r = CliRunner().invoke(app, ["eval", "-m", str(run / "round-001" / "policy"), "-d", "builtin:arith", "-o", str(tmp_path / "ev"), "--backend", "hf"])
+    assert r.exit_code == 2 and "its weights were removed by the run's keep_policies" in r.output
+
+
+def test_report_says_whether_an_unfinished_run_is_running_or_stopped(one_round, tmp_path):
+    """An unfinished round read the same whether its run was running or had stopped: report names the live holder of the
+    run's lock, or says the run stopped."""
+    from toprcli.shards import output_lock
+
+    run = tmp_path / "run"
+    shutil.copytree(one_round[1], run)
+    shutil.rmtree(run / "round-001" / "eval")  # round 1 not evaluated yet
+    report = ["report", str(run), "--out", str(tmp_path / "report")]
+    with output_lock(run):  # the run's `topr iterate`
+        assert f"running: pid {os.getpid()} on " in CliRunner().invoke(app, report).output
+    out = CliRunner().invoke(app, report).output
+    assert "stopped: the same `topr iterate` resumes it" in out and "running:" not in out
+
+
 def test_iterate_says_where_each_changed_setting_applies(tmp_path):
     """`--apply-from-next-round` printed nothing, and the round in progress took a changed train.lr for its training
     (as documented, not as the flag's name says): each change is named with the round it applies from, or `at once`."""

@@ -341,11 +341,13 @@ class Pipeline:
         self.tracker = run_tracking.open_run_tracker(self.cfg, self.run_dir)
         try:
             with self.tracker or contextlib.nullcontext():
-                for step in self.steps():
+                steps = self.steps()
+                for step in steps:
                     if not step.is_done():
                         self._track(step.key, partial=True)  # a killed training's steps, before it resumes
                         self._run_step(step)
                     self._track(step.key)  # also what finished before a resume, or before tracking was on
+                    self._prune(steps)
                 if self.report is not None:
                     self.report_dir = self.report(self.run_dir)
                     if self.tracker is not None:
@@ -367,6 +369,16 @@ class Pipeline:
         self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)
         if step.key.endswith("/eval") and self.on_round is not None:
             self.on_round(r, round_summary(self.run_dir, r))
+
+    def _prune(self, steps: list[Step]) -> None:
+        """``keep_policies``: the weights of the rounds before the last N trained go once no step left needs them (an
+        eval to come keeps its round's; the next round starts from the last, always kept)."""
+        if self.cfg.keep_policies is None:
+            return
+        pending = {round_of(s.key) for s in steps if s.key.endswith("/eval") and not s.is_done()}
+        for r in range(1, runs.trained_rounds(self.run_dir) - self.cfg.keep_policies + 1):
+            if r not in pending and train_stage.trained(round_dir(self.run_dir, r) / "policy") and not runs.pruned(self.run_dir, r):
+                runs.prune_policy(self.run_dir, r)
 
     # tracking ---------------------------------------------------------------
 

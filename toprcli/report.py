@@ -156,6 +156,12 @@ def unfinished(row: dict[str, Any]) -> bool:
     return row["round"] > 0 and "train_steps" not in row
 
 
+def planned_rounds(run_dir: str | Path) -> int:
+    """The rounds the run's recorded config asks for (0: none recorded)."""
+    path = Path(run_dir) / CONFIG_FILE
+    return int(read_yaml(path).get("rounds") or 0) if path.is_file() else 0
+
+
 def eval_k(rows: list[dict[str, Any]]) -> str:
     """The k of the rounds' maj@k and pass@k, for their column names: ``8``; ``k`` when rounds differ or none was evaluated."""
     ks = {r["k"] for r in rows if r.get("k") is not None}

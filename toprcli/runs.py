@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import yaml
 
 from toprcli.config import ConfigError, IterateConfig, config_to_dict, from_dict, read_yaml
 from toprcli.errors import UserError
+from toprcli.generation.model_info import PRUNED_FILE
 from toprcli.shards import changed_keys, read_file_metadata, read_json, write_json_atomic, write_text_atomic
 from toprcli.stages import eval as eval_stage
 
@@ -51,7 +53,7 @@ SAMPLING_KEYS = tuple(f"generate.sampling.{k}" for k in ("temperature", "top_p",
 # How a step runs on this machine, not what it makes (each stage's own resume ignores them): a change applies at
 # once, to a round already started too, so a round that ran out of memory is rerun with less.
 TRAIN_RESOURCES = ("micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size", "threads", "nproc_per_node", "launcher", "save_every")
-RESOURCE_KEYS = ("engine_handover", "generate.data_parallel_size", "score.workers", "eval.workers", "eval.data_parallel_size",
+RESOURCE_KEYS = ("engine_handover", "keep_policies", "generate.data_parallel_size", "score.workers", "eval.workers", "eval.data_parallel_size",
                  *(f"{stage}.engine.{k}" for stage in ("generate", "eval") for k in ("gpu_memory_utilization", "enforce_eager", "tensor_parallel_size", "batch_size")),
                  *(f"train.{k}" for k in TRAIN_RESOURCES))
 WARM_START_RESOURCES = tuple(f"warm_start.train.{k}" for k in TRAIN_RESOURCES)  # the warm start's own, where its config sets them
@@ -207,6 +209,25 @@ def _value_at(data: Any, key: str) -> Any:
 
 
 _MISSING = object()
+
+
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
+
+
+def prune_policy(run_dir: Path, r: int) -> int:
+    """Remove round ``r``'s policy weights (``keep_policies``), keeping its config, tokenizer and training records
+    (report, resume and lineage read them) and a ``pruned.json`` that says what went and when. The bytes freed."""
+    policy = round_dir(run_dir, r) / "policy"
+    files = sorted(f for pattern in WEIGHT_FILES for f in policy.glob(pattern))
+    freed = sum(f.stat().st_size for f in files)
+    write_json_atomic(policy / PRUNED_FILE, {"removed": [f.name for f in files], "bytes": freed, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+    for f in files:  # after the record: a kill midway leaves a policy marked pruned, never one that looks whole
+        f.unlink(missing_ok=True)
+    return freed
+
+
+def pruned(run_dir: Path, r: int) -> bool:
+    return (round_dir(run_dir, r) / "policy" / PRUNED_FILE).is_file()
 
 
 def _round_zero_keys(run_dir: Path, keys: list[str]) -> list[str]:

@@ -243,3 +243,27 @@ def test_an_output_that_is_a_symlink_is_built_locked_and_replaced_where_it_point
         with pytest.raises(UserError, match="is being written by"):
             with shards.output_lock(link):
                 pass
+
+
+def test_lock_holder_names_a_live_writer_and_not_a_killed_ones_file(tmp_path):
+    """`topr report` on a run with an unfinished round could not tell a running run from a stopped one: who holds the
+    lock is read from the kernel's lock table, never by taking the lock (a starting writer would then be refused)."""
+    import sys
+
+    out = tmp_path / "run"
+    assert shards.lock_holder(out) is None
+    code = f"import time\nfrom toprcli.shards import output_lock\nwith output_lock({str(out)!r}):\n    print('locked', flush=True)\n    time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        holder = shards.lock_holder(out)
+        assert holder is not None and holder.startswith(f"pid {child.pid} on ") and time.strftime("%Y-%m-%d") in holder
+        with shards.output_lock(tmp_path / "other"):  # reading it took nothing: another writer of another output is unaffected,
+            pass
+        with pytest.raises(UserError, match="is being written by"):  # and this output's lock is still the child's
+            with shards.output_lock(out):
+                pass
+    finally:
+        child.kill()
+        child.wait()
+    assert (tmp_path / ".run.lock").exists() and shards.lock_holder(out) is None  # the killed writer's file: no holder

@@ -32,7 +32,8 @@ def report(
     """
     from toprcli.compare import final_rows, notes, write_comparison
     from toprcli.errors import UserError
-    from toprcli.report import eval_k, unfinished, with_interval, write_report
+    from toprcli.report import eval_k, planned_rounds, unfinished, with_interval, write_report
+    from toprcli.shards import lock_holder
 
     if len(run_dirs) > 1:
         if out is None:
@@ -59,3 +60,7 @@ def report(
         for r in rows
     ]))
     console.print(f"wrote {where}/summary.md and {where}/{{accuracy,mix,rewards,loss}}.png", highlight=False, markup=False)
+    if holder := lock_holder(run_dirs[0]):  # a round unfinished because it is running, or because the run stopped
+        console.print(f"running: {holder}", highlight=False, markup=False)
+    elif rows and (unfinished(rows[-1]) or rows[-1].get("pass@1") is None or rows[-1]["round"] < planned_rounds(run_dirs[0])):
+        console.print("stopped: the same `topr iterate` resumes it", highlight=False, markup=False)

@@ -16,6 +16,7 @@ from typing import Any
 from toprcli.errors import UserError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+PRUNED_FILE = "pruned.json"  # a run's old round policy whose weights keep_policies removed (its records stay)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tekken.json")  # one at least
 # Keys under which model configs give their context length, most specific first.
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
@@ -40,6 +41,9 @@ def check_model(model: str, *, tokenizer: bool = True) -> None:
     if p.exists():
         if not p.is_dir():
             raise UserError(f"model path {model} is a file, not a model directory — pass the directory holding config.json")
+        if (p / PRUNED_FILE).is_file():
+            raise UserError(f"model dir {model}: its weights were removed by the run's keep_policies ({PRUNED_FILE}) — use a later round's "
+                            "policy, or raise keep_policies before the rounds you want to keep end")
         if not (p / "config.json").is_file():
             raise UserError(f"model dir {model} has no config.json — pass a Hugging Face model directory (`topr init-model DIR` builds one)")
         if tokenizer and not any((p / name).is_file() for name in TOKENIZER_FILES):  # train copies it into the policy

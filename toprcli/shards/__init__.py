@@ -18,6 +18,7 @@ from toprcli.shards.files import (
     check_output_dir,
     check_writable,
     disk_full_named,
+    lock_holder,
     output_error,
     output_lock,
     read_json,
@@ -75,6 +76,7 @@ from toprcli.shards.store import (
 __all__ = [
     "read_jsonl_records",
     "remove_stale_lock",
+    "lock_holder",
     "disk_full_named",
     "check_not_an_input",
     "read_json",

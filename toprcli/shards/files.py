@@ -299,12 +299,26 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
     try:
         fh.seek(0)
         fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')} ({' '.join(sys.argv[:3])[:120]})")
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} ({' '.join(sys.argv[:3])[:120]})")
         fh.flush()
         yield
     finally:
         lock.unlink(missing_ok=True)  # still ours: we hold the lock on this inode
         fh.close()
+
+
+def lock_holder(path: str | os.PathLike[str]) -> str | None:
+    """Who holds ``path``'s output lock now (its line: pid, host, since when, command), read without taking it (a
+    reader must never make a starting writer fail), else None. The kernel's table of this machine's locks says
+    whether the lock file's inode is locked; a killed writer's file is no holder."""
+    lock = _lock_path(Path(path).resolve(), "")
+    try:
+        st = lock.stat()
+        with open("/proc/locks", encoding="ascii") as f:
+            held = any(line.split()[5:6] == [f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"] for line in f)
+        return (lock.read_text().strip() or "another process") if held else None
+    except OSError:  # no lock file (nothing running), or no /proc
+        return None
 
 
 def remove_stale_lock(path: str | os.PathLike[str], part: str = "") -> None:
