@@ -75,7 +75,7 @@ def test_extend_a_finished_run_and_change_the_lr_from_the_next_round(tmp_path):
     config = tmp_path / "micro.yaml"
     config.write_text(MICRO.format(run_dir=tmp_path / "run"))
     run = tmp_path / "run"
-    iterate(config)
+    assert "after round 1" in iterate(config)  # --no-progress (a batch job): each round's table as it ends, on stderr
     round1 = digests(run / "round-001")
     # --run-dir alone goes on with the run's recorded config (it ran the demo's and refused every key that differs).
     r = CliRunner().invoke(app, ["iterate", "--run-dir", str(run), "--no-report", "--no-progress"])

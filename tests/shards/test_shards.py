@@ -267,3 +267,18 @@ def test_lock_holder_names_a_live_writer_and_not_a_killed_ones_file(tmp_path):
         child.kill()
         child.wait()
     assert (tmp_path / ".run.lock").exists() and shards.lock_holder(out) is None  # the killed writer's file: no holder
+
+
+def test_a_filesystem_without_file_locks_is_warned_of_and_the_work_goes_on(tmp_path, monkeypatch):
+    """flock on some NFS and Lustre mounts fails with ENOLCK or ENOSYS: every command was a traceback there."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.warns(UserWarning, match=r"does not support file locks \(No locks available\): nothing stops a second command writing out"):
+        with shards.output_lock(tmp_path / "out"):
+            (tmp_path / "out").write_text("done")
+    assert (tmp_path / "out").read_text() == "done" and not (tmp_path / ".out.lock").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -39,13 +39,13 @@ VERIFIER_COLUMNS = {"round": "round", "maj@k (cands)": "candidates_maj@k", "best
                     "accuracy": "verifier_accuracy", "invalid": "verifier_invalid_rate", "AUC": "verifier_auc"}
 
 
-def print_rounds(title: str, rows: list[dict], *, wall: bool = True) -> None:
+def print_rounds(title: str, rows: list[dict], *, wall: bool = True, to: Any = console) -> None:
     """The per-round table (accuracy and training mix) and, when a round has them, the verifier's measures."""
     columns = ROUND_COLUMNS if wall else {header: key for header, key in ROUND_COLUMNS.items() if key != "wall_time_s"}
-    console.print(record_table(title, columns, rows))
+    to.print(record_table(title, columns, rows))
     judged = [r for r in rows if "best_of_k_verifier" in r]
     if judged:
-        console.print(record_table("the verifier judging the candidates", VERIFIER_COLUMNS, judged))
+        to.print(record_table("the verifier judging the candidates", VERIFIER_COLUMNS, judged))
 
 
 def default_config(given: dict) -> Path:
@@ -81,8 +81,10 @@ def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round
     def on_round(r: int, summary: dict) -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
         seen.append(summary)
-        if progress is not None:  # not under --json; off a terminal (a log) the new round alone, not the whole table again
+        if progress is not None:  # off a terminal (a log) the new round alone, not the whole table again
             print_rounds(f"after round {r}", seen if console.is_terminal else seen[-1:])
+        else:  # --no-progress (a batch job's log) or --json (stdout is the JSON): each round as it ends, on stderr
+            print_rounds(f"after round {r}", seen[-1:], to=err_console)
 
     pipeline = Pipeline(cfg, progress=progress, on_start=on_start, on_round=on_round, apply_from_next_round=apply_from_next_round,
                         branch_from=branch_from, report=(lambda run_dir: write_report(run_dir)[1]) if report else None)

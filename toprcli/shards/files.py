@@ -290,6 +290,17 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
             holder = fh.read().strip() or "another process"
             fh.close()
             raise UserError(f"{path} is being written by {holder} — wait for it to finish, or write to another output") from None
+        except OSError as e:  # a filesystem without flock (some NFS and Lustre mounts): the work goes on, unguarded
+            if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            fh.close()
+            lock.unlink(missing_ok=True)
+            import warnings
+
+            warnings.warn(f"{lock.parent} does not support file locks ({e.strerror}): nothing stops a second command writing "
+                          f"{Path(path).name} at the same time — run one at a time")  # (from here: topr's one line)
+            yield
+            return
         try:  # the holder before us may have removed the file between our open and our lock: lock the new one
             if os.fstat(fh.fileno()).st_ino == os.stat(lock).st_ino:
                 break
