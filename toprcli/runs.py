@@ -52,7 +52,7 @@ SAMPLING_KEYS = tuple(f"generate.sampling.{k}" for k in ("temperature", "top_p",
 
 # How a step runs on this machine, not what it makes (each stage's own resume ignores them): a change applies at
 # once, to a round already started too, so a round that ran out of memory is rerun with less.
-TRAIN_RESOURCES = ("micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size", "threads", "nproc_per_node", "launcher", "save_every")
+TRAIN_RESOURCES = ("micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size", "threads", "nproc_per_node", "launcher", "save_every", "save_every_minutes")
 RESOURCE_KEYS = ("engine_handover", "keep_policies", "generate.data_parallel_size", "score.workers", "eval.workers", "eval.data_parallel_size",
                  *(f"{stage}.engine.{k}" for stage in ("generate", "eval") for k in ("gpu_memory_utilization", "enforce_eager", "tensor_parallel_size", "batch_size")),
                  *(f"train.{k}" for k in TRAIN_RESOURCES))

@@ -358,6 +358,21 @@ def test_the_last_step_is_checkpointed_so_a_kill_while_saving_the_policy_loses_n
     assert not (tmp_path / "b" / "checkpoints").exists()
 
 
+def test_a_kill_loses_at_most_save_every_minutes_of_training(tiny_model_dir, data_path, tmp_path, kill_after_checkpoint, monkeypatch):
+    """With no save_every (the default) a kill -9 or an out-of-memory kill lost every step of the training: a checkpoint
+    also goes out once save_every_minutes have passed (here: at once, every step), and the resumed run ends the same."""
+    kw = dict(max_steps=4, lr=1e-2)
+    full = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "a", **kw))
+    kill_after_checkpoint(2)
+    with pytest.raises(Killed):
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", save_every_minutes=1e-9, **kw))
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "b.partial" / "checkpoints").iterdir()) == ["step-00000002"]
+    resumed = train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", resume=True, **kw))  # 30 min: none more here
+    assert resumed["resumed_from_step"] == 2 and resumed["final_loss"] == full["final_loss"]
+    assert _max_diff(_weights(tmp_path / "a"), _weights(tmp_path / "b")) == 0.0
+
+
 @pytest.mark.parametrize("column, value", [("completion_token_ids", [5, None, 6]), ("behavior_logprobs", None), ("advantage", None)])
 def test_a_null_where_the_contract_has_none_is_one_line_naming_column_and_row(tiny_model_dir, data_path, tmp_path, column, value):
     """A null inside a token list was read as -2**63 and blamed on the tokenizer; a null list trained on nothing."""

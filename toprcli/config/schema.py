@@ -264,6 +264,8 @@ class TrainConfig:
         "auto", "Recompute activations in backward (less memory); auto: on when a micro-batch's activations would take > 1/8 of the device.")
     logprob_chunk_size: int | None = opt(None, "Completion positions per LM-head chunk; unset: about 128 MiB of float32 logits per chunk.", check=AT_LEAST_ONE)
     save_every: int | None = opt(None, "Checkpoint every N steps (for --resume).", check=AT_LEAST_ONE)
+    save_every_minutes: float | None = opt(30.0, "Also checkpoint once this many minutes have passed since the last (a kill -9 or an "
+                                                 "out-of-memory kill loses at most that); unset: by steps only.", check=POSITIVE)
     resume: bool = opt(False, "Continue a killed run from its last checkpoint (else it starts over); a finished --out with the same settings is kept either way.")
     recompute_behavior: bool = opt(False, "Replace the stored μ with this trainer's log-probs of the starting policy (the data must come from --model).")
     lora_rank: int = opt(0, "Train LoRA adapters of this rank (0 = full fine-tuning); saved merged.", check=NON_NEGATIVE)

@@ -42,7 +42,7 @@ GENERIC_LOSS_OPTIONS = ("adv_clip", "whiten_advantages", "kl_coef", "kl_estimato
 # Keys a resume may change: where and how often it saves and logs, and how a step is cut into
 # forward passes (the micro-batches' losses add up by exact shares): after an out-of-memory error
 # the advice is to lower micro_batch_tokens or turn on checkpointing, then --resume.
-NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "log_every", "tracking", "threads", "save_dtype", "nproc_per_node", "launcher",
+NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "save_every_minutes", "log_every", "tracking", "threads", "save_dtype", "nproc_per_node", "launcher",
                      "micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
 PARTIAL_SUFFIX = ".partial"

@@ -86,7 +86,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
                on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train ``prep`` (this rank's part under torchrun); returns the run's summary.
 
-    Writes into ``prep.partial``: checkpoints (``save_every``), ``metrics.jsonl``
+    Writes into ``prep.partial``: checkpoints (``save_every``, ``save_every_minutes``), ``metrics.jsonl``
     and, at the end, the policy. Resumes from the latest checkpoint with ``resume``.
     ``on_record`` (rank 0) gets each line of ``metrics.jsonl`` as it is written (the trackers).
     """
@@ -109,6 +109,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     measure_gap = state["gap"] is None and start_step == 0
     last: dict[str, Any] = state.get("last_record") or {}  # resumed from the last step's checkpoint: no step runs
     report(progress, "train", start_step, prep.steps)
+    last_save = time.monotonic()
     try:
         for step in range(start_step, prep.steps):
             t0, c0 = time.perf_counter(), time.process_time()
@@ -128,11 +129,13 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
             # Checkpoint every save_every steps and after the last one (saving the policy next is the run's memory
             # peak under FSDP: a kill there must not lose the steps since the last checkpoint); on a stop request too.
             stop, final = stop_requested(ctx), step + 1 == prep.steps
-            if (stop and not final) or (cfg.save_every and ((step + 1) % cfg.save_every == 0 or final)):
+            by_steps = cfg.save_every and ((step + 1) % cfg.save_every == 0 or final)
+            if (stop and not final) or by_steps or _time_for_checkpoint(cfg.save_every_minutes, last_save, ctx):
                 if metrics_file is not None:
                     os.fsync(metrics_file.fileno())
                 state["last_record"] = last
                 ckpt.save_checkpoint(ckpt_root, step + 1, model.policy, model.optimizer, model.scheduler, state, ctx)
+                last_save = time.monotonic()
                 if stop and not final:
                     raise interrupt.Interrupted(stop, f"training stopped after step {step + 1} of {prep.steps}, checkpoint saved")
     finally:
@@ -146,6 +149,15 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     resumed = start_step or None  # a checkpoint's step (checkpoints come after a step: never 0)
     state["peak_memory"] = _peak_memory(ctx)
     return _summary(prep, ctx, state, last, model.params, model.precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
+
+
+def _time_for_checkpoint(minutes: float | None, since: float, ctx: DistContext) -> bool:
+    """``save_every_minutes`` passed since ``since`` on any rank: every rank saves at this step (clocks differ by a little;
+    a rank alone in the save's collectives would wait for the others for good)."""
+    if minutes is None:
+        return False
+    due = torch.tensor([float(time.monotonic() - since >= 60.0 * minutes)])
+    return bool(all_reduce(due, ctx, op="max").item())
 
 
 def _build_model(prep: Prepared, ctx: DistContext) -> _Learner:
