@@ -137,6 +137,10 @@ def test_fsdp_streams_a_tied_embedding_model_into_the_shards(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert _max_diff(tmp_path / "single", tmp_path / "fsdp") < FSDP_TOLERANCE
     assert _max_diff(model, tmp_path / "fsdp") > 1e-3
+    from safetensors import safe_open
+
+    names = [sorted(safe_open(d / "model.safetensors", "pt").keys()) for d in (tmp_path / "single", tmp_path / "fsdp")]
+    assert names[0] == names[1] and "lm_head.weight" not in names[1]  # rank 0 writes the gathered dict: the tied tensor once
     fsdp = json.loads((tmp_path / "fsdp" / "train_summary.json").read_text())
     assert fsdp["world_size"] == 2 and fsdp["peak_host_rss_mib"] > 0 and single["peak_host_rss_mib"] > 0
 

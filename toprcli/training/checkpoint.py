@@ -191,23 +191,25 @@ def _save_policy(out_dir: Path, policy, ctx: DistContext, *, source: str, save_d
         full = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if ctx.is_main:
             full = {k[len(LM_PREFIX):] if k.startswith(LM_PREFIX) else k: v for k, v in full.items()}
-            fresh = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-            if lora:
+            if not lora:  # the gathered weights are the model: written as they are, no second float32 copy on rank 0
+                save_gathered(out_dir, full, source, save_dtype)
+                model = None
+            else:  # adapters are merged into a fresh copy of the base
                 from peft import get_peft_model
 
-                fresh = get_peft_model(fresh, lora_config)
-            missing, unexpected = fresh.load_state_dict(full, strict=False)
-            if unexpected or [k for k in missing if "rotary" not in k]:
-                raise RuntimeError(f"state dict mismatch saving the policy: missing={missing[:5]} unexpected={unexpected[:5]}")
-            model = fresh
+                fresh = get_peft_model(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32), lora_config)
+                _check_names(full, fresh.state_dict().keys(), set())
+                fresh.load_state_dict(full, strict=False)
+                model = fresh
         del full
-    if ctx.is_main:
+    if ctx.is_main and model is not None:
         if lora:
             model = model.merge_and_unload()
         model = model.to(save_dtype)
         out_dir.mkdir(parents=True, exist_ok=True)
         with disk_full_named(out_dir):  # safetensors says so in its own exception type
             model.save_pretrained(out_dir, safe_serialization=True)
+    if ctx.is_main:
         try:
             GenerationConfig.from_pretrained(source).save_pretrained(out_dir)
         except (OSError, ValueError):
@@ -216,3 +218,34 @@ def _save_policy(out_dir: Path, policy, ctx: DistContext, *, source: str, save_d
             AutoTokenizer.from_pretrained(source).save_pretrained(out_dir)
         except (OSError, ValueError) as e:  # pragma: no cover - a model dir without a tokenizer
             warnings.warn(f"could not copy the tokenizer of {source} into {out_dir}: {e}")
+
+
+def save_gathered(out_dir: Path, full: dict[str, torch.Tensor], source: str, save_dtype: torch.dtype) -> None:
+    """Write a gathered full state dict (names without ``lm.``) as ``source``'s architecture in ``save_dtype``, each tensor
+    converted in turn (``full`` is emptied). A model on the meta device gives ``save_pretrained`` the config and which
+    names are one tied tensor (saved once, as from a loaded model): rank 0 holds the weights once, not twice (64 GB
+    more for an 8B model in float32)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=save_dtype)
+    shared: dict[int, list[str]] = {}
+    for name, param in skeleton.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(param), []).append(name)
+    tied = {name for names in shared.values() for name in names[1:]}
+    _check_names(full, skeleton.state_dict().keys(), tied)
+    for name in list(full):
+        tensor = full.pop(name)
+        if name not in tied:
+            full[name] = tensor.to(save_dtype) if tensor.is_floating_point() else tensor
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with disk_full_named(out_dir):
+        skeleton.save_pretrained(out_dir, state_dict=full, safe_serialization=True)
+
+
+def _check_names(full: dict[str, Any], expected, tied: set[str]) -> None:
+    """The gathered names are the model's (a rotary table is computed, not saved; a tied name may be either)."""
+    missing = [k for k in expected if k not in full and k not in tied and "rotary" not in k]
+    unexpected = [k for k in full if k not in set(expected)]
+    if missing or unexpected:
+        raise RuntimeError(f"state dict mismatch saving the policy: missing={missing[:5]} unexpected={unexpected[:5]}")
