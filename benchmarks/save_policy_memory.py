@@ -9,8 +9,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import subprocess
 import sys
 import tempfile
