@@ -168,8 +168,8 @@ def save_policy(
 
     ``policy`` is the trainer's :class:`~toprcli.training.model.PolicyLogprobs`
     (its ``lm`` is the causal LM). Under FSDP the full state dict is gathered to
-    rank 0 (on CPU), loaded into a fresh copy of the starting model there, and
-    saved. LoRA adapters are merged into the base weights (``merge_and_unload``)
+    rank 0 (on CPU) and written as it is (:func:`save_gathered`; LoRA: loaded into a
+    fresh copy of the starting model to merge). LoRA adapters are merged into the base weights (``merge_and_unload``)
     so vLLM needs no adapter support. Floating-point tensors are saved as
     ``save_dtype`` (float32 by default, so small updates survive between rounds).
     """
