@@ -282,3 +282,21 @@ def test_a_filesystem_without_file_locks_is_warned_of_and_the_work_goes_on(tmp_p
         with shards.output_lock(tmp_path / "out"):
             (tmp_path / "out").write_text("done")
     assert (tmp_path / "out").read_text() == "done" and not (tmp_path / ".out.lock").exists()
+
+
+def test_the_old_version_a_killed_swap_left_is_removed_by_the_next_build(tmp_path, monkeypatch):
+    """`--overwrite` moves the old output aside, renames the new one in, then deletes the old: a kill in between left the
+    old version (a whole model) under a hidden name that nothing removed."""
+    out = tmp_path / "policy"
+    out.mkdir()
+    (out / "old.bin").write_bytes(b"x" * 100)
+    new = shards.build_dir_beside(out)
+    (new / "new.bin").write_bytes(b"y")
+    monkeypatch.setattr(shards.files.shutil, "rmtree", lambda *a, **k: None)  # killed before the old one is deleted
+    shards.swap_dir_into_place(new, out)
+    monkeypatch.undo()
+    [left] = [p for p in tmp_path.iterdir() if p.name.startswith(".policy.old")]
+    dead = left.with_name(left.name.replace(f".{os.getpid()}-", ".999999-"))  # its process, gone
+    left.rename(dead)
+    shards.build_dir_beside(out)  # the next writer of the output
+    assert not dead.exists() and (out / "new.bin").is_file()

@@ -86,7 +86,7 @@ def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]
     _settle(tmp)
     old = None
     if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        old = out.parent / f".{out.name}.old.{os.getpid()}-{_HOST}.tmp"  # a kill before it is gone: build_dir_beside removes it
         os.replace(out, old)
     os.replace(tmp, out)
     fsync_dir(out.parent)
