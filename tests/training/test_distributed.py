@@ -9,18 +9,22 @@ the same order: identical weights (tolerance 0).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file
 from builders import grouped_file, write_curated
 
 from conftest import KILLER as KILLER_SCRIPT
 from toprcli.config import TrainConfig
+from toprcli.training.batching import TokenData
 from toprcli.stages.train import run as train_policy
 
 pytestmark = pytest.mark.slow
@@ -72,19 +76,26 @@ def _cfg(model: Path, data: Path, out: Path, opts: dict) -> TrainConfig:
 
 
 def test_fsdp_two_ranks_match_one_process_and_resume_after_sigkill(tiny_model_dir, tmp_path):
-    """2 ranks (FSDP2, gloo), killed after a checkpoint and resumed == one uninterrupted process."""
+    """2 ranks (FSDP2, gloo), killed after a checkpoint and resumed == one uninterrupted process; the ranks share one
+    copy of the training set on the machine (node_data)."""
     data = write_curated(tmp_path / "train.parquet", n=45, policy=str(tiny_model_dir))
     # odd batch and a small token budget: ranks get different numbers of real micro-batches
     opts = dict(optimizer="adafactor", lr=1e-2, batch_size=15, max_steps=5, micro_batch_tokens=120, save_every=2,
                 schedule="cosine", warmup_steps=1)
     train_policy(_cfg(tiny_model_dir, data, tmp_path / "single", opts))
 
-    out = tmp_path / "fsdp"
-    killed = _torchrun(_train_args(tiny_model_dir, data, out, opts), _env(KILL_AFTER_CHECKPOINT="2"))
+    out, tmp = tmp_path / "fsdp", tmp_path / "tmp"
+    tmp.mkdir()
+    killed = _torchrun(_train_args(tiny_model_dir, data, out, opts), _env(KILL_AFTER_CHECKPOINT="2", TMPDIR=str(tmp)))
     assert killed.returncode != 0, killed.stdout + killed.stderr
     assert not out.exists() and (tmp_path / "fsdp.partial" / "checkpoints" / "step-00000002").is_dir()
-    done = _torchrun(_train_args(tiny_model_dir, data, out, {**opts, "resume": True}), _env())
+    # The ranks of the machine mapped one copy of the set, which local rank 0 wrote (here left by the kill).
+    [shared] = tmp.glob("topr-data-*")
+    expected = TokenData.from_table(pq.read_table(data))
+    assert all(np.array_equal(np.load(shared / f"{f.name}.npy"), getattr(expected, f.name)) for f in dataclasses.fields(TokenData))
+    done = _torchrun(_train_args(tiny_model_dir, data, out, {**opts, "resume": True}), _env(TMPDIR=str(tmp)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not list(tmp.glob("topr-data-*"))  # the killed job's removed by the next, its own when it ended
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["resumed_from_step"] == 2 and summary["steps"] == 5
     assert _max_diff(tmp_path / "single", out) < FSDP_TOLERANCE

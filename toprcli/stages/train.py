@@ -52,6 +52,7 @@ from toprcli.generation.base import release_cuda_cache
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.tracking import TRACKER_FILES, behind, check_installed, open_tracker, replay
+from toprcli.training import node_data
 from toprcli.training.distributed import barrier, env_rank, env_world_size, init_distributed, shutdown
 from toprcli.training.prepare import NON_SEMANTIC_KEYS, SUMMARY_NAME, Prepared, prepare, resolve_loss
 from toprcli.training.trainer import METRICS_NAME, PRECOMPUTED_NAME, seeded_rng, train_loop
@@ -96,6 +97,7 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
                 barrier(ctx)
         finally:
             torch.set_num_threads(threads_before)
+            node_data.remove(node_data.directory(prep.out, prep.data_fingerprint))  # every rank mapped it before step 1
             shutdown(ctx)
             gc.collect()  # the model, its gradients and optimizer state are garbage now:
             release_cuda_cache()  # a vLLM engine waking next in this process's pipeline needs that memory

@@ -32,18 +32,17 @@ from toprcli.shards import (check_nulls, check_writable, fingerprint, model_iden
                             read_schema, read_table, same_model, sampling_of, through_link, validate_columns)
 from toprcli.curation import group_ids
 from toprcli.training.batching import LIST_COLUMNS, TOKEN_COLUMNS, StepPlan, TokenData, Units, step_plan, unit_longest
+from toprcli.training import node_data
 from toprcli.training.distributed import local_cuda_index
 from toprcli.training.prefix import unsupported as unsupported_prefix
 
-# Options of ``policy_loss`` that apply to every loss; they may also be given in
-# ``loss_options`` (which then overrides the TrainConfig field of the same name).
+# Options of ``policy_loss`` that apply to every loss; also taken from ``loss_options`` (overriding the TrainConfig field).
 GENERIC_LOSS_OPTIONS = ("adv_clip", "whiten_advantages", "kl_coef", "kl_estimator", "entropy_coef", "norm_length")
-# Config keys that do not change the trained weights (a checkpoint may be resumed under other values).
-# Keys a resume may change: where and how often it saves and logs, and how a step is cut into
-# forward passes (the micro-batches' losses add up by exact shares): after an out-of-memory error
-# the advice is to lower micro_batch_tokens or turn on checkpointing, then --resume.
-NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "save_every_minutes", "log_every", "tracking", "threads", "save_dtype", "nproc_per_node", "launcher",
-                     "micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size")
+# Config keys that do not change the trained weights (a checkpoint may be resumed under other values): where and how
+# often it saves and logs, and how a step is cut into forward passes (the micro-batches' losses add up by exact shares):
+# after an out-of-memory error the advice is to lower micro_batch_tokens or turn on checkpointing, then --resume.
+NON_SEMANTIC_KEYS = ("out", "resume", "overwrite", "save_every", "save_every_minutes", "log_every", "tracking", "threads", "save_dtype",
+                     "nproc_per_node", "launcher", "micro_batch_tokens", "gradient_checkpointing", "logprob_chunk_size")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
 PARTIAL_SUFFIX = ".partial"
 SUMMARY_NAME = "train_summary.json"
@@ -89,9 +88,7 @@ class Prepared:
     policies: dict[str, str | None] = field(default_factory=dict)  # the data's policies (paths) → their files when they generated
     reference: Optional[str] = None  # pairwise losses: "stored" μ or "recomputed" (unprocessed, T = 1)
 
-    @property
-    def steps(self) -> int:
-        return self.plan.steps
+    steps = property(lambda self: self.plan.steps)
 
     @property
     def samples(self) -> int:
@@ -166,10 +163,12 @@ def _resolve_loss(cfg: TrainConfig) -> LossSetup:
 # -- the data -------------------------------------------------------------------------
 
 
-def load_training_data(path: str, *, need_policy: bool, extra: tuple[str, ...] = ()) -> tuple[TokenData, dict[str, str | None], Optional[dict[str, Any]], Any]:
+def load_training_data(path: str, *, need_policy: bool, extra: tuple[str, ...] = (), shared: Optional[Path] = None,
+                       ) -> tuple[TokenData, dict[str, str | None], Optional[dict[str, Any]], Any]:
     """The columns training needs, the policies that generated the rows (if asked: path → its files as recorded,
     ``shards.models_of``), the data's sampling record and the ``extra`` columns (a table); UserError naming the
-    file for a missing column or mixed sampling records."""
+    file for a missing column or mixed sampling records. ``shared``: under torchrun, the token arrays are read by local
+    rank 0 alone and mapped by every local rank from there (:mod:`toprcli.training.node_data`)."""
     files = parquet_files(path)
     columns = list(dict.fromkeys(list(TOKEN_COLUMNS) + (["policy"] if need_policy else []) + list(extra)))
     records, recorded = [], {}
@@ -180,9 +179,7 @@ def load_training_data(path: str, *, need_policy: bool, extra: tuple[str, ...] =
         recorded.update(models_of(meta))
     first_file, sampling = records[0]
     for f, other in records[1:]:
-        if (other is None) != (sampling is None) or (
-            other is not None and Processing.from_mapping(other) != Processing.from_mapping(sampling)
-        ):
+        if (other is None) != (sampling is None) or (other is not None and Processing.from_mapping(other) != Processing.from_mapping(sampling)):
             raise UserError(f"{f} and {first_file} record different sampling settings — one training set holds one sampling "
                             "distribution; curate them into one file with `topr curate`")
     table = read_table(files, columns=[c for c in columns if c not in LIST_COLUMNS])
@@ -198,7 +195,8 @@ def load_training_data(path: str, *, need_policy: bool, extra: tuple[str, ...] =
         return part.column(name)
 
     policies = {str(p): recorded.get(str(p)) for p in pc.unique(table.column("policy")).to_pylist()} if need_policy else {}
-    return TokenData.from_columns(column), policies, sampling, table.select(list(extra))
+    data = node_data.shared_on_node(lambda: TokenData.from_columns(column), shared) if shared else TokenData.from_columns(column)
+    return data, policies, sampling, table.select(list(extra))
 
 
 def batch_units(table, path: str, *, pairwise: bool, group_by_prompt: bool) -> Units:
@@ -381,7 +379,9 @@ def prepare(cfg: TrainConfig) -> Prepared:
 
     pairwise = LOSSES[loss.name].pairwise
     extra = _extra_columns(cfg, pairwise)
-    data, policies, sampling, extra_table = load_training_data(cfg.data, need_policy=cfg.recompute_behavior or pairwise, extra=extra)
+    data_fingerprint = fingerprint(cfg.data)
+    data, policies, sampling, extra_table = load_training_data(cfg.data, need_policy=cfg.recompute_behavior or pairwise, extra=extra,
+                                                               shared=node_data.directory(out, data_fingerprint))
     if loss.name == "sft" and not (loss.kl_coef or loss.entropy_coef or loss.whiten_advantages) and not ((data.advantages > 0) & (data.weights > 0)).any():
         warnings.warn(f"{cfg.data}: loss sft trains on the rows with A > 0 and this set has none: the policy will not change — curate a set "
                       "with positives (a lower --baseline), or train with a loss that learns from negatives (topr)", stacklevel=2)
@@ -421,7 +421,7 @@ def prepare(cfg: TrainConfig) -> Prepared:
     semantic.update({k: model_identity(semantic[k]) if semantic[k] else semantic[k] for k in ("model", "ref_model")})
     return Prepared(
         cfg=cfg, loss=loss, data=data, out=out, partial=partial, units=units, plan=plan, reference=reference, vocab_size=vocab_size,
-        context=context, data_fingerprint=fingerprint(cfg.data), config_fingerprint=_fingerprint({**semantic, "processing": processing.as_dict()}),
+        context=context, data_fingerprint=data_fingerprint, config_fingerprint=_fingerprint({**semantic, "processing": processing.as_dict()}),
         processing=processing, sampling_source=sampling_source, gradient_checkpointing=checkpointing, policies=policies)
 
 
