@@ -338,6 +338,9 @@ def test_keep_policies_removes_old_rounds_weights_and_the_run_goes_on(tmp_path):
     assert [r["round"] for r in rows] == [0, 1, 2, 3] and all(r.get("pass@1") is not None for r in rows)
     r = CliRunner().invoke(app, ["eval", "-m", str(run / "round-001" / "policy"), "-d", "builtin:arith", "-o", str(tmp_path / "ev"), "--backend", "hf"])
     assert r.exit_code == 2 and "its weights were removed by the run's keep_policies" in r.output
+    assert "round 1's weights were removed by the run's keep_policies" in refused(config, "--run-dir", str(tmp_path / "branch"),
+                                                                                  "--branch-from", str(run / "round-001"))
+    assert not (tmp_path / "branch").exists()
 
 
 def test_report_says_whether_an_unfinished_run_is_running_or_stopped(one_round, tmp_path):
@@ -358,7 +361,7 @@ def test_report_says_whether_an_unfinished_run_is_running_or_stopped(one_round, 
 def test_iterate_says_where_each_changed_setting_applies(tmp_path):
     """`--apply-from-next-round` printed nothing, and the round in progress took a changed train.lr for its training
     (as documented, not as the flag's name says): each change is named with the round it applies from, or `at once`."""
-    from toprcli.config import IterateConfig, load_config
+    from toprcli.config import IterateConfig, config_to_dict, load_config
     from toprcli.runs import reconcile, round_records, where_changes_apply
 
     run = tmp_path / "run"
@@ -375,6 +378,12 @@ def test_iterate_says_where_each_changed_setting_applies(tmp_path):
     back = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 5, "train.micro_batch_tokens": 1024})  # lr as round 1-2 had it
     before = round_records(run)
     assert where_changes_apply(run, reconcile(run, back, apply_from_next_round=True), before)["train.lr"] == "from round 3"
+    # Nothing made yet: the new config replaces the recorded one, round 0's eval and the warm start included.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text(yaml.safe_dump(config_to_dict(IterateConfig(run_dir=str(fresh)))))
+    typo_fixed = load_config(IterateConfig, None, sets={"run_dir": str(fresh), "train.lr": 5e-4, "warm_start.train.lr": 1e-3})
+    assert set(where_changes_apply(fresh, reconcile(fresh, typo_fixed, apply_from_next_round=False), {}).values()) == {"from round 0"}
 
 
 def test_raising_replay_over_rounds_of_another_sampling_is_refused(tmp_path):

@@ -13,3 +13,7 @@ class UserError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
     exit_code = 2
+
+
+class OutputLocked(UserError):
+    """Another process is writing the output: this command did nothing, and the output's log is the other's."""

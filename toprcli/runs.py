@@ -194,11 +194,9 @@ def where_changes_apply(run_dir: Path, changed: list[str], before: dict[int, dic
     before it), else the next round to begin."""
     after, out = round_records(run_dir), {}
     for key in (k for k in changed if k != "rounds"):
-        if key in RESOURCE_KEYS or key in WARM_START_RESOURCES:
-            out[key] = "at once"
-            continue
         took = [r for r in after if _value_at(after[r], key) != _value_at(before.get(r, {}), key)]
-        out[key] = f"from round {min(took) if took else max(after, default=0) + 1}"
+        first = 0 if not after or key.startswith("warm_start.") else min(took) if took else max(after) + 1  # nothing made yet, or the warm start's
+        out[key] = "at once" if key in RESOURCE_KEYS or key in WARM_START_RESOURCES else f"from round {first}"
     return out
 
 
@@ -209,8 +207,6 @@ def _value_at(data: Any, key: str) -> Any:
 
 
 _MISSING = object()
-
-
 WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
 
 
@@ -219,7 +215,7 @@ def prune_policy(run_dir: Path, r: int) -> int:
     (report, resume and lineage read them) and a ``pruned.json`` that says what went and when. The bytes freed."""
     policy = round_dir(run_dir, r) / "policy"
     files = sorted(f for pattern in WEIGHT_FILES for f in policy.glob(pattern))
-    freed = sum(f.stat().st_size for f in files)
+    freed = sum(st.st_size for f in files if (st := f.lstat()).st_nlink == 1 and not f.is_symlink())  # a branch's links free nothing
     write_json_atomic(policy / PRUNED_FILE, {"removed": [f.name for f in files], "bytes": freed, "at": time.strftime("%Y-%m-%d %H:%M:%S")})
     for f in files:  # after the record: a kill midway leaves a policy marked pruned, never one that looks whole
         f.unlink(missing_ok=True)
@@ -330,6 +326,8 @@ def parse_branch(source: str) -> tuple[Path, int]:
         raise UserError(f"--branch-from {source}: not a round of a `topr iterate` run — write RUN_DIR/round-00K")
     if k > 0 and not (path / "policy" / "config.json").exists() or k == 0 and not (path / "eval" / "eval.json").exists():
         raise UserError(f"--branch-from {source}: round {k} is not complete — finish it first (rerun that run)")
+    if k > 0 and pruned(path.parent, k):  # its policy is where the branch starts
+        raise UserError(f"--branch-from {source}: round {k}'s weights were removed by the run's keep_policies — branch from a later round")
     return path.parent, k
 
 

@@ -249,7 +249,8 @@ main()
 
 def test_a_command_refused_a_runs_lock_leaves_the_runs_log(tmp_path):
     """A second `topr iterate` on a live run is refused its lock; on the way out it removed the run's topr.log, still empty
-    and open in the live run, whose later messages (a crash's cause) then went to a deleted file."""
+    and open in the live run, whose later messages (a crash's cause) then went to a deleted file; a log with messages got
+    the refused command's error line, and the refusal named the live run's log as its own."""
     from builders import MICRO_PIPELINE
     from toprcli.shards import output_lock
 
@@ -257,12 +258,13 @@ def test_a_command_refused_a_runs_lock_leaves_the_runs_log(tmp_path):
     run.mkdir()
     (tmp_path / "c.yaml").write_text(MICRO_PIPELINE.format(run_dir=run))
     log = run / "topr.log"
-    log.touch()  # the live run's log: it has written nothing yet
-    with output_lock(run):  # the live run
-        refused = subprocess.run([sys.executable, "-m", "toprcli", "iterate", "-c", str(tmp_path / "c.yaml")], capture_output=True, text=True,
-                                 timeout=300, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
-    assert refused.returncode == 2 and "is being written by" in refused.stderr, refused.stderr
-    assert log.is_file()
+    for held in ("", "vLLM: engine started\n"):  # the live run's log: nothing written yet, then its messages
+        log.write_text(held)
+        with output_lock(run):  # the live run
+            refused = subprocess.run([sys.executable, "-m", "toprcli", "iterate", "-c", str(tmp_path / "c.yaml")], capture_output=True,
+                                     text=True, timeout=300, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+        assert refused.returncode == 2 and "is being written by" in refused.stderr, refused.stderr
+        assert log.is_file() and "error" not in log.read_text() and str(log) not in refused.stderr  # not its log: not told of it
 
 
 @pytest.mark.parametrize("bars", ["--progress", "--no-progress"])

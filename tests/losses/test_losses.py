@@ -469,12 +469,13 @@ def test_a_negative_kl_coef_or_weight_is_refused_not_trained_backwards():
     """Below 0 a KL coefficient pays the policy to leave the reference, a weight turns a sequence's gradient around,
     and a NaN weight makes the whole loss NaN: each was accepted in silence."""
     ref, n = LP.detach() - 0.1, ADV.shape[0]
-    with pytest.raises(ValueError, match="kl_coef must be >= 0, got -0.1"):
-        policy_loss("topr", LP, BLP, ADV, MASK, ref_logprobs=ref, kl_coef=-0.1)
-    for bad in (-1.0, float("nan")):
+    for coef in (-0.1, float("inf")):
+        with pytest.raises(ValueError, match=f"kl_coef must be a finite number >= 0, got {coef}"):
+            policy_loss("topr", LP, BLP, ADV, MASK, ref_logprobs=ref, kl_coef=coef)
+    for bad in (-1.0, float("nan"), float("inf")):
         w = torch.ones(n)
         w[0] = bad
-        with pytest.raises(ValueError, match="weights must be >= 0 and not NaN"):
+        with pytest.raises(ValueError, match="weights must be finite and >= 0"):
             policy_loss("topr", LP, BLP, ADV, MASK, weights=w)
     loss, _ = policy_loss("topr", LP, BLP, ADV, MASK, weights=torch.zeros(n).index_fill(0, torch.tensor([0]), 2.0), ref_logprobs=ref, kl_coef=0.0)
     assert torch.isfinite(loss)

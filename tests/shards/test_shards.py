@@ -267,6 +267,9 @@ def test_lock_holder_names_a_live_writer_and_not_a_killed_ones_file(tmp_path):
         child.kill()
         child.wait()
     assert (tmp_path / ".run.lock").exists() and shards.lock_holder(out) is None  # the killed writer's file: no holder
+    (tmp_path / ".run.lock").write_text("pid 4242 on gpu-node-17 since 2026-11-27 09:00:00 (topr iterate)")  # a Slurm node's run
+    assert shards.lock_holder(out) == ("pid 4242 on gpu-node-17 since 2026-11-27 09:00:00 (topr iterate) — another machine: whether it "
+                                       "still runs cannot be checked from here")
 
 
 def test_a_filesystem_without_file_locks_is_warned_of_and_the_work_goes_on(tmp_path, monkeypatch):
@@ -282,6 +285,10 @@ def test_a_filesystem_without_file_locks_is_warned_of_and_the_work_goes_on(tmp_p
         with shards.output_lock(tmp_path / "out"):
             (tmp_path / "out").write_text("done")
     assert (tmp_path / "out").read_text() == "done" and not (tmp_path / ".out.lock").exists()
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError) as failed:  # the work's own error, not told as one during the lock's
+        with shards.output_lock(tmp_path / "out"):
+            raise RuntimeError("a bug in the work")
+    assert failed.value.__context__ is None
 
 
 def test_the_old_version_a_killed_swap_left_is_removed_by_the_next_build(tmp_path, monkeypatch):

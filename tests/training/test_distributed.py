@@ -218,3 +218,21 @@ def test_a_large_all_reduce_goes_in_chunks_and_sums_every_element(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     expected = f"{[float(i + 1) for i in range(10)]} {[1.0] * 7} {[True, False, False]}"
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == [expected, expected]
+
+
+def test_more_local_ranks_than_gpus_is_refused_not_doubled_up(monkeypatch):
+    """LOCAL_RANK modulo the visible GPUs (for a launcher that shows each rank its own) put ranks 4-7 of 8 on GPUs 0-3
+    of 4: NCCL's duplicate-GPU error later. One GPU visible per rank is cuda:0; more ranks than GPUs, one line."""
+    import torch
+
+    from toprcli.errors import UserError
+    from toprcli.training.distributed import local_cuda_index
+
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert local_cuda_index() == 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert local_cuda_index() == 5
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(UserError, match="local rank 5 of a machine that shows 4 GPUs — start at most 4 ranks per machine"):
+        local_cuda_index()

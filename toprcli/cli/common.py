@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from toprcli import interrupt
-from toprcli.errors import UserError
+from toprcli.errors import OutputLocked, UserError
 from toprcli.progress import ProgressFn
 from toprcli.shards import json_safe, output_error
 
@@ -129,10 +129,11 @@ def note_in_log(text: str) -> None:
         f.write(f"\n[{time.strftime('%Y-%m-%d %H:%M:%S')}] {' '.join(['topr', *sys.argv[1:]])}\n{text.rstrip()}\n")
 
 
-def fail(message: str) -> typer.Exit:
+def fail(message: str, *, own_log: bool = True) -> typer.Exit:
     """Print one red error line and return the exit (code 2) to raise. While other libraries'
-    output goes to a log, the line names it (a failure's root cause may be there) and goes to it too."""
-    if _log is not None and _log.is_file() and _log.stat().st_size:
+    output goes to a log, the line names it (a failure's root cause may be there) and goes to it too;
+    not ``own_log`` (refused the output's lock), the log is the running command's: left alone."""
+    if own_log and _log is not None and _log.is_file() and _log.stat().st_size:
         note_in_log(f"error: {message}")
         message += f" (other libraries' messages: {_log})"
     else:  # bad input, refused before anything wrote to the log: nothing of it is left
@@ -157,7 +158,7 @@ def user_errors(fn: F | None = None, *, resume: str = RESUME) -> Any:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            raise fail(str(e)) from None
+            raise fail(str(e), own_log=not isinstance(e, OutputLocked)) from None
         except interrupt.Interrupted as e:
             tell_interrupted(e, resume)
             raise typer.Exit(code=e.exit_code) from None

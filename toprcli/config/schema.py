@@ -373,7 +373,7 @@ class IterateConfig:
     replay_rounds: int = opt(0, "Earlier rounds' scored samples mixed into each round's curation.", check=NON_NEGATIVE)
     replay_weight: float = opt(1.0, "Weight of the replayed rounds' rows.", check=NON_NEGATIVE)
     eval_every: int = opt(1, "Evaluate every N rounds (and always the last).", check=AT_LEAST_ONE)
-    keep_policies: int | None = opt(None, "Keep the weights of the last N rounds' policies (older ones, once evaluated, are removed; "
+    keep_policies: int | None = opt(None, "Keep the weights of the last N rounds' policies (older ones go once no eval to come needs them; "
                                           "their records stay); unset: keep all.", check=AT_LEAST_ONE)
     warm_start: WarmStartConfig = opt(factory=WarmStartConfig, cli=False)
     generate: GenerateConfig = opt(factory=GenerateConfig, cli=False)

@@ -408,10 +408,10 @@ def _check_arguments(aggregation: str, logprobs: Tensor, behavior_logprobs: Tens
         _check_shape(tensor, shape, what)
     _check_shape(advantages, shape[:1], "advantages")
     _check_shape(weights, shape[:1], "weights")
-    if kl_coef is not None and not float(kl_coef) >= 0:  # below 0 it rewards drifting from the reference
-        raise ValueError(f"kl_coef must be >= 0, got {kl_coef!r}")
-    if weights is not None and not bool((weights >= 0).all()):  # a negative weight flips a sequence's gradient; NaN fails too
-        raise ValueError("weights must be >= 0 and not NaN — a sequence's weight scales its share of the loss")
+    if kl_coef is not None and not 0 <= float(kl_coef) < math.inf:  # below 0 it rewards drifting from the reference
+        raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
+    if weights is not None and not bool(((weights >= 0) & (weights < math.inf)).all()):  # < 0 flips a gradient; NaN, inf fail
+        raise ValueError("weights must be finite and >= 0 — a sequence's weight scales its share of the loss")
     if kl_coef and ref_logprobs is None:
         raise ValueError("kl_coef is set but no ref_logprobs were given — pass a reference policy or set kl_coef to 0")
     if entropy_coef and entropy is None:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from toprcli.errors import UserError
+from toprcli.errors import OutputLocked, UserError
 
 
 def fsync_dir(directory: Path) -> None:
@@ -281,6 +281,7 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
 
     lock = _lock_path(Path(path).resolve(), part)  # a symlink and its target are one output
     lock.parent.mkdir(parents=True, exist_ok=True)
+    unsupported = None
     while True:
         fh = open(lock, "a+")
         try:
@@ -289,24 +290,27 @@ def output_lock(path: str | os.PathLike[str], part: str = "") -> Iterator[None]:
             fh.seek(0)
             holder = fh.read().strip() or "another process"
             fh.close()
-            raise UserError(f"{path} is being written by {holder} — wait for it to finish, or write to another output") from None
+            raise OutputLocked(f"{path} is being written by {holder} — wait for it to finish, or write to another output") from None
         except OSError as e:  # a filesystem without flock (some NFS and Lustre mounts): the work goes on, unguarded
             if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise
             fh.close()
-            lock.unlink(missing_ok=True)
-            import warnings
-
-            warnings.warn(f"{lock.parent} does not support file locks ({e.strerror}): nothing stops a second command writing "
-                          f"{Path(path).name} at the same time — run one at a time")  # (from here: topr's one line)
-            yield
-            return
+            unsupported = e.strerror
+            break
         try:  # the holder before us may have removed the file between our open and our lock: lock the new one
             if os.fstat(fh.fileno()).st_ino == os.stat(lock).st_ino:
                 break
         except FileNotFoundError:
             pass
         fh.close()
+    if unsupported is not None:  # outside the except: the body's own errors are not told as "during handling of" this one
+        lock.unlink(missing_ok=True)
+        import warnings
+
+        warnings.warn(f"{lock.parent} does not support file locks ({unsupported}): nothing stops a second command writing "
+                      f"{Path(path).name} at the same time — run one at a time")  # (from here: topr's one line)
+        yield
+        return
     try:
         fh.seek(0)
         fh.truncate()
@@ -324,10 +328,13 @@ def lock_holder(path: str | os.PathLike[str]) -> str | None:
     whether the lock file's inode is locked; a killed writer's file is no holder."""
     lock = _lock_path(Path(path).resolve(), "")
     try:
-        st = lock.stat()
-        with open("/proc/locks", encoding="ascii") as f:
-            held = any(line.split()[5:6] == [f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"] for line in f)
-        return (lock.read_text().strip() or "another process") if held else None
+        st, holder = lock.stat(), lock.read_text().strip()
+        pid, _, rest = holder.removeprefix("pid ").partition(" on ")
+        if rest and rest.split(" ", 1)[0] != socket.gethostname():  # another machine's table: only it can tell
+            return f"{holder} — another machine: whether it still runs cannot be checked from here"
+        with open("/proc/locks", encoding="ascii") as f:  # "1: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF"
+            held = any(fields[4:5] == [pid] and fields[5].endswith(f":{st.st_ino}") for fields in map(str.split, f) if len(fields) > 5)
+        return holder if held else None
     except OSError:  # no lock file (nothing running), or no /proc
         return None
 

@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from toprcli.errors import UserError
+
 
 @dataclass
 class DistContext:
@@ -65,8 +67,12 @@ def env_rank() -> int:
 
 def local_cuda_index() -> int:
     """This rank's GPU: its LOCAL_RANK among the visible ones (a launcher that shows each rank only its own GPU,
-    CUDA_VISIBLE_DEVICES per task, leaves one: cuda:0)."""
-    return int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
+    CUDA_VISIBLE_DEVICES per task, leaves one: cuda:0). More ranks than GPUs would put two on one: refused."""
+    rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if count > 1 and rank >= count:
+        raise UserError(f"local rank {rank} of a machine that shows {count} GPUs — start at most {count} ranks per machine "
+                        "(--nproc-per-node), or show each rank one GPU (CUDA_VISIBLE_DEVICES)")
+    return rank % max(1, count)
 
 
 def init_distributed() -> DistContext:
