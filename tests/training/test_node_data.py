@@ -5,6 +5,7 @@ tests/training/test_distributed.py.)"""
 from __future__ import annotations
 
 import errno
+import socket
 
 import numpy as np
 import pytest
@@ -84,8 +85,10 @@ def test_a_killed_jobs_arrays_are_removed_by_the_next_on_the_machine(tmp_path, m
     monkeypatch.setattr(node_data.tempfile, "tempdir", str(tmp_path))  # the machine's temp dir (TMPDIR, read once)
     dead = tmp_path / "topr-data-dead"
     dead.mkdir()
-    (dead / "owner").write_text("999999")  # its local rank 0, gone
+    (dead / "owner").write_text(f"999999 {socket.gethostname()}")  # its local rank 0, gone
+    (tmp_path / "topr-data-other").mkdir()
+    (tmp_path / "topr-data-other" / "owner").write_text("999999 another-container")  # not this machine's to judge
     (dead / "completion_ids.npy").write_bytes(b"x" * 100)
     _as(monkeypatch, 0)
     node_data.shared_on_node(_data, tmp_path / "topr-data-new")
-    assert not dead.exists() and (tmp_path / "topr-data-new" / "complete").is_file()
+    assert not dead.exists() and (tmp_path / "topr-data-new" / "complete").is_file() and (tmp_path / "topr-data-other").is_dir()

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 import warnings
@@ -41,9 +42,10 @@ def local_ranks() -> tuple[int, int]:
 
 
 def directory(out: Path, data_fingerprint: str) -> Path:
-    """Where this launch's ranks on this machine share the set: by the output, the data's files and the launch (a
-    rerun of the job maps its own, never a stale one of another launch)."""
+    """Where this launch's ranks on this machine share the set: by the output, the data's files, the launch and the
+    machine (a rerun of the job maps its own, never a stale one of another launch)."""
     launch = [os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID")]
+    launch.append(socket.gethostname())  # a TMPDIR on a shared filesystem: each machine its own, never another's half-written
     key = hashlib.sha1("\0".join([str(Path(out).resolve()), data_fingerprint, *launch]).encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"{PREFIX}{key}"
 
@@ -70,7 +72,7 @@ def _write(where: Path, load: Callable[[], TokenData]) -> bool:
         raise
     try:
         tmp.mkdir(parents=True)
-        (tmp / "owner").write_text(str(os.getpid()))  # first: a kill while writing leaves a directory the next job removes
+        (tmp / "owner").write_text(_owner())  # first: a kill while writing leaves a directory the next job removes
         for name in FIELDS:
             np.save(tmp / f"{name}.npy", getattr(data, name))
         shutil.rmtree(where, ignore_errors=True)
@@ -92,8 +94,12 @@ def _write(where: Path, load: Callable[[], TokenData]) -> bool:
 def _fail(where: Path, why: str) -> None:
     with contextlib.suppress(OSError):
         where.mkdir(parents=True, exist_ok=True)
-        (where / "owner").write_text(str(os.getpid()))
+        (where / "owner").write_text(_owner())
         (where / "failed").write_text(why)
+
+
+def _owner() -> str:
+    return f"{os.getpid()} {socket.gethostname()}"  # local rank 0: whose the directory is
 
 
 def _mapped(where: Path, load: Callable[[], TokenData]) -> TokenData:
@@ -122,6 +128,6 @@ def _remove_orphans() -> None:
     """The directories of jobs killed on this machine (their local rank 0 is gone)."""
     for entry in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         with contextlib.suppress(OSError, ValueError):
-            pid = int((entry / "owner").read_text())
-            if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
-                shutil.rmtree(entry, ignore_errors=True)
+            pid, _, host = (entry / "owner").read_text().partition(" ")
+            if host == socket.gethostname() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(entry, ignore_errors=True)  # (another host's or container's, sharing the temp dir: not ours to judge)
