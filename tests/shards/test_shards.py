@@ -307,3 +307,8 @@ def test_the_old_version_a_killed_swap_left_is_removed_by_the_next_build(tmp_pat
     left.rename(dead)
     shards.build_dir_beside(out)  # the next writer of the output
     assert not dead.exists() and (out / "new.bin").is_file()
+    dead.mkdir()  # again, and the next writer builds elsewhere (train: <out>.partial) and swaps it in
+    partial = tmp_path / "policy.partial"
+    partial.mkdir()
+    shards.swap_dir_into_place(partial, out)
+    assert not dead.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".policy.old")]

@@ -65,6 +65,20 @@ def test_a_rank_waiting_on_a_failed_rank_0_raises_its_error(tmp_path, monkeypatc
         node_data.shared_on_node(bad, where)
 
 
+def test_a_temp_dir_too_small_is_not_filled_and_rank_0_keeps_what_it_read(tmp_path, monkeypatch):
+    """Writing until ENOSPC filled the machine's temp dir for everyone, and rank 0 then read the set a second time."""
+    import shutil
+
+    monkeypatch.setattr(node_data.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(node_data.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 100, 100))
+    loads = []
+    _as(monkeypatch, 0)
+    with pytest.warns(UserWarning, match=r"cannot share the training set .*GiB needed"):
+        got = node_data.shared_on_node(lambda: loads.append(1) or _data(), tmp_path / "topr-data-x")
+    assert len(loads) == 1 and not isinstance(got.completion_ids, np.memmap)
+    assert sorted(p.name for p in (tmp_path / "topr-data-x").iterdir()) == ["failed", "owner"]  # no array written
+
+
 def test_a_temp_dir_without_room_falls_back_to_a_copy_per_rank(tmp_path, monkeypatch):
     monkeypatch.setattr(node_data.tempfile, "tempdir", str(tmp_path))
     where = tmp_path / "topr-data-x"
@@ -85,9 +99,9 @@ def test_a_killed_jobs_arrays_are_removed_by_the_next_on_the_machine(tmp_path, m
     monkeypatch.setattr(node_data.tempfile, "tempdir", str(tmp_path))  # the machine's temp dir (TMPDIR, read once)
     dead = tmp_path / "topr-data-dead"
     dead.mkdir()
-    (dead / "owner").write_text(f"999999 {socket.gethostname()}")  # its local rank 0, gone
-    (tmp_path / "topr-data-other").mkdir()
-    (tmp_path / "topr-data-other" / "owner").write_text("999999 another-container")  # not this machine's to judge
+    (dead / "owner").write_text(f"999999 {socket.gethostname()} {node_data._pid_namespace()}")  # its local rank 0, gone
+    (tmp_path / "topr-data-other").mkdir()  # a container sharing /tmp, same host name: its pids are not ours to see
+    (tmp_path / "topr-data-other" / "owner").write_text(f"999999 {socket.gethostname()} pid:[4026531999]")
     (dead / "completion_ids.npy").write_bytes(b"x" * 100)
     _as(monkeypatch, 0)
     node_data.shared_on_node(_data, tmp_path / "topr-data-new")

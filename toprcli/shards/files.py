@@ -84,6 +84,9 @@ def swap_dir_into_place(tmp: str | os.PathLike[str], out: str | os.PathLike[str]
     aside first and deleted after, so ``out`` is never missing a whole version or half-written."""
     tmp, out = Path(tmp), through_link(out)
     _settle(tmp)
+    for left in out.parent.glob(f".{out.name}.old.*.tmp"):  # an old version a killed swap left (train builds in <out>.partial)
+        if not _writer_alive(left.name):
+            shutil.rmtree(left, ignore_errors=True)
     old = None
     if out.exists():
         old = out.parent / f".{out.name}.old.{os.getpid()}-{_HOST}.tmp"  # a kill before it is gone: build_dir_beside removes it

@@ -78,11 +78,14 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
         return kept(cfg, done, on_record)
     check_installed(cfg.tracking.report_to)
     prep = prepare(cfg)
+    shared = node_data.directory(prep.out, prep.data_fingerprint)  # under torchrun: the set this machine's ranks map
     # One writer per output: rank 0 holds the lock for the whole run (its peers write only their shards).
     lock = shards.output_lock(prep.out) if env_rank() == 0 else contextlib.nullcontext()
-    with lock:
+    with node_data.removed_after(shared), lock:
         threads_before = torch.get_num_threads()
         ctx = init_distributed()
+        barrier(ctx)  # every rank has mapped the shared set: its files can go now
+        node_data.remove(shared)
         try:
             if cfg.threads:
                 torch.set_num_threads(cfg.threads)
@@ -97,7 +100,6 @@ def run(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record: Call
                 barrier(ctx)
         finally:
             torch.set_num_threads(threads_before)
-            node_data.remove(node_data.directory(prep.out, prep.data_fingerprint))  # every rank mapped it before step 1
             shutdown(ctx)
             gc.collect()  # the model, its gradients and optimizer state are garbage now:
             release_cuda_cache()  # a vLLM engine waking next in this process's pipeline needs that memory

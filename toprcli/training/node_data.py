@@ -3,18 +3,20 @@
 Every rank used to read the curated set into its own arrays (8 ranks: 8 copies, ~37 GB each for 1M rows of 4.6k
 tokens). Now local rank 0 reads it and writes its flat arrays once as ``.npy`` files into a directory of the machine's
 temp dir (``TMPDIR``); every local rank, rank 0 too, maps them read-only (``np.load(mmap_mode="r")``): the page cache
-holds one copy for the machine, and can page it out under pressure instead of an out-of-memory kill.
+holds one copy for the machine (on a disk-backed TMPDIR it can page it out; a tmpfs /tmp is RAM).
 
 This runs in ``prepare``, before any process group exists, so the ranks meet through the files: the others wait for
-``complete``, or for ``failed`` (rank 0's error, raised on every rank). Where the arrays cannot be written (a small
-temp dir) each rank reads the set itself, as before, with a warning. Local rank 0 removes the directory when training
-ends; a killed job's is removed by the next one to start on the machine.
+``complete``, or for ``failed`` (rank 0's error, raised on every rank). Where the arrays would not fit (the temp dir's
+free space is checked first) each rank reads the set itself, as before, with a warning. Local rank 0 removes the
+directory once the process group is up (every rank has mapped it by then: a kill later leaves nothing); a job killed
+before that leaves it to the next one on the machine.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import os
 import shutil
@@ -22,12 +24,13 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from toprcli.errors import UserError
+from toprcli.shards import write_text_atomic
 from toprcli.training.batching import TokenData
 
 PREFIX = "topr-data-"
@@ -42,12 +45,13 @@ def local_ranks() -> tuple[int, int]:
 
 
 def directory(out: Path, data_fingerprint: str) -> Path:
-    """Where this launch's ranks on this machine share the set: by the output, the data's files, the launch and the
-    machine (a rerun of the job maps its own, never a stale one of another launch)."""
-    launch = [os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID")]
-    launch.append(socket.gethostname())  # a TMPDIR on a shared filesystem: each machine its own, never another's half-written
-    key = hashlib.sha1("\0".join([str(Path(out).resolve()), data_fingerprint, *launch]).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"{PREFIX}{key}"
+    """Where this attempt's ranks on this machine share the set: by the output, the data's files, the launch, the
+    attempt (a torchrun restart or a Slurm requeue keeps the launch's names: its ranks' parent, the agent, is new) and
+    the machine (a TMPDIR on a shared filesystem: each machine its own)."""
+    launch = [os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT",
+                                              "SLURM_JOB_ID", "SLURM_RESTART_COUNT")]
+    key = "\0".join([str(Path(out).resolve()), data_fingerprint, *launch, str(os.getppid()), socket.gethostname()])
+    return Path(tempfile.gettempdir()) / f"{PREFIX}{hashlib.sha1(key.encode()).hexdigest()[:16]}"
 
 
 def shared_on_node(load: Callable[[], TokenData], where: Path) -> TokenData:
@@ -55,13 +59,16 @@ def shared_on_node(load: Callable[[], TokenData], where: Path) -> TokenData:
     local_rank, local_world = local_ranks()
     if local_world <= 1:
         return load()
-    if local_rank == 0 and not _write(where, load):
-        return load()
+    if local_rank == 0:
+        data = _write(where, load)
+        if data is not None:  # not written: this rank keeps what it read, the others read their own
+            return data
     return _mapped(where, load)
 
 
-def _write(where: Path, load: Callable[[], TokenData]) -> bool:
-    """Local rank 0: the arrays into ``where`` (False: they could not be written, and every rank reads the set)."""
+def _write(where: Path, load: Callable[[], TokenData]) -> TokenData | None:
+    """Local rank 0: the arrays into ``where`` (private to this user); what it read when they cannot be written (no room:
+    checked before writing, so the temp dir is never filled), else None."""
     _remove_orphans()
     tmp = where.with_name(f"{where.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -70,36 +77,47 @@ def _write(where: Path, load: Callable[[], TokenData]) -> bool:
     except BaseException as e:  # the others raise it too, instead of waiting for arrays that will not come
         _fail(where, f"error: {e}")
         raise
+    size = sum(getattr(data, name).nbytes for name in FIELDS)
     try:
-        tmp.mkdir(parents=True)
+        if shutil.disk_usage(where.parent).free < size * 1.1 + 2**28:
+            raise OSError(errno.ENOSPC, f"{size / 2**30:.1f} GiB needed")
+        tmp.mkdir(mode=0o700, parents=True)
         (tmp / "owner").write_text(_owner())  # first: a kill while writing leaves a directory the next job removes
         for name in FIELDS:
             np.save(tmp / f"{name}.npy", getattr(data, name))
         shutil.rmtree(where, ignore_errors=True)
         os.replace(tmp, where)
         (where / "complete").touch()
-        del data
-        import pyarrow as pa
-
-        pa.default_memory_pool().release_unused()  # what reading the Parquet columns took, back to the machine
-        return True
     except OSError as e:  # a temp dir too small for the set: each rank holds its own copy, as before
         shutil.rmtree(tmp, ignore_errors=True)
         warnings.warn(f"cannot share the training set between this machine's ranks in {where.parent} ({e.strerror}): each rank "
                       "reads its own copy — point TMPDIR at a directory with room for it", stacklevel=2)
         _fail(where, FALLBACK)
-        return False
+        return data
+    del data
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()  # what reading the Parquet columns took, back to the machine
+    return None
 
 
 def _fail(where: Path, why: str) -> None:
     with contextlib.suppress(OSError):
-        where.mkdir(parents=True, exist_ok=True)
+        where.mkdir(mode=0o700, parents=True, exist_ok=True)
         (where / "owner").write_text(_owner())
-        (where / "failed").write_text(why)
+        write_text_atomic(where / "failed", why)  # a waiter reads all of it or nothing
 
 
 def _owner() -> str:
-    return f"{os.getpid()} {socket.gethostname()}"  # local rank 0: whose the directory is
+    """Local rank 0, whose the directory is: pid, host and pid namespace (containers sharing a temp dir)."""
+    return f"{os.getpid()} {socket.gethostname()} {_pid_namespace()}"
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "?"
 
 
 def _mapped(where: Path, load: Callable[[], TokenData]) -> TokenData:
@@ -115,19 +133,33 @@ def _mapped(where: Path, load: Callable[[], TokenData]) -> TokenData:
         if time.monotonic() > deadline:
             raise UserError(f"local rank 0 did not write the training set into {where} within {WAIT_S:.0f} s — check its log")
         time.sleep(0.1)
+    if where.stat().st_uid != os.getuid():  # a name in a shared temp dir: another user's arrays are not our training set
+        raise UserError(f"{where} belongs to another user — point TMPDIR at a directory of your own")
     return TokenData(**{name: np.load(where / f"{name}.npy", mmap_mode="r") for name in FIELDS})
 
 
 def remove(where: Path) -> None:
-    """Local rank 0, when training ends: the mapped files go (a rank still mapping them keeps its pages until it exits)."""
+    """Local rank 0, once every rank has mapped the files (or the training ended): they go, and a kill later leaves
+    nothing (a mapping keeps its pages until the process exits)."""
     if local_ranks()[0] == 0:
         shutil.rmtree(where, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def removed_after(where: Path) -> Iterator[None]:
+    """Local rank 0 removes ``where`` when the block ends, however (refused the output's lock, a process group that
+    would not form): a compute node's temp dir may see no other job to remove it."""
+    try:
+        yield
+    finally:
+        remove(where)
+
+
 def _remove_orphans() -> None:
-    """The directories of jobs killed on this machine (their local rank 0 is gone)."""
+    """The directories of jobs killed on this machine (their local rank 0 is gone; another host's or another pid
+    namespace's, sharing the temp dir, are not ours to judge)."""
     for entry in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         with contextlib.suppress(OSError, ValueError):
-            pid, _, host = (entry / "owner").read_text().partition(" ")
-            if host == socket.gethostname() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
-                shutil.rmtree(entry, ignore_errors=True)  # (another host's or container's, sharing the temp dir: not ours to judge)
+            pid, host, namespace = ((entry / "owner").read_text().split(" ", 2) + ["", ""])[:3]
+            if (host, namespace) == (socket.gethostname(), _pid_namespace()) and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(entry, ignore_errors=True)
