@@ -34,7 +34,7 @@ import yaml
 from toprcli.config import ConfigError, IterateConfig, config_to_dict, from_dict, read_yaml
 from toprcli.errors import UserError
 from toprcli.generation.model_info import PRUNED_FILE
-from toprcli.shards import changed_keys, read_file_metadata, read_json, write_json_atomic, write_text_atomic
+from toprcli.shards import changed_keys, value_at, read_file_metadata, read_json, write_json_atomic, write_text_atomic
 from toprcli.stages import eval as eval_stage
 
 CONFIG_FILE = "config.yaml"
@@ -194,19 +194,12 @@ def where_changes_apply(run_dir: Path, changed: list[str], before: dict[int, dic
     before it), else the next round to begin."""
     after, out = round_records(run_dir), {}
     for key in (k for k in changed if k != "rounds"):
-        took = [r for r in after if _value_at(after[r], key) != _value_at(before.get(r, {}), key)]
+        took = [r for r in after if value_at(after[r], key) != value_at(before.get(r, {}), key)]
         first = 0 if not after or key.startswith("warm_start.") else min(took) if took else max(after) + 1  # nothing made yet, or the warm start's
         out[key] = "at once" if key in RESOURCE_KEYS or key in WARM_START_RESOURCES else f"from round {first}"
     return out
 
 
-def _value_at(data: Any, key: str) -> Any:
-    for part in key.split("."):
-        data = data.get(part, _MISSING) if isinstance(data, dict) else _MISSING
-    return data
-
-
-_MISSING = object()
 WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
 
 

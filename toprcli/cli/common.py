@@ -120,6 +120,10 @@ def echo_json(data: Any, indent: int | None = None) -> None:
     echo(json.dumps(json_safe(data), indent=indent, default=str, allow_nan=False))
 
 
+def _log_has_messages() -> bool:
+    return _log is not None and _log.is_file() and _log.stat().st_size > 0
+
+
 def note_in_log(text: str) -> None:
     """Append ``text`` to the command's log, stamped with the time and the command: how a long run ended (an error, a
     traceback, a stop) stays in the run's directory beside the other libraries' messages, not only on a terminal."""
@@ -133,7 +137,7 @@ def fail(message: str, *, own_log: bool = True) -> typer.Exit:
     """Print one red error line and return the exit (code 2) to raise. While other libraries'
     output goes to a log, the line names it (a failure's root cause may be there) and goes to it too;
     not ``own_log`` (refused the output's lock), the log is the running command's: left alone."""
-    if own_log and _log is not None and _log.is_file() and _log.stat().st_size:
+    if own_log and _log_has_messages():
         note_in_log(f"error: {message}")
         message += f" (other libraries' messages: {_log})"
     else:  # bad input, refused before anything wrote to the log: nothing of it is left
@@ -175,7 +179,7 @@ def tell_interrupted(e: interrupt.Interrupted, resume: str | None = None) -> Non
     """The one line a signal's stop ends with; a terminal that is gone (SIGHUP: the pty closed) takes nothing, and
     the exit code must still say which signal (an EIO here was a traceback and exit 1)."""
     detail = f" ({e.detail})" if e.detail else ""
-    if _log is not None and _log.is_file() and _log.stat().st_size:
+    if _log_has_messages():
         note_in_log(f"interrupted by {e.name}{detail}")
     with contextlib.suppress(OSError):
         err_console.print(f"[bold yellow]interrupted by {e.name}[/]{escape(detail)}" + (f" — {escape(resume)}" if resume else ""),

@@ -330,14 +330,16 @@ def changed_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
     return set() if a == b else {prefix.rstrip(".")}
 
 
+def value_at(record: Any, dotted: str) -> Any:
+    """A plain record's value at a dotted key (``train.lr``); None where it has none (as ``changed_keys`` compares)."""
+    for part in dotted.split("."):
+        record = record.get(part) if isinstance(record, Mapping) else None
+    return record
+
+
 def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """What differs between two plain records, in words, a mapping by its fields: ``dataset.limit=4 there vs 6 now``."""
-    def at(record: Any, dotted: str) -> Any:
-        for part in dotted.split("."):
-            record = record.get(part) if isinstance(record, Mapping) else None
-        return record
-
-    return [f"{k}={at(old, k)!r} there vs {at(new, k)!r} now" for k in sorted(changed_keys(dict(old), dict(new)))]
+    return [f"{k}={value_at(old, k)!r} there vs {value_at(new, k)!r} now" for k in sorted(changed_keys(dict(old), dict(new)))]
 
 
 def fingerprint(path: str | os.PathLike[str]) -> str:

@@ -41,8 +41,13 @@ def micro_batches(prep: Prepared, units: np.ndarray, ctx: DistContext) -> list[n
 
 def stop_requested(ctx: DistContext) -> int:
     """The signal asking to stop (0: none), agreed by every rank so that all stop at the same point."""
-    flag = torch.tensor([float(interrupt.requested() or 0)])
-    return int(all_reduce(flag, ctx, op="max").item())
+    return stop_and(False, ctx)[0]
+
+
+def stop_and(flag: bool, ctx: DistContext) -> tuple[int, bool]:
+    """:func:`stop_requested`, and whether ``flag`` holds on any rank, in one all-reduce (a step's one collective)."""
+    flags = all_reduce(torch.tensor([float(interrupt.requested() or 0), float(flag)]), ctx, op="max").tolist()
+    return int(flags[0]), bool(flags[1])
 
 
 def precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autocast, state: dict[str, Any]) -> tuple[np.ndarray, Optional[np.ndarray]]:

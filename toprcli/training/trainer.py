@@ -48,7 +48,7 @@ from toprcli.training.distributed import DistContext, all_reduce, barrier, broad
 from toprcli.training.model import PolicyLogprobs, Precision, check_chunked_head, load_policy, warn_pure_bf16
 from toprcli.training.optim import build_optimizer, build_scheduler
 from toprcli.training.prefix_packed import attention_for
-from toprcli.training.precompute import PAD_ID, PRECOMPUTED_NAME, load_precomputed, micro_batches, precompute, stop_requested
+from toprcli.training.precompute import PAD_ID, PRECOMPUTED_NAME, load_precomputed, micro_batches, precompute, stop_and, stop_requested
 from toprcli.training.prepare import NON_SEMANTIC_KEYS, Prepared
 from toprcli.training.stats import StepStats, add_gap
 
@@ -128,9 +128,12 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
                 report(progress, "train", step + 1, prep.steps, loss=f"{last['loss']:.4g}")
             # Checkpoint every save_every steps and after the last one (saving the policy next is the run's memory
             # peak under FSDP: a kill there must not lose the steps since the last checkpoint); on a stop request too.
-            stop, final = stop_requested(ctx), step + 1 == prep.steps
+            # save_every_minutes passed on any rank: every rank saves here (clocks differ by a little; a rank alone in the
+            # save's collectives would wait for the others for good).
+            due = cfg.save_every_minutes is not None and time.monotonic() - last_save >= 60.0 * cfg.save_every_minutes
+            (stop, due), final = stop_and(due, ctx), step + 1 == prep.steps
             by_steps = cfg.save_every and ((step + 1) % cfg.save_every == 0 or final)
-            if (stop and not final) or by_steps or _time_for_checkpoint(cfg.save_every_minutes, last_save, ctx):
+            if (stop and not final) or by_steps or due:
                 if metrics_file is not None:
                     os.fsync(metrics_file.fileno())
                 state["last_record"] = last
@@ -149,15 +152,6 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
     resumed = start_step or None  # a checkpoint's step (checkpoints come after a step: never 0)
     state["peak_memory"] = _peak_memory(ctx)
     return _summary(prep, ctx, state, last, model.params, model.precision, resumed_from=resumed, wall=time.perf_counter() - t_start)
-
-
-def _time_for_checkpoint(minutes: float | None, since: float, ctx: DistContext) -> bool:
-    """``save_every_minutes`` passed since ``since`` on any rank: every rank saves at this step (clocks differ by a little;
-    a rank alone in the save's collectives would wait for the others for good)."""
-    if minutes is None:
-        return False
-    due = torch.tensor([float(time.monotonic() - since >= 60.0 * minutes)])
-    return bool(all_reduce(due, ctx, op="max").item())
 
 
 def _build_model(prep: Prepared, ctx: DistContext) -> _Learner:
