@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -38,6 +40,8 @@ from toprcli.training.batching import (
     unit_longest,
 )
 from toprcli.sampling import Processing
+from toprcli.shards import CURATED_SCHEMA, write_table_atomic
+from toprcli.stages.warmstart import GREEDY
 from toprcli.training.optim import Adafactor, lr_factor
 
 
@@ -470,11 +474,15 @@ def test_sft_warm_start_path_is_fast_and_learns(tiny_model_dir, tmp_path):
     # a learnable pattern: every completion is the same sequence
     rows["completion_token_ids"] = [list(range(10, 40))] * 128
     rows["behavior_logprobs"] = [[0.0] * 30] * 128
-    path = write_curated(tmp_path / "gold.parquet", rows)
+    path = write_table_atomic(tmp_path / "gold.parquet", pa.Table.from_pydict(rows, schema=CURATED_SCHEMA), {"sampling": GREEDY})
     cfg = _cfg(tiny_model_dir, path, tmp_path / "warm", loss="sft", lr=3e-3, batch_size=64, epochs=4, max_steps=None)
     summary = train_policy(cfg)
     assert summary["steps"] == 8
     assert summary["final_loss"] < 0.5 * summary["first_loss"]  # NLL per token drops
+    # μ = 0 is a placeholder, not a distribution: no ratio or gap to it is reported (a gap of 4.6 was, to every tracker)
+    records = [json.loads(x) for x in (tmp_path / "warm" / "metrics.jsonl").read_text().splitlines()]
+    assert not [k for r in records for k in r if k.startswith(("log_ratio", "neg_alpha", "behavior_gap"))]
+    assert "behavior_gap_mean" not in summary and records[0]["loss"] > 0
     print(f"\nsft tiny model, batch 64: {summary['steps_per_s']:.2f} steps/s, {summary['tokens_per_s']:.0f} tokens/s")
 
 
@@ -485,6 +493,18 @@ def test_recompute_behavior_uses_the_starting_policy(tiny_model_dir, data_path, 
     assert summary["behavior_gap_source"] == "full pass" and summary["behavior_gap_tokens"] > 0
     # μ is now π_0 itself: before the first update every sequence ratio is exactly 1
     assert abs(first["log_ratio_mean"]) < 1e-4 and first["neg_alpha_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_step_0_gap_beyond_rounding_is_warned_of_with_its_fix(tiny_model_dir, data_path, tmp_path):
+    # The data's μ is not the tiny model's (uniform + noise): as a bfloat16 engine's μ would be, TOPR's α tapers negatives
+    # before any update. One line names the gap, the tapered share and the fixes; recomputing μ silences it.
+    with pytest.warns(UserWarning, match=r"before any update.*of the step's negatives are tapered.*--recompute-behavior") as caught:
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "a", max_steps=2))
+    assert len([w for w in caught if "before any update" in str(w.message)]) == 1  # step 1 only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "b", max_steps=1, recompute_behavior=True))
+        train_policy(_cfg(tiny_model_dir, data_path, tmp_path / "c", max_steps=1, loss="sft"))  # no ratio in the loss
 
 
 def test_recompute_behavior_refuses_data_from_another_policy(tiny_model_dir, tmp_path):

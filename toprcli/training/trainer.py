@@ -38,7 +38,7 @@ import torch
 from toprcli import interrupt
 from toprcli.config import TrainConfig, config_to_dict
 from toprcli.errors import UserError
-from toprcli.losses import policy_loss, whiten
+from toprcli.losses import LOSSES, policy_loss, whiten
 from toprcli.progress import ProgressFn, report
 from toprcli.shards import changed_keys, json_safe, write_text_atomic
 from toprcli.tracking import TRACKER_FILES
@@ -106,7 +106,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
         raise interrupt.Interrupted(stop, f"stopped before step {start_step + 1} of {prep.steps}")
 
     metrics_file = _open_logs(prep, ctx, start_step)
-    measure_gap = state["gap"] is None and start_step == 0
+    measure_gap = state["gap"] is None and start_step == 0 and not prep.processing.greedy  # greedy data: no μ to compare with
     last: dict[str, Any] = state.get("last_record") or {}  # resumed from the last step's checkpoint: no step runs
     report(progress, "train", start_step, prep.steps)
     last_save = time.monotonic()
@@ -120,6 +120,8 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
             # 6. Log.
             last = _step_record(prep, state, stats.reduce(ctx), step, grad_norm, lr, time.perf_counter() - t0, time.process_time() - c0)
             if ctx.is_main:
+                if step == 0:
+                    _warn_behavior_gap(prep, last)
                 if (step + 1) % cfg.log_every == 0 or step + 1 == prep.steps:
                     metrics_file.write(json.dumps(json_safe(last)) + "\n")  # a diverged step's NaN as null: strict JSON
                     metrics_file.flush()
@@ -334,6 +336,8 @@ def _clip_grad_norm(params, max_norm: Optional[float]) -> float:
 
 def _step_record(prep: Prepared, state: dict[str, Any], record: dict[str, Any], step: int, grad_norm: float, lr: float, elapsed: float, cpu_s: float) -> dict[str, Any]:
     """One line of metrics.jsonl; updates the run state (step, tokens, time, μ gap, first loss)."""
+    if prep.processing.greedy:  # no distribution: the stored "μ" is a placeholder (the warm start's gold rows: zeros)
+        record = {k: v for k, v in record.items() if not k.startswith(RATIO_METRICS)}
     if "behavior_gap_mean" in record:
         state["gap"] = {k: record[k] for k in record if k.startswith("behavior_gap_")}
         state["gap"]["behavior_gap_source"] = "first step batch"
@@ -355,6 +359,23 @@ def _step_record(prep: Prepared, state: dict[str, Any], record: dict[str, Any], 
     if state["first_loss"] is None:
         state["first_loss"] = out["loss"]
     return out
+
+
+GAP_WARN = 1e-3  # |log π − log μ| per token at step 0: float32 numerics agree to ~1e-6; a bfloat16 engine's μ is off by ~3e-2
+RATIO_METRICS = ("log_ratio", "neg_alpha", "neg_token_alpha", "behavior_gap")  # metrics of π against the stored μ
+
+
+def _warn_behavior_gap(prep: Prepared, record: dict[str, Any]) -> None:
+    """At step 1 π is the starting policy, so π/μ away from 1 is the sampler's and this trainer's numerics (a bfloat16
+    engine: docs/sampling.md), and a loss weighing by it (TOPR's α = min(1, π/μ)) tapers negatives for no reason."""
+    gap = record.get("behavior_gap_mean")
+    if gap is None or gap <= GAP_WARN or prep.recomputes_behavior or not LOSSES[prep.loss.name].uses_behavior:
+        return
+    tapered = (f"; {record['neg_alpha_lt1_frac']:.0%} of the step's negatives are tapered by it (mean α {record['neg_alpha_mean']:.2f})"
+               if record.get("n_neg") and "neg_alpha_mean" in record else "")
+    warnings.warn(f"|log π − log μ| is {gap:.2g} per token (max {record['behavior_gap_max']:.2g}) before any update: the sampler's and "
+                  f"this trainer's numerics differ (a bfloat16 engine?){tapered} — --recompute-behavior takes μ from this trainer "
+                  "(iterate: train.recompute_behavior: true), or sample in float32 (--dtype float32)")
 
 
 # -- after the last step -----------------------------------------------------------------
