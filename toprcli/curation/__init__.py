@@ -12,12 +12,14 @@ Conventions
   a row with ``A = 0`` is positive but carries no weight in any share below.
 * ``w ≥ 0`` is the row's training weight (the per-source weight); ``None``
   means all ones.
-* The **effective positive share** of a data set is the share of the total
-  gradient magnitude carried by positives,
+* The **effective positive share** of a data set is the share of its sample-level
+  advantage mass carried by positives,
 
       p̃ = Σ_{A ≥ 0} w·|A|  /  Σ w·|A|,
 
-  defined for any reward values. With ±1 rewards, raw positive share ``p``
+  defined for any reward values. It is a property of the data, not of a step's
+  gradient: that also depends on the loss's aggregation over tokens (longer
+  negatives weigh more under ``token-mean``) and on TOPR's α < 1 for negatives. With ±1 rewards, raw positive share ``p``
   and a constant ``c ∈ [−1, 1]`` this is the paper's §4.3 closed form
   ``p̃ = p(1 − c) / (1 + c(1 − 2p))`` (:func:`closed_form_share`), whose
   inverse is ``c = (p − p̃) / (p + p̃(1 − 2p))`` (:func:`closed_form_baseline`).
