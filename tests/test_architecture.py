@@ -43,6 +43,7 @@ LAYERS = {
     "toprcli.launch": 5,
     "toprcli.pipeline": 5,
     "toprcli.runs": 5,  # runs that grow: extension, changes from the next round, branches
+    "toprcli.run_paths": 5,  # the files a run's relative paths named when it started
     "toprcli.report": 5,
     "toprcli.compare": 5,  # several runs: seeds as one variant, paired differences
     "toprcli.run_tracking": 5,  # what iterate reports to the trackers, read from the round's files

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from toprcli import run_tracking, runs
+from toprcli import run_paths, run_tracking, runs
 from toprcli.config import EngineConfig, EvalConfig, IterateConfig, TrainConfig, validated
 from toprcli.data.datasets import default_verifier, load_examples
 from toprcli.errors import UserError
@@ -322,9 +322,11 @@ class Pipeline:
             check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
         if self.cfg.score.verifier == "auto":  # recorded as what it stands for: a rerun resolves it the same, or is refused
             self.cfg = replace(self.cfg, score=replace(self.cfg.score, verifier=self.verifier()))
+        paths = run_paths.check_paths(self.run_dir, self.cfg)  # words that name other files from here than when it started
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         before = runs.round_records(self.run_dir)
         changed = runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
+        run_paths.record_paths(self.run_dir, paths)
         self.changes = runs.where_changes_apply(self.run_dir, changed, before)
         return lineage
 

@@ -1,0 +1,70 @@
+"""A run's relative paths keep naming the files it started with, whichever directory it is rerun from."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from toprcli.config import IterateConfig, load_config
+from toprcli.errors import UserError
+from toprcli.run_paths import PATHS_FILE, check_paths, record_paths
+
+
+def _cfg() -> IterateConfig:
+    return IterateConfig(model="models/tiny", run_dir="runs/a")
+
+
+@pytest.fixture
+def two_projects(tmp_path, monkeypatch):
+    """proj/ and other/, each with a models/tiny of its own; the run lives in proj/runs/a."""
+    for project in ("proj", "other"):
+        (tmp_path / project / "models" / "tiny").mkdir(parents=True)
+    run = tmp_path / "proj" / "runs" / "a"
+    run.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "proj")
+    record_paths(run, check_paths(run, _cfg()))
+    return tmp_path, run
+
+
+def test_the_first_invocation_records_where_each_relative_path_pointed(two_projects):
+    root, run = two_projects
+    record = json.loads((run / PATHS_FILE).read_text())
+    assert record == {"cwd": str(root / "proj"), "paths": {"model": {"words": "models/tiny", "path": str(root / "proj" / "models" / "tiny")}}}
+    record_paths(run, check_paths(run, _cfg()))  # rerun from the same place: accepted, nothing new
+    assert json.loads((run / PATHS_FILE).read_text()) == record
+
+
+def test_a_rerun_where_the_same_words_name_other_files_is_refused(two_projects, monkeypatch):
+    root, run = two_projects
+    monkeypatch.chdir(root / "other")  # `topr iterate --run-dir ../proj/runs/a`: models/tiny is other/'s model
+    with pytest.raises(UserError, match=rf"model: models/tiny names {root}/other/models/tiny from here, but this run started "
+                                        rf"with {root}/proj/models/tiny — run from {root}/proj"):
+        check_paths(run, _cfg())
+    os.chdir(root)  # from where the words name nothing: the same refusal, not a hub id looked up
+    with pytest.raises(UserError, match="models/tiny does not exist from here"):
+        check_paths(run, _cfg())
+
+
+def test_a_project_that_moved_with_its_files_goes_on_from_the_new_place(two_projects, monkeypatch):
+    root, run = two_projects
+    (root / "proj").rename(root / "moved")
+    monkeypatch.chdir(root / "moved")
+    run = root / "moved" / "runs" / "a"
+    with pytest.warns(UserWarning, match="is gone"):
+        record = check_paths(run, _cfg())
+    record_paths(run, record)
+    assert json.loads((run / PATHS_FILE).read_text())["paths"]["model"]["path"] == str(root / "moved" / "models" / "tiny")
+
+
+def test_names_hub_ids_and_absolute_paths_are_not_recorded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.jsonl").write_text("{}\n")
+    (tmp_path / "plug.py").write_text("")
+    cfg = load_config(IterateConfig, None, {"model": "org/hub-model", "generate.dataset.source": "data/t.jsonl",
+                                            "score.verifier": "python:plug.py:score", "eval.dataset.source": str(tmp_path / "data" / "t.jsonl")})
+    record = check_paths(tmp_path, cfg)
+    assert record["paths"] == {"generate.dataset.source": {"words": "data/t.jsonl", "path": str(tmp_path / "data" / "t.jsonl")},
+                               "score.verifier": {"words": "plug.py", "path": str(tmp_path / "plug.py")}}

@@ -1,0 +1,64 @@
+"""Where a run's relative paths pointed when it started (``paths.json`` in the run dir).
+
+A config says ``model: models/tiny`` or ``source: data/train.jsonl``; each invocation reads them against its own
+working directory. Rerun from another directory (``topr iterate --run-dir ../proj/runs/a``), the same words can name
+other files, and the run would go on training on them as if nothing changed (the recorded config compares words, not
+files). So the first invocation records each relative path's absolute target, and a later one whose words now name
+another existing target is refused; when the recorded target is gone (the project moved with its files), the new one
+is taken, and said.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from toprcli.config import IterateConfig, config_to_dict
+from toprcli.errors import UserError
+from toprcli.shards import read_json, value_at, write_json_atomic
+
+PATHS_FILE = "paths.json"
+# The settings that name files a run reads (a model dir, a data file, a few-shot file, a plugin verifier's module).
+PATH_KEYS = ("model", "generate.dataset.source", "generate.dataset.few_shot_split", "eval.dataset.source",
+             "eval.dataset.few_shot_split", "train.ref_model", "eval.verifier_model", "score.verifier", "eval.verifier")
+
+
+def _relative(value: Any) -> str | None:
+    """The relative file path a setting's value names (``python:FILE:fn``: FILE), or None (absolute, a name, a hub id)."""
+    if not isinstance(value, str) or not value:
+        return None
+    if value.startswith("python:"):
+        value = value.split(":")[1]
+    return None if os.path.isabs(value) or value.startswith(("builtin:", "~")) else value
+
+
+def check_paths(run_dir: Path, cfg: IterateConfig) -> dict[str, Any]:
+    """Refuse a relative path that names another existing file than when the run started; returns the record to keep
+    (:func:`record_paths` writes it once the run's config is accepted)."""
+    path = Path(run_dir) / PATHS_FILE
+    recorded = read_json(path, needs="paths") if path.is_file() else {"cwd": os.getcwd(), "paths": {}}
+    resolved, kept = config_to_dict(cfg), dict(recorded["paths"])
+    for key in PATH_KEYS:
+        words = _relative(value_at(resolved, key))
+        if words is None:
+            continue
+        here, was = os.path.abspath(words), recorded["paths"].get(key)
+        if was is not None and was["words"] == words and was["path"] != here and os.path.exists(was["path"]):
+            fix = f"run from {recorded['cwd']}" if os.path.exists(os.path.join(recorded["cwd"], words)) else "write the path absolutely"
+            what = f"names {here} from here" if os.path.exists(here) else f"does not exist from here ({os.getcwd()})"
+            raise UserError(f"{key}: {words} {what}, but this run started with {was['path']} — {fix} (the run must go on "
+                            "with the files it started with)")
+        if os.path.exists(here):
+            if was is not None and was["words"] == words and was["path"] != here:
+                warnings.warn(f"{key}: {words} is {here} now; {was['path']}, where the run started, is gone (the project moved?)")
+            kept[key] = {"words": words, "path": here}
+    return {"cwd": recorded["cwd"] if path.is_file() else os.getcwd(), "paths": kept}
+
+
+def record_paths(run_dir: Path, record: dict[str, Any]) -> None:
+    """Keep ``record`` (from :func:`check_paths`) when it says something new."""
+    path = Path(run_dir) / PATHS_FILE
+    if not path.is_file() or read_json(path, needs="paths") != record:
+        write_json_atomic(path, record)
