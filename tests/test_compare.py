@@ -164,3 +164,61 @@ def test_the_first_run_is_labelled_with_what_it_changed_on_the_way(tmp_path):
     other = _recorded(tmp_path, "other", [per, per, per], **{"train.lr": 1e-4})
     compared, _ = write_comparison([grown, other], tmp_path / "cmp")
     assert [v["label"] for v in compared["variants"]] == ["grown (train.lr=0.001 from round 2)", "other (train.lr=0.0001)"]
+
+
+def _branch(parent: Path, run: Path, at: int) -> None:
+    """Make ``run``'s rounds up to ``at`` its parent's, as `--branch-from parent/round-<at>` links them."""
+    import shutil
+
+    for r in range(at + 1):
+        shutil.rmtree(run / f"round-{r:03d}")
+        shutil.copytree(parent / f"round-{r:03d}", run / f"round-{r:03d}")
+    (run / "lineage.json").write_text(json.dumps({"parent": str(parent), "round": at, "links": "hardlink", "changed": []}))
+
+
+def test_a_branch_with_another_history_is_not_a_seed_and_shared_rounds_are_one_measurement(tmp_path):
+    """sft-from1 ran one TOPR round before SFT: it was grouped as a second seed of sft-s0 (mean ± std, a paired test);
+    the round 0 that seed branches share was shown as 4 seeds' 0.105 ± 0.000."""
+    from toprcli.compare import write_comparison
+
+    per = lambda hits: {f"p{i}": float(i < hits) for i in range(8)}  # noqa: E731
+    topr = _recorded(tmp_path, "topr", [per(2), per(3), per(4)])
+    sft = _recorded(tmp_path, "sft", [per(2), per(4), per(5)], **{"train.loss": "sft"})
+    late = _recorded(tmp_path, "sft-from1", [per(2), per(3), per(6)], **{"train.loss": "sft", "train.seed": 1})
+    seed = _recorded(tmp_path, "topr-s1", [per(2), per(5), per(6)], **{"train.seed": 1})
+    _branch(topr, sft, 0), _branch(topr, late, 1), _branch(topr, seed, 0)
+    compared, _ = write_comparison([topr, seed, sft, late], tmp_path / "cmp")
+    labels = [v["label"] for v in compared["variants"]]
+    assert labels == ["topr+topr-s1 (2 seeds)", "sft (train.loss=sft)", "sft-from1 (train.loss=sft from round 2)"]
+    zero = compared["variants"][0]["series"][0]
+    assert zero["round"] == 0 and zero["pass@1"] == 0.25 and "pass@1" not in zero["seeds"]  # one measurement: no spread
+    assert compared["variants"][0]["final"]["seeds"]["pass@1"]["values"] == [0.5, 0.75]
+
+
+def test_what_the_table_cannot_show_is_said(tmp_path):
+    """A lagging seed, a repeat and fewer prompts are said; maj@k is named by its k."""
+    import shutil
+
+    from toprcli.compare import write_comparison
+
+    per = lambda hits, n=8: {f"p{i}": float(i < hits) for i in range(n)}  # noqa: E731
+    a = _recorded(tmp_path, "a", [per(2), per(4), per(5)])
+    lag = _recorded(tmp_path, "lag", [per(2), per(3)], **{"train.seed": 1})
+    shutil.rmtree(lag / "round-001" / "eval")  # killed before round 1's eval
+    again = _recorded(tmp_path, "again", [per(2), per(4), per(5)])
+    fewer = _recorded(tmp_path, "fewer", [per(2, 4), per(2, 4), per(3, 4)], **{"train.lr": 1e-4})
+    compared, out = write_comparison([a, lag, again, fewer], tmp_path / "cmp")
+    text = (out / "compare.md").read_text()
+    assert "its runs were evaluated to different rounds (a 2, lag 0): compared at round 0" in text and "finish lag" in text
+    assert "again has the settings of a, seeds included: a repeat" in text
+    assert "fewer (train.lr=0.0001) was evaluated on 4 prompts and a+lag (2 seeds) on 8" in text
+    assert "| maj@4 |" in text  # one k: named in the row
+
+
+def test_p_tilde_is_what_the_round_s_loss_trains_on(tmp_path):
+    from toprcli.report import _trained_share
+
+    row = {"p": 0.2, "p_effective": 0.5}
+    assert _trained_share({"train": {"loss": "topr"}}, row) == {}
+    assert _trained_share({"train": {"loss": "sft"}}, row) == {"p_effective": 1.0}  # negatives carry no gradient
+    assert _trained_share({"train": {"loss": "dpo"}}, row) == {"p_effective": None}  # pairs, not advantages

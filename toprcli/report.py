@@ -17,7 +17,9 @@ from typing import Any
 import pyarrow.compute as pc
 
 from toprcli.config import IterateConfig, as_now, read_yaml
+from toprcli.data.formats import get_path
 from toprcli.errors import UserError
+from toprcli.losses import LOSSES
 from toprcli.runs import CONFIG_FILE, LINEAGE_FILE, round_dir, round_dirs, run_summary, setting_changes
 from toprcli.shards import changed_keys, read_json, read_jsonl_records, read_manifest, read_table
 from toprcli.stages.eval import HOW_IT_RUNS
@@ -39,12 +41,24 @@ def collect(run_dir: str | Path) -> list[dict[str, Any]]:
         row.update(_reward_stats(round_dir(run_dir, row["round"]) / "scored"))
         config = _round_config(run_dir, row["round"])
         if config is not None:
+            row.update(_trained_share(config, row))
             configs[row["round"]] = config
             before = configs.get(row["round"] - 1)
             if before is not None:
                 row["config_changed"] = setting_changes(before, config)
             row["eval_comparable"] = not any(k.startswith("eval.") and not _how_eval_runs(k) for k in changed_keys(configs[min(configs)], config))
     return rows
+
+
+def _trained_share(config: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """p̃ as the round's loss trains on it: the data's, except where the loss weighs no negative (sft: 1) or weighs
+    pairs, not advantages (dpo: none)."""
+    spec = LOSSES.get(str(get_path(config, "train.loss")))
+    if spec is None or row.get("p_effective") is None:
+        return {}
+    if spec.pairwise:
+        return {"p_effective": None}
+    return {} if spec.trains_negatives else {"p_effective": 1.0 if row.get("p") else None}
 
 
 def _round_config(run_dir: Path, r: int) -> dict[str, Any] | None:
@@ -187,16 +201,16 @@ ACCURACY = (("pass@1", "pass@1"), ("maj@k", "maj@k"), ("greedy_accuracy", "greed
 EVAL_KEYS = tuple(key for key, _ in ACCURACY)
 
 
-def plot_series(ax: Any, rows: list[dict[str, Any]], key: str, label: str, color: str | None = None) -> None:
-    """One metric over rounds, with its 95% interval as error bars where the round's eval has one; an eval metric of
-    rounds evaluated with other settings (``eval_comparable``) is drawn apart, unjoined to the rounds before it, in
-    the same colour."""
+def plot_series(ax: Any, rows: list[dict[str, Any]], key: str, label: str, color: str | None = None, bars: tuple[str, ...] = ("intervals",)) -> None:
+    """One metric over rounds, with error bars where a round's row has them (``bars``: the first of those keys that has
+    the metric: a run's 95% interval, a seed variant's ``spread``); an eval metric of rounds evaluated with other
+    settings (``eval_comparable``) is drawn apart, unjoined to the rounds before it, in the same colour."""
     apart = key in EVAL_KEYS and any(r.get("eval_comparable") is False for r in rows)
     parts = [([r for r in rows if r.get("eval_comparable") is not False], label, "-")]
     if apart:
         parts.append(([r for r in rows if r.get("eval_comparable") is False], f"{label} (other eval settings)", "none"))
     for part, name, line in parts:
-        pts = [(r["round"], r[key], (r.get("intervals") or {}).get(key)) for r in part if r.get(key) is not None]
+        pts = [(r["round"], r[key], next((r[b][key] for b in bars if key in (r.get(b) or {})), None)) for r in part if r.get(key) is not None]
         if pts:
             xs, ys, cis = zip(*pts)
             # A percentile interval need not contain the mean (few resamples): matplotlib refuses negative error bars.

@@ -56,13 +56,16 @@ class LossSpec:
     pairwise: bool = False
     # The aggregation the loss is defined with (None: the caller's choice).
     aggregation: Optional[str] = None
+    # Whether rows with A < 0 carry gradient (sft drops them: its positive share is 1, whatever the data's p̃).
+    trains_negatives: bool = True
 
 
 LOSSES: Dict[str, LossSpec] = {}
 
 
 def register_loss(
-    name: str, *, description: str = "", uses_behavior: bool = True, pairwise: bool = False, aggregation: Optional[str] = None
+    name: str, *, description: str = "", uses_behavior: bool = True, pairwise: bool = False, aggregation: Optional[str] = None,
+    trains_negatives: bool = True,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn`` under ``name``; its options are its keyword-only parameters,
     their defaults the ones in its signature (declared once).
@@ -83,7 +86,7 @@ def register_loss(
             raise ValueError(f"loss {name!r}: every keyword-only option needs a default")
         if aggregation is not None and aggregation not in AGGREGATIONS:
             raise ValueError(f"loss {name!r}: unknown aggregation {aggregation!r}")
-        LOSSES[name] = LossSpec(name, fn, options, description, uses_behavior, pairwise, aggregation)
+        LOSSES[name] = LossSpec(name, fn, options, description, uses_behavior, pairwise, aggregation, trains_negatives)
         return fn
 
     return deco

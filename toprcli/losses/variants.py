@@ -61,7 +61,7 @@ def topr_loss(logprobs, behavior_logprobs, advantages, mask, *, ratio_level="seq
     return _reinforce(alpha, logprobs, advantages), metrics
 
 
-@register_loss("sft", description="positives only (coef 1 for A > 0), negatives dropped", uses_behavior=False)
+@register_loss("sft", description="positives only (coef 1 for A > 0), negatives dropped", uses_behavior=False, trains_negatives=False)
 def sft_loss(logprobs, behavior_logprobs, advantages, mask):
     """l_{i,t} = −1[A_i > 0] A_i log π_{i,t}."""
     coef = (advantages > 0).to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
