@@ -68,3 +68,4 @@ def test_names_hub_ids_and_absolute_paths_are_not_recorded(tmp_path, monkeypatch
     record = check_paths(tmp_path, cfg)
     assert record["paths"] == {"generate.dataset.source": {"words": "data/t.jsonl", "path": str(tmp_path / "data" / "t.jsonl")},
                                "score.verifier": {"words": "plug.py", "path": str(tmp_path / "plug.py")}}
+

@@ -421,3 +421,23 @@ def test_a_missing_out_and_a_file_for_a_run_dir_say_so(inputs, tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     r = CliRunner().invoke(app, ["report", str(tmp_path / "notes.txt")])
     assert r.exit_code == 2 and "not a run directory (a file)" in one_error_line(r.stderr)
+
+
+def test_a_copied_run_s_own_config_names_the_original_and_is_refused(tmp_path, monkeypatch):
+    """`cp -r runs/d moved/d; topr iterate -c moved/d/config.yaml` resumed the original runs/d (the copy untouched)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from toprcli.cli.iterate import check_config
+    from toprcli.cli.main import app
+    from toprcli.config import IterateConfig, config_to_dict
+
+    monkeypatch.chdir(tmp_path)
+    copy = tmp_path / "moved" / "d"
+    (copy / "round-000").mkdir(parents=True)
+    (copy / "config.yaml").write_text(yaml.safe_dump(config_to_dict(IterateConfig(run_dir="runs/d"))))
+    r = CliRunner().invoke(app, ["iterate", "-c", str(copy / "config.yaml")])
+    assert r.exit_code == 2 and f"is the record of the run in {copy}, but names run_dir runs/d" in r.output
+    assert f"topr iterate --run-dir {copy}" in r.output and not (tmp_path / "runs").exists()
+    check_config(str(copy / "config.yaml"), {"run_dir": "runs/d"}, IterateConfig(run_dir="runs/d"))  # --run-dir said which
+    check_config(str(copy / "config.yaml"), {}, IterateConfig(run_dir=str(copy)))  # the run's own dir

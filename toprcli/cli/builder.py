@@ -50,6 +50,7 @@ class Stage:
     resume: str = RESUME  # the advice printed when a signal stops the command
     more: str | None = None  # a list field that also takes positional values (curate -s a b c)
     default_config: Callable[[dict[str, Any]], Any] | None = None  # the config file used when --config is not given (given the flags)
+    check_config: Callable[[str, dict[str, Any], Any], None] | None = None  # (--config's path, the flags given, the config): refusals
     transient: bool = True  # progress bars vanish when the stage ends
     extra: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # own options: name → (annotation, default), passed to run
 
@@ -164,6 +165,8 @@ def build(stage: Stage) -> Callable[..., None]:
         given = {**overrides, **sets, **{name: kw[name] for name in stage.extra}}
         path = kw["config_"] or (stage.default_config(given) if stage.default_config else None)
         cfg = load_config(stage.config, path, overrides, sets=sets)
+        if stage.check_config and kw["config_"]:
+            stage.check_config(kw["config_"], given, cfg)
         send_noise_to(stage.log(cfg), kw["verbose_"], kw["json_"])
         try:
             with progress_bars(kw["progress_"] and not kw["json_"], transient=stage.transient) as progress:

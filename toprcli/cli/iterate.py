@@ -64,6 +64,18 @@ def default_config(given: dict) -> Path:
     return path
 
 
+def check_config(path: str, given: dict, cfg: IterateConfig) -> None:
+    """``-c RUN/config.yaml``, a run's own record, acts on the run_dir written in it: a copied or moved run's names the
+    original (it resumed the original, or began anew at its old path, with the copy's work untouched)."""
+    from toprcli.errors import UserError
+    from toprcli.runs import CONFIG_FILE, round_dirs
+
+    home = Path(path).resolve().parent
+    if given.get("run_dir") is None and Path(path).name == CONFIG_FILE and round_dirs(home) and Path(cfg.run_dir).resolve() != home:
+        raise UserError(f"{path} is the record of the run in {home}, but names run_dir {cfg.run_dir} (the run was copied or moved?) — "
+                        f"to go on with {home}: topr iterate --run-dir {home}; to act on {cfg.run_dir}, pass --run-dir {cfg.run_dir}")
+
+
 def run(cfg: IterateConfig, progress, report: bool = True, apply_from_next_round: bool = False, branch_from: str | None = None) -> StageResult:
     from toprcli.pipeline import Pipeline
     from toprcli.report import write_report
@@ -114,4 +126,5 @@ EXTRA = {
     "apply_from_next_round": (Annotated[bool, typer.Option(metavar="", show_default=False, help="Use a changed config from the next round on, and in the round in progress for the steps it has not begun (default: --no-apply-from-next-round).")], False),
     "branch_from": (Annotated[str | None, typer.Option(help="Start --run-dir from RUN/round-00K of another run (hard links, no copies); the config applies from round K+1.")], None),
 }
-STAGE = Stage("iterate", IterateConfig, run, show, DOC, log=log_file, default_config=default_config, extra=EXTRA)
+STAGE = Stage("iterate", IterateConfig, run, show, DOC, log=log_file, default_config=default_config, check_config=check_config,
+              extra=EXTRA)
