@@ -359,3 +359,22 @@ def test_a_rounds_eval_with_verifier_auto_judges_its_own_dataset(tmp_path):
     other = from_dict(IterateConfig, {"run_dir": str(tmp_path / "b"), "generate": {"dataset": {"source": "builtin:gsm8k"}},
                                       "eval": {"dataset": {"source": "HuggingFaceH4/MATH-500", "preset": "math"}}})
     assert Pipeline(other).eval_config(1, "policy").verifier == "auto"  # resolved by the eval stage from its dataset: math
+
+
+def test_partial_work_made_otherwise_gets_the_run_s_fix_not_the_command_s(tmp_path):
+    """A run dir copied with `cp -r` (new file times) mid-train: the checkpoint's refusal said 'run without --resume',
+    which iterate has no way to do; the run names what to remove, and how to copy a run."""
+    from toprcli.config import IterateConfig
+    from toprcli.errors import MadeOtherwise, UserError
+    from toprcli.pipeline import Pipeline, Step
+
+    cfg = IterateConfig(run_dir=str(tmp_path / "run"), model="m")
+    partial = tmp_path / "run" / "round-001" / "policy.partial"
+
+    def resume():
+        raise MadeOtherwise(f"the checkpoint in {partial} was made with a different data — run without --resume to start over", partial)
+
+    with pytest.raises(UserError) as e:
+        Pipeline(cfg)._run_step(Step("round-001/train", lambda: False, resume))
+    assert not isinstance(e.value, MadeOtherwise) and "--resume" not in str(e.value)
+    assert f"round-001/train cannot resume it: remove {partial} to redo the step" in str(e.value) and "`cp -a`" in str(e.value)

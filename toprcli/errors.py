@@ -17,3 +17,12 @@ class UserError(Exception):
 
 class OutputLocked(UserError):
     """Another process is writing the output: this command did nothing, and the output's log is the other's."""
+
+
+class MadeOtherwise(UserError):
+    """Partial work in an output that was made from other inputs or settings than this run's, so it cannot be resumed;
+    ``where`` is that output (`topr iterate` says to remove it: its --out advice is for a command run alone)."""
+
+    def __init__(self, message: str, where: object) -> None:
+        super().__init__(message)
+        self.where = where

@@ -37,7 +37,7 @@ from typing import Any
 from toprcli import run_paths, run_tracking, runs
 from toprcli.config import EngineConfig, EvalConfig, IterateConfig, TrainConfig, validated
 from toprcli.data.datasets import default_verifier, load_examples
-from toprcli.errors import UserError
+from toprcli.errors import MadeOtherwise, UserError
 from toprcli.generation import open_backend
 from toprcli.generation.base import cuda_available
 from toprcli.launch import run_eval, run_generate, run_train, runs_in_child
@@ -365,7 +365,11 @@ class Pipeline:
         r = round_of(step.key)
         if step.key.startswith(("round-", "warmstart/")):  # a round's config is recorded when it starts (the warm start's is round 0's)
             runs.record_round(self.run_dir, r, self.round_cfg(r))
-        step.run()
+        try:
+            step.run()
+        except MadeOtherwise as e:  # the stage's fix (--out, --resume) is for a command run alone; here the run owns the output
+            raise UserError(f"{str(e).split(' — ')[0]} — {step.key} cannot resume it: remove {e.where} to redo the step (a run dir copied "
+                            "with `cp -r` gets new file times, which toprcli's fingerprints read: `cp -a` and `rsync -a` keep them)") from None
         if not step.is_done():  # a stage that returned without its output would be skipped on, and fail the next step
             raise UserError(f"{step.key} ended without its output — rerun the same command to resume it")
         self.state.record(step.key, time.perf_counter() - t0, **self.engine.handover_s)

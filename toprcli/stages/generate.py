@@ -57,7 +57,7 @@ import pyarrow as pa
 
 from toprcli import shards
 from toprcli.config import GenerateConfig, SamplingConfig, config_to_dict, validated
-from toprcli.errors import UserError
+from toprcli.errors import MadeOtherwise, UserError
 from toprcli.generation import open_backend, resolve_backend_name
 from toprcli.generation.base import GenerationBackend, ProgressEvent, PromptRequest, SamplingParams, cuda_available, derive_seed, resolve_dtype
 from toprcli.generation.model_info import check_model, context_length, load_tokenizer
@@ -120,14 +120,11 @@ def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], block
             said = {"model": f"the files of the model at {model} are not those the shards were made with"}
             diff = [said["model"] if d.startswith("model=") else d for d in shards.changes(old, key)] if isinstance(old, dict) else []
             what = ", ".join(diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
-            raise UserError(
-                f"{out} already holds shards generated with other settings ({what}) — use a new --out or delete that directory"
-            )
+            raise MadeOtherwise(f"{out} already holds shards generated with other settings ({what}) — use a new --out or delete that directory", out)
         stats, ids_ok = meta.get("shard", {}), index < len(blocks) and meta.get("shard", {}).get("prompt_ids_sha") == _ids_digest(blocks[index])
         if not ids_ok or stats.get("prompts_sha") not in (None, _content_digest(blocks[index])):  # (older shards: no content digest)
-            raise UserError(
-                f"{path.name} in {out} holds other prompts than this run would put there (the dataset changed?) — use a new --out or delete that directory"
-            )
+            raise MadeOtherwise(f"{path.name} in {out} holds other prompts than this run would put there (the dataset changed?) — use a new --out "
+                                "or delete that directory", out)
 
 
 # -- the stage ----------------------------------------------------------------

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from toprcli import shards
 from toprcli.config import DatasetSpec, ScoreConfig, config_to_dict, from_dict, validated
 from toprcli.data.datasets import default_verifier
-from toprcli.errors import UserError
+from toprcli.errors import MadeOtherwise, UserError
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
 from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, check_sources, plugins, resolve_verifier, reward_of
@@ -53,7 +53,7 @@ MAX_ERROR_EXAMPLES = 5
 RESCORING_FILE = "_rescoring.json"  # an --overwrite run under way (its token)
 
 
-class ScoredOtherwise(UserError):
+class ScoredOtherwise(MadeOtherwise):
     """The output holds shards scored from other samples or with other settings."""
 
 
@@ -317,7 +317,8 @@ def _refuse_mixing(samples: Path, files: dict[int, Path], existing: dict[int, Pa
                         "use a new --out, or --overwrite to rescore (it removes such shards)")
     stale = [i for i in files if i in existing and not _reusable(existing[i], settings, fingerprints[i])]
     if stale:
-        raise ScoredOtherwise(f"{existing[stale[0]]} was scored from other samples or with other settings — use a new --out, or --overwrite to rescore")
+        raise ScoredOtherwise(f"{existing[stale[0]]} was scored from other samples or with other settings — use a new --out, or --overwrite to rescore",
+                              existing[stale[0]].parent)
 
 
 def _refuse_foreign(out: Path, existing: dict[int, Path]) -> None:
