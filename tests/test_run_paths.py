@@ -69,3 +69,31 @@ def test_names_hub_ids_and_absolute_paths_are_not_recorded(tmp_path, monkeypatch
     assert record["paths"] == {"generate.dataset.source": {"words": "data/t.jsonl", "path": str(tmp_path / "data" / "t.jsonl")},
                                "score.verifier": {"words": "plug.py", "path": str(tmp_path / "plug.py")}}
 
+
+
+def test_a_hand_edited_run_config_is_checked_against_topr_s_record(tmp_path):
+    """Editing RUN/config.yaml (train.loss, the training data) and rerunning with --run-dir alone bypassed every guard:
+    the file was compared with itself. topr's own copy is the record it is checked against, as a -c would be."""
+    import yaml
+
+    from toprcli.config import config_to_dict, load_config
+    from toprcli.run_paths import keep_recorded_copy, recorded_copy
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    cfg = IterateConfig(run_dir=str(run), model="m", rounds=2)
+    reconcile(run, cfg, apply_from_next_round=False)  # the first invocation records it
+    keep_recorded_copy(run)
+    (run / "round-001" / "samples").mkdir(parents=True)  # work made with it
+    (run / "round-001" / "samples" / "shard-00000.parquet").write_bytes(b"x")
+    assert recorded_copy(run) is None  # untouched
+    edited = config_to_dict(cfg)
+    edited["train"]["loss"] = "sft"
+    (run / "config.yaml").write_text(yaml.safe_dump(edited))
+    now = load_config(IterateConfig, run / "config.yaml")  # `topr iterate --run-dir RUN` reads the edited file
+    assert reconcile(run, now, apply_from_next_round=False, write=False) == []  # compared with itself: no change seen
+    with pytest.raises(UserError, match=r"started with a different config \(changed: train.loss\)"):
+        reconcile(run, now, apply_from_next_round=False, recorded_file=recorded_copy(run))
+    assert reconcile(run, now, apply_from_next_round=True, recorded_file=recorded_copy(run)) == ["train.loss"]
+    keep_recorded_copy(run)
+    assert recorded_copy(run) is None and "sft" in (run / ".recorded-config.yaml").read_text()

@@ -122,7 +122,7 @@ def test_branch_reuses_the_parent_round_and_reports_its_lineage(one_round, tmp_p
     r = CliRunner().invoke(app, ["report", str(parent), str(child), "--out", str(tmp_path / "cmp"), "--json"])
     assert r.exit_code == 0, r.output
     runs, variants = json.loads(r.stdout)["runs"], json.loads(r.stdout)["variants"]
-    assert [run["label"] for run in runs] == [v["label"] for v in variants] == ["base-run", "child (train.lr=0.0005)"]
+    assert [run["label"] for run in runs] == [v["label"] for v in variants] == ["base-run", "child (train.lr=0.0005 from round 2)"]  # rounds 0-1 are the parent's
     assert [len(run["rounds"]) for run in runs] == [2, 3] and runs[1]["lineage"]["round"] == 1
     paired = variants[1]["paired_vs_first"]  # child's round 2 against the parent's round 1, over the same 4 test prompts
     assert paired["rounds"] == [1, 2] and paired["pass@1"]["prompts"] == 4
@@ -130,7 +130,7 @@ def test_branch_reuses_the_parent_round_and_reports_its_lineage(one_round, tmp_p
     assert lo <= paired["pass@1"]["difference"] <= hi and paired["pass@1"]["outside_noise"] == (lo > 0 or hi < 0)
     parent_rows = json.loads(CliRunner().invoke(app, ["report", str(parent), "--json"]).stdout)
     assert runs[0]["rounds"][1]["pass@1"] == parent_rows[1]["pass@1"] == runs[1]["rounds"][1]["pass@1"]  # the shared round
-    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000 and "child (train.lr=0.0005)" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000 and "child (train.lr=0.0005 from round 2)" in (tmp_path / "cmp" / "compare.md").read_text()
     # A branch must not change what the inherited rounds were made with.
     line = refused(config, "--run-dir", str(tmp_path / "bad"), "--rounds", "2", "--set", "score.verifier=math", "--branch-from", str(parent / "round-001"))
     assert "score.verifier (the verifier) differs from the parent's" in line and not (tmp_path / "bad").exists()

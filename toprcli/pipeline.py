@@ -325,8 +325,15 @@ class Pipeline:
         paths = run_paths.check_paths(self.run_dir, self.cfg)  # words that name other files from here than when it started
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         before = runs.round_records(self.run_dir)
-        changed = runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round)
+        edited = run_paths.recorded_copy(self.run_dir)  # config.yaml edited by hand: checked against topr's copy, as a -c is
+        try:
+            changed = runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round, recorded_file=edited)
+        except UserError as e:
+            if edited is None:
+                raise
+            raise UserError(f"{e} ({self.run_dir / runs.CONFIG_FILE} was edited since topr recorded it; the record: {edited})") from None
         run_paths.record_paths(self.run_dir, paths)
+        run_paths.keep_recorded_copy(self.run_dir)
         self.changes = runs.where_changes_apply(self.run_dir, changed, before)
         return lineage
 

@@ -1,4 +1,5 @@
-"""Where a run's relative paths pointed when it started (``paths.json`` in the run dir).
+"""Where a run's relative paths pointed when it started (``paths.json`` in the run dir), and its config as topr last
+recorded it (``.recorded-config.yaml``: the run's ``config.yaml`` edited by hand is checked against it as a ``-c`` is).
 
 A config says ``model: models/tiny`` or ``source: data/train.jsonl``; each invocation reads them against its own
 working directory. Rerun from another directory (``topr iterate --run-dir ../proj/runs/a``), the same words can name
@@ -17,9 +18,11 @@ from typing import Any
 
 from toprcli.config import IterateConfig, config_to_dict
 from toprcli.errors import UserError
-from toprcli.shards import read_json, value_at, write_json_atomic
+from toprcli.runs import CONFIG_FILE
+from toprcli.shards import read_json, value_at, write_json_atomic, write_text_atomic
 
 PATHS_FILE = "paths.json"
+RECORDED_COPY = ".recorded-config.yaml"  # config.yaml as topr last wrote it
 # The settings that name files a run reads (a model dir, a data file, a few-shot file, a plugin verifier's module).
 PATH_KEYS = ("model", "generate.dataset.source", "generate.dataset.few_shot_split", "eval.dataset.source",
              "eval.dataset.few_shot_split", "train.ref_model", "eval.verifier_model", "score.verifier", "eval.verifier")
@@ -62,3 +65,17 @@ def record_paths(run_dir: Path, record: dict[str, Any]) -> None:
     path = Path(run_dir) / PATHS_FILE
     if not path.is_file() or read_json(path, needs="paths") != record:
         write_json_atomic(path, record)
+
+
+def recorded_copy(run_dir: Path) -> Path | None:
+    """topr's copy of the run's config when ``config.yaml`` no longer matches it (edited by hand), else None: an edit
+    then counts as a change, refused or applied from the next round as one passed with ``-c`` (it bypassed both)."""
+    copy, path = Path(run_dir) / RECORDED_COPY, Path(run_dir) / CONFIG_FILE
+    return copy if copy.is_file() and path.is_file() and copy.read_bytes() != path.read_bytes() else None
+
+
+def keep_recorded_copy(run_dir: Path) -> None:
+    """After the run's config is accepted (and recorded): keep topr's copy of it."""
+    path, copy = Path(run_dir) / CONFIG_FILE, Path(run_dir) / RECORDED_COPY
+    if path.is_file() and (not copy.is_file() or copy.read_bytes() != path.read_bytes()):
+        write_text_atomic(copy, path.read_text())

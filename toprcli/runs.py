@@ -136,8 +136,9 @@ def setting_changes(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[
     return sorted(k for k in changed_keys(a, b) if k not in how and not k.startswith("tracking."))
 
 
-def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool, write: bool = True) -> list[str]:
-    """Check ``cfg`` against the run's recorded config and (``write``) record it; returns the keys that changed.
+def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool, write: bool = True, recorded_file: Path | None = None) -> list[str]:
+    """Check ``cfg`` against the run's recorded config (``recorded_file``: topr's copy, when the run's was edited) and
+    (``write``) record it; returns the keys that changed.
 
     Raises :class:`UserError` for a change that is refused (with the key and why)."""
     path, resolved = Path(run_dir) / CONFIG_FILE, config_to_dict(cfg)
@@ -147,7 +148,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
         return []
     # Read back through the schema: a key added to toprcli since the run started takes its default, which
     # is how the run behaved, so it is no change (a removed or moved key is one error listing them).
-    recorded = _auto_as_now(config_to_dict(_recorded(path)), resolved)
+    recorded = _auto_as_now(config_to_dict(_recorded(recorded_file or path)), resolved)
     # A run may move; trackers may be added or changed (the metrics are the same, the tracked run resumes).
     changed = sorted(k for k in changed_keys(recorded, resolved) - {"run_dir"} if not k.startswith("tracking."))
     if changed and _made_nothing(run_dir):  # nothing was made with the old config (a typo refused at once): the new one replaces it

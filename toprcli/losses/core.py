@@ -46,8 +46,7 @@ class LossSpec:
     fn: LossFn
     options: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
-    # Whether the loss reads μ (behavior_logprobs). Greedy data has no μ; only losses
-    # that ignore it can train on it.
+    # Whether the loss reads μ (behavior_logprobs). Greedy data has no μ: only losses that ignore it train on it.
     uses_behavior: bool = True
     # A pairwise loss reads rows as (chosen, rejected) pairs — rows 2k and 2k+1, the
     # chosen one (A > 0) first — and its ``behavior_logprobs`` slot holds the reference
@@ -64,8 +63,7 @@ LOSSES: Dict[str, LossSpec] = {}
 
 
 def register_loss(
-    name: str, *, description: str = "", uses_behavior: bool = True, pairwise: bool = False, aggregation: Optional[str] = None,
-    trains_negatives: bool = True,
+    name: str, *, description: str = "", uses_behavior: bool = True, pairwise: bool = False, aggregation: Optional[str] = None, trains_negatives: bool = True
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn`` under ``name``; its options are its keyword-only parameters,
     their defaults the ones in its signature (declared once).
