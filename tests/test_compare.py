@@ -215,10 +215,11 @@ def test_what_the_table_cannot_show_is_said(tmp_path):
     assert "| maj@4 |" in text  # one k: named in the row
 
 
-def test_p_tilde_is_what_the_round_s_loss_trains_on(tmp_path):
-    from toprcli.report import _trained_share
+def test_p_tilde_is_what_the_round_s_loss_trains_on():
+    """report, compare, iterate's table and the trackers showed curate's p̃ 0.5 for sft (it trains on positives only)."""
+    from toprcli.runs import trained_share
 
     row = {"p": 0.2, "p_effective": 0.5}
-    assert _trained_share({"train": {"loss": "topr"}}, row) == {}
-    assert _trained_share({"train": {"loss": "sft"}}, row) == {"p_effective": 1.0}  # negatives carry no gradient
-    assert _trained_share({"train": {"loss": "dpo"}}, row) == {"p_effective": None}  # pairs, not advantages
+    assert trained_share("topr", row) == {} and trained_share(None, row) == {}
+    assert trained_share("sft", row) == {"p_effective": 1.0}  # negatives carry no gradient
+    assert trained_share("dpo", row) == {"p_effective": None}  # pairs, not advantages

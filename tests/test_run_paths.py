@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 
@@ -31,7 +32,8 @@ def two_projects(tmp_path, monkeypatch):
 def test_the_first_invocation_records_where_each_relative_path_pointed(two_projects):
     root, run = two_projects
     record = json.loads((run / PATHS_FILE).read_text())
-    assert record == {"cwd": str(root / "proj"), "paths": {"model": {"words": "models/tiny", "path": str(root / "proj" / "models" / "tiny")}}}
+    assert record == {"cwd": str(root / "proj"), "paths": {"model": {"words": "models/tiny", "path": str(root / "proj" / "models" / "tiny"),
+                                                                     "from_run": "../../models/tiny"}}}
     record_paths(run, check_paths(run, _cfg()))  # rerun from the same place: accepted, nothing new
     assert json.loads((run / PATHS_FILE).read_text()) == record
 
@@ -40,7 +42,7 @@ def test_a_rerun_where_the_same_words_name_other_files_is_refused(two_projects, 
     root, run = two_projects
     monkeypatch.chdir(root / "other")  # `topr iterate --run-dir ../proj/runs/a`: models/tiny is other/'s model
     with pytest.raises(UserError, match=rf"model: models/tiny names {root}/other/models/tiny from here, but this run started "
-                                        rf"with {root}/proj/models/tiny — run from {root}/proj"):
+                                        rf"with {root}/proj/models/tiny — run it from {root}/proj \(cd {root}/proj && topr iterate --run-dir {run}\)"):
         check_paths(run, _cfg())
     os.chdir(root)  # from where the words name nothing: the same refusal, not a hub id looked up
     with pytest.raises(UserError, match="models/tiny does not exist from here"):
@@ -52,10 +54,22 @@ def test_a_project_that_moved_with_its_files_goes_on_from_the_new_place(two_proj
     (root / "proj").rename(root / "moved")
     monkeypatch.chdir(root / "moved")
     run = root / "moved" / "runs" / "a"
-    with pytest.warns(UserWarning, match="is gone"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # where it lay beside the run, it lies beside it still: nothing to say
         record = check_paths(run, _cfg())
     record_paths(run, record)
     assert json.loads((run / PATHS_FILE).read_text())["paths"]["model"]["path"] == str(root / "moved" / "models" / "tiny")
+
+
+def test_a_copy_of_the_whole_project_goes_on_with_its_own_files(two_projects, monkeypatch):
+    """`cp -a proj proj2` and the run continued in proj2 was refused: the original's files still exist."""
+    import shutil
+
+    root, run = two_projects
+    shutil.copytree(root / "proj", root / "proj2", symlinks=True)
+    monkeypatch.chdir(root / "proj2")
+    record = check_paths(root / "proj2" / "runs" / "a", _cfg())
+    assert record["paths"]["model"]["path"] == str(root / "proj2" / "models" / "tiny") and record["cwd"] == str(root / "proj2")
 
 
 def test_names_hub_ids_and_absolute_paths_are_not_recorded(tmp_path, monkeypatch):
@@ -66,8 +80,12 @@ def test_names_hub_ids_and_absolute_paths_are_not_recorded(tmp_path, monkeypatch
     cfg = load_config(IterateConfig, None, {"model": "org/hub-model", "generate.dataset.source": "data/t.jsonl",
                                             "score.verifier": "python:plug.py:score", "eval.dataset.source": str(tmp_path / "data" / "t.jsonl")})
     record = check_paths(tmp_path, cfg)
-    assert record["paths"] == {"generate.dataset.source": {"words": "data/t.jsonl", "path": str(tmp_path / "data" / "t.jsonl")},
-                               "score.verifier": {"words": "plug.py", "path": str(tmp_path / "plug.py")}}
+    assert record["paths"] == {"generate.dataset.source": {"words": "data/t.jsonl", "path": str(tmp_path / "data" / "t.jsonl"), "from_run": "data/t.jsonl"},
+                               "score.verifier": {"words": "plug.py", "path": str(tmp_path / "plug.py"), "from_run": "plug.py"}}
+    (tmp_path / "train").mkdir()  # a folder named like a split, or a verifier: names, not paths
+    (tmp_path / "gsm8k").mkdir()
+    named = load_config(IterateConfig, None, {"score.verifier": "gsm8k", "generate.dataset.few_shot_split": "train"})
+    assert check_paths(tmp_path, named)["paths"] == {}
 
 
 
@@ -83,7 +101,7 @@ def test_a_hand_edited_run_config_is_checked_against_topr_s_record(tmp_path):
     run = tmp_path / "run"
     cfg = IterateConfig(run_dir=str(run), model="m", rounds=2)
     reconcile(run, cfg, apply_from_next_round=False)  # the first invocation records it
-    keep_recorded_copy(run)
+    keep_recorded_copy(run, cfg, None)
     (run / "round-001" / "samples").mkdir(parents=True)  # work made with it
     (run / "round-001" / "samples" / "shard-00000.parquet").write_bytes(b"x")
     assert recorded_copy(run) is None  # untouched
@@ -95,5 +113,11 @@ def test_a_hand_edited_run_config_is_checked_against_topr_s_record(tmp_path):
     with pytest.raises(UserError, match=r"started with a different config \(changed: train.loss\)"):
         reconcile(run, now, apply_from_next_round=False, recorded_file=recorded_copy(run))
     assert reconcile(run, now, apply_from_next_round=True, recorded_file=recorded_copy(run)) == ["train.loss"]
-    keep_recorded_copy(run)
+    keep_recorded_copy(run, now, recorded_copy(run))
     assert recorded_copy(run) is None and "sft" in (run / ".recorded-config.yaml").read_text()
+    # Edited again, then run with the original -c (no change against the record): the edit must not become the record
+    (run / "config.yaml").write_text(yaml.safe_dump({**config_to_dict(now), "rounds": 2, "train": {**config_to_dict(now)["train"], "loss": "dpo"}}))
+    assert reconcile(run, now, apply_from_next_round=False, recorded_file=recorded_copy(run)) == []
+    with pytest.warns(UserWarning, match="had been edited by hand"):
+        keep_recorded_copy(run, now, recorded_copy(run))
+    assert "dpo" not in (run / "config.yaml").read_text() and recorded_copy(run) is None

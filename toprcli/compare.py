@@ -91,6 +91,12 @@ def last_evaluated(rows: list[dict[str, Any]]) -> int:
     return max(evaluated(rows), default=rows[-1]["round"])
 
 
+def _same_history(i: int, j: int, configs: list[dict[str, Any] | None], histories: list[dict[int, dict[str, Any] | None]]) -> bool:
+    """Runs ``i`` and ``j`` have the same settings, seeds too, at the top and in every round both made: a repeat."""
+    return None not in (configs[i], configs[j]) and not setting_changes(configs[i], configs[j]) and not any(
+        setting_changes(histories[i][r], histories[j][r]) for r in histories[i].keys() & histories[j].keys())
+
+
 def made_by(run_dir: Path, r: int) -> str:
     """The run that made round ``r`` of ``run_dir``: itself, or, for a round a branch took from its parent, the parent's
     maker (its copies are one measurement, not one per branch)."""
@@ -142,8 +148,7 @@ def variants(dirs: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any
         at = max(set.intersection(*(evaluated(m["rounds"]) for m in members)), default=min(rounds))  # the last all seeds evaluated
         final = next((r for r in series if r["round"] == at), series[-1] if series else {"round": at})
         k = next((r.get("k") for r in members[0]["rounds"] if r["round"] == at), None)
-        repeats = next((names[j] for v in out for j in v["indices"] if None not in (configs[j], configs[group[0]])
-                        and not setting_changes(configs[j], configs[group[0]])), None)  # the same settings, seeds too
+        repeats = next((names[j] for v in out for j in v["indices"] if _same_history(j, group[0], configs, histories)), None)
         for m in members:
             m["label"] = text
         out.append({"label": text, "differs": keys, "runs": [m["run_dir"] for m in members], "round": at, "k": k, "repeats": repeats,

@@ -333,7 +333,7 @@ class Pipeline:
                 raise
             raise UserError(f"{e} ({self.run_dir / runs.CONFIG_FILE} was edited since topr recorded it; the record: {edited})") from None
         run_paths.record_paths(self.run_dir, paths)
-        run_paths.keep_recorded_copy(self.run_dir)
+        run_paths.keep_recorded_copy(self.run_dir, self.cfg, edited)
         self.changes = runs.where_changes_apply(self.run_dir, changed, before)
         return lineage
 

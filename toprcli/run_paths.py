@@ -16,48 +16,57 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from toprcli.config import IterateConfig, config_to_dict
+from toprcli.data.local_files import LOCAL_FORMATS, local_suffix
 from toprcli.errors import UserError
 from toprcli.runs import CONFIG_FILE
-from toprcli.shards import read_json, value_at, write_json_atomic, write_text_atomic
+from toprcli.shards import read_json, value_at, write_atomic, write_json_atomic, write_text_atomic
 
 PATHS_FILE = "paths.json"
 RECORDED_COPY = ".recorded-config.yaml"  # config.yaml as topr last wrote it
 # The settings that name files a run reads (a model dir, a data file, a few-shot file, a plugin verifier's module).
 PATH_KEYS = ("model", "generate.dataset.source", "generate.dataset.few_shot_split", "eval.dataset.source",
-             "eval.dataset.few_shot_split", "train.ref_model", "eval.verifier_model", "score.verifier", "eval.verifier")
+             "eval.dataset.few_shot_split", "eval.candidates", "train.ref_model", "eval.verifier_model", "score.verifier", "eval.verifier")
 
 
-def _relative(value: Any) -> str | None:
-    """The relative file path a setting's value names (``python:FILE:fn``: FILE), or None (absolute, a name, a hub id)."""
+def _relative(key: str, value: Any) -> str | None:
+    """The relative file path a setting's value names, or None (absolute, a name such as a verifier's or a split's, a hub
+    id): a verifier names a file only as ``python:FILE.py:fn``, a few-shot split only as a data file."""
     if not isinstance(value, str) or not value:
         return None
-    if value.startswith("python:"):
-        value = value.split(":")[1]
-    return None if os.path.isabs(value) or value.startswith(("builtin:", "~")) else value
+    if key.endswith("verifier"):
+        value = value.split(":")[1] if value.startswith("python:") and value.split(":")[1].endswith(".py") else ""
+    elif key.endswith("few_shot_split") and local_suffix(value) not in LOCAL_FORMATS:
+        return None
+    return None if not value or os.path.isabs(value) or value.startswith(("builtin:", "~")) else value
 
 
 def check_paths(run_dir: Path, cfg: IterateConfig) -> dict[str, Any]:
     """Refuse a relative path that names another existing file than when the run started; returns the record to keep
-    (:func:`record_paths` writes it once the run's config is accepted)."""
-    path = Path(run_dir) / PATHS_FILE
+    (:func:`record_paths` writes it once the run's config is accepted). A run dir copied or moved with its project
+    (``cp -a proj proj2``) finds its files where they lie beside it, as they lay beside the original: taken."""
+    path, home = Path(run_dir) / PATHS_FILE, os.path.abspath(run_dir)
     recorded = read_json(path, needs="paths") if path.is_file() else {"cwd": os.getcwd(), "paths": {}}
     resolved, kept = config_to_dict(cfg), dict(recorded["paths"])
     for key in PATH_KEYS:
-        words = _relative(value_at(resolved, key))
+        words = _relative(key, value_at(resolved, key))
         if words is None:
             continue
         here, was = os.path.abspath(words), recorded["paths"].get(key)
-        if was is not None and was["words"] == words and was["path"] != here and os.path.exists(was["path"]):
-            fix = f"run from {recorded['cwd']}" if os.path.exists(os.path.join(recorded["cwd"], words)) else "write the path absolutely"
+        beside = os.path.relpath(here, home)  # where the file lies from the run dir: the same in a copy of the whole project
+        if was is not None and was["words"] == words and was["path"] != here and was.get("from_run") != beside and os.path.exists(was["path"]):
             what = f"names {here} from here" if os.path.exists(here) else f"does not exist from here ({os.getcwd()})"
-            raise UserError(f"{key}: {words} {what}, but this run started with {was['path']} — {fix} (the run must go on "
+            raise UserError(f"{key}: {words} {what}, but this run started with {was['path']} — run it from {recorded['cwd']} "
+                            f"(cd {recorded['cwd']} && topr iterate --run-dir {home}), or write the path absolutely (the run must go on "
                             "with the files it started with)")
         if os.path.exists(here):
-            if was is not None and was["words"] == words and was["path"] != here:
+            if was is not None and was["words"] == words and was["path"] != here and was.get("from_run") != beside:
                 warnings.warn(f"{key}: {words} is {here} now; {was['path']}, where the run started, is gone (the project moved?)")
-            kept[key] = {"words": words, "path": here}
-    return {"cwd": recorded["cwd"] if path.is_file() else os.getcwd(), "paths": kept}
+            kept[key] = {"words": words, "path": here, "from_run": beside}
+    moved = any(v["path"] != recorded["paths"].get(k, v)["path"] for k, v in kept.items())
+    return {"cwd": os.getcwd() if moved or not path.is_file() else recorded["cwd"], "paths": kept}
 
 
 def record_paths(run_dir: Path, record: dict[str, Any]) -> None:
@@ -74,8 +83,14 @@ def recorded_copy(run_dir: Path) -> Path | None:
     return copy if copy.is_file() and path.is_file() and copy.read_bytes() != path.read_bytes() else None
 
 
-def keep_recorded_copy(run_dir: Path) -> None:
-    """After the run's config is accepted (and recorded): keep topr's copy of it."""
+def keep_recorded_copy(run_dir: Path, cfg: IterateConfig, edited: Path | None) -> None:
+    """After the run's config is accepted: ``config.yaml`` is the config accepted (a hand edit another ``-c`` overrode
+    must not become the record), and topr's copy is ``config.yaml``'s bytes."""
     path, copy = Path(run_dir) / CONFIG_FILE, Path(run_dir) / RECORDED_COPY
+    if edited is not None:
+        if (yaml.safe_load(path.read_text()) or {}) != config_to_dict(cfg):
+            warnings.warn(f"{path} had been edited by hand; it now holds the config this run goes on with (its edit is not used)")
+        write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     if path.is_file() and (not copy.is_file() or copy.read_bytes() != path.read_bytes()):
-        write_text_atomic(copy, path.read_text())
+        data = path.read_bytes()
+        write_atomic(copy, lambda tmp: Path(tmp).write_bytes(data))

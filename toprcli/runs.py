@@ -34,6 +34,7 @@ import yaml
 from toprcli.config import ConfigError, IterateConfig, config_to_dict, from_dict, read_yaml
 from toprcli.errors import UserError
 from toprcli.generation.model_info import PRUNED_FILE
+from toprcli.losses import LOSSES
 from toprcli.shards import changed_keys, value_at, read_file_metadata, read_json, write_json_atomic, write_text_atomic
 from toprcli.stages import eval as eval_stage
 
@@ -426,6 +427,7 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
     if curated.exists():
         meta = read_file_metadata(curated)
         out.update({key: meta[key] for key in ("p", "c", "p_effective", "p_target", "rows_out") if key in meta})
+        out.update(trained_share(value_at(yaml.safe_load((d / CONFIG_FILE).read_text()) or {}, "train.loss") if (d / CONFIG_FILE).is_file() else None, out))
     summary = d / "policy" / "train_summary.json"
     if summary.exists():
         s = read_json(summary)
@@ -433,6 +435,14 @@ def round_summary(run_dir: Path, r: int) -> dict[str, Any]:
             if key in s:
                 out[f"train_{key}"] = s[key]
     return out
+
+
+def trained_share(loss: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """p̃ as the round's ``loss`` trains: the data's, but 1 where no negative carries gradient (sft), none for pairs (dpo)."""
+    spec = LOSSES.get(str(loss))
+    if spec is None or row.get("p_effective") is None or spec.trains_negatives and not spec.pairwise:
+        return {}
+    return {"p_effective": None if spec.pairwise or not row.get("p") else 1.0}
 
 
 def run_summary(run_dir: str | Path) -> list[dict[str, Any]]:

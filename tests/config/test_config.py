@@ -440,3 +440,15 @@ def test_a_config_built_in_python_is_checked_by_its_stage_as_a_files_would_be(tm
     with pytest.raises(UserError, match=r"call toprcli.launch.run_train\(cfg\)"):
         train.run(TrainConfig(model="m", data="d", out=str(tmp_path / "t"), nproc_per_node=2))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_recompute_behavior_in_a_pipeline_needs_each_round_trained_from_its_sampler(tmp_path):
+    """The 8B configs recompute μ: a warm start (gold rows, no sampler) and rounds that replay or train from the base
+    were refused at their training, after the round had generated and scored."""
+    from toprcli.config import IterateConfig, load_config
+
+    cfg = load_config(IterateConfig, None, sets={"train.recompute_behavior": "true", "warm_start.enabled": "true"})
+    assert cfg.warm_start_train().recompute_behavior is False
+    for key, value in (("replay_rounds", "1"), ("train_from", "base")):
+        with pytest.raises(ConfigError, match="recompute_behavior recomputes μ with the policy a round trains from"):
+            load_config(IterateConfig, None, sets={"train.recompute_behavior": "true", key: value})

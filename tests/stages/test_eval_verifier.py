@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -37,6 +38,7 @@ def test_p_yes_judges_the_k_samples_and_the_measures_follow_from_the_scores(tiny
     verified = pq.read_table(out / "verified")
     scores, valid = verified.column("verifier_score").to_numpy(), verified.column("verifier_valid").to_numpy()
     assert verified.num_rows == 18 and np.all((scores >= 0) & (scores <= 1)) and np.all((valid > 0) & (valid <= 1))
+    assert verified.schema.field("verifier_score").type == pa.float64()  # float32 tied confident candidates (1 − 1e-8, 1 − 1e-9)
     assert m["verifier_invalid_rate"] == pytest.approx(1 - valid.astype(np.float64).mean())
     pids, correct = verified.column("prompt_id").to_pylist(), verified.column("correct").to_pylist()
     keys = vote_keys("gsm8k", pids, verified.column("extracted_answer").to_pylist(), correct, 3)

@@ -40,9 +40,12 @@ def test_rows_are_labelled_candidates_and_generate_reads_them(tmp_path):
     assert res.stage == "verifier-data" and not res.skipped
     assert res["rows_in"] == 6 and res["rows_out"] == 4 and (res["yes"], res["no"]) == (2, 2)
     assert res["dropped"] == {"unscored (timeout/error)": 1, "duplicates": 1} and res["question_source"] == "question"
-    t = pq.read_table(out).to_pylist()
-    assert [r["answer"] for r in t] == ["Yes", "No", "No", "Yes"] and [r["label"] for r in t] == [True, False, False, True]
-    first = t[0]
+    t = pq.read_table(out).to_pylist()  # shuffled (seeded): the first N rows, a warm start's, are a sample of the candidates
+    assert sorted(r["answer"] for r in t) == ["No", "No", "Yes", "Yes"] and all(r["label"] == (r["answer"] == "Yes") for r in t)
+    again = tmp_path / "again.parquet"
+    run(VerifierDataConfig(scored=[str(scored_dir(tmp_path / "again"))], out=str(again)))
+    assert [r["id"] for r in pq.read_table(again).to_pylist()] == [r["id"] for r in t]  # one seed, one order
+    first = next(r for r in t if r["candidate"] == "3 + 4 = 7\n#### 7")
     assert first["question"].startswith("Question: What is 3 + 4?\n\nProposed solution: 3 + 4 = 7\n#### 7")
     assert first["question"].endswith(REQUEST) and first["source_prompt_id"] == "p1" and first["candidate"] == "3 + 4 = 7\n#### 7"
     assert len({r["id"] for r in t}) == 4
@@ -51,9 +54,9 @@ def test_rows_are_labelled_candidates_and_generate_reads_them(tmp_path):
     spec = DatasetSpec(source=str(out), split="test")
     assert resolve_preset(spec).name == "verification" and resolve_preset(spec).verifier == "judge"
     examples = load_examples(spec)
-    assert [e.prompt_id for e in examples] == [r["id"] for r in t] and [e.answer for e in examples] == ["Yes", "No", "No", "Yes"]
+    assert [e.prompt_id for e in examples] == [r["id"] for r in t] and [e.answer for e in examples] == [r["answer"] for r in t]
     assert render_prompt(examples[0], spec).endswith(REQUEST + "\nVerdict:")
-    assert examples[0].solution == "Yes"  # what a supervised warm start trains the verifier to say
+    assert examples[0].solution == t[0]["answer"]  # what a supervised warm start trains the verifier to say
 
 
 def test_balance_and_cap_are_seeded(tmp_path):

@@ -71,7 +71,8 @@ def check_config(path: str, given: dict, cfg: IterateConfig) -> None:
     from toprcli.runs import CONFIG_FILE, round_dirs
 
     home = Path(path).resolve().parent
-    if given.get("run_dir") is None and Path(path).name == CONFIG_FILE and round_dirs(home) and Path(cfg.run_dir).resolve() != home:
+    made = round_dirs(home) or (home / "base").is_dir() or (home / "warmstart").is_dir()  # a run's dir, whatever it has made
+    if given.get("run_dir") is None and Path(path).name == CONFIG_FILE and made and Path(cfg.run_dir).resolve() != home:
         raise UserError(f"{path} is the record of the run in {home}, but names run_dir {cfg.run_dir} (the run was copied or moved?) — "
                         f"to go on with {home}: topr iterate --run-dir {home}; to act on {cfg.run_dir}, pass --run-dir {cfg.run_dir}")
 

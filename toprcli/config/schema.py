@@ -347,7 +347,7 @@ class EvalConfig:
 # config differ from the rounds' training unless the config says otherwise.
 WARM_START_TRAIN = {
     "loss": "sft", "loss_options": {}, "optimizer": "adamw", "lr": 2e-3, "batch_size": 64,
-    "schedule": "cosine", "warmup_steps": 10, "epochs": 1.0, "max_steps": None, "kl_coef": 0.0, "ref_model": None,
+    "schedule": "cosine", "warmup_steps": 10, "epochs": 1.0, "max_steps": None, "kl_coef": 0.0, "ref_model": None, "recompute_behavior": False,
     "group_by_prompt": False, "shared_prefix": False,  # one gold solution per prompt: nothing to share, rows batched as rows
 }
 
@@ -416,6 +416,9 @@ class IterateConfig:
             if getattr(self.eval.dataset, key) != getattr(self.generate.dataset, key):
                 raise ConfigError(f"eval.dataset.{key} differs from generate.dataset.{key} — the verifier judges eval.candidates "
                                   "with the prompts it was trained on; make them equal")
+        if self.train.recompute_behavior and (self.replay_rounds or self.train_from != "previous"):  # μ by the policy trained from
+            raise ConfigError("train.recompute_behavior recomputes μ with the policy a round trains from, which must be the one that sampled "
+                              "all its data — set train_from: previous and replay_rounds: 0, or drop it")
         if (self.generate.num_shards, self.generate.shard_index) != (1, 0):  # iterate generates the whole prompt set
             raise ConfigError("generate.num_shards is set in a pipeline config — a round generates every prompt; spread it over "
                               "processes with generate.data_parallel_size instead")

@@ -91,7 +91,7 @@ def judge(cfg: EvalConfig, out: Path, backend: Any, progress: ProgressFn | None)
             scores, valid = _p_yes(cfg, verifier, table, backend, progress)
         else:
             scores, valid = _sampled(cfg, verifier, table, backend, out, progress, decides)
-        table = table.append_column(pa.field("verifier_score", pa.float32()), pa.array(scores, pa.float32()))
+        table = table.append_column(pa.field("verifier_score", pa.float64()), pa.array(scores, pa.float64()))  # float32: P(No) 1e-8 and 1e-9 tied
         table = table.append_column(pa.field("verifier_valid", pa.float32()), pa.array(valid, pa.float32()))
         shards.write_shard(verified, 0, table, metadata={"stage": "eval-judge", **info, "score": scored_by})  # judging it again votes as here
         shards.write_manifest(verified, stage="eval-judge", config=info, inputs={"candidates": str(source)}, counts={"rows": table.num_rows})

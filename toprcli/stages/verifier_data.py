@@ -124,7 +124,8 @@ def _build(cfg: VerifierDataConfig, inputs: ScoredInputs, progress: ProgressFn |
         larger = yes if len(yes) > len(no) else no
         keep[rng.choice(larger, size=abs(len(yes) - len(no)), replace=False)] = False
         dropped["balance"] = before - int(keep.sum())
-    kept = np.flatnonzero(keep)  # input order
+    kept = np.flatnonzero(keep)
+    kept = kept[rng.permutation(len(kept))]  # shuffled: the first N rows (a warm start's, an eval's limit) are a sample, not round 1's first problems
     if len(kept) == 0:
         raise UserError("no candidates left after selection — relax --max-per-question / drop --balance")
 

@@ -68,7 +68,8 @@ def precompute(prep: Prepared, policy: PolicyLogprobs, ctx: DistContext, autocas
         policy.eval()
         own = score_dataset(policy, prep, ctx, autocast=autocast)
         policy.train()
-        state["gap"] = {**behavior_gap(data.behavior, own), "behavior_gap_source": "full pass"}
+        if not prep.processing.greedy:  # greedy data has no μ to compare with (the warm start's: zeros)
+            state["gap"] = {**behavior_gap(data.behavior, own), "behavior_gap_source": "full pass"}
         if prep.recomputes_behavior:  # μ under log π's distribution (a pairwise loss: its unprocessed reference), by this trainer's numerics
             behavior = precomputed["behavior"] = own
         if need_ref_from_policy:

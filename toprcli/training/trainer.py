@@ -121,7 +121,7 @@ def train_loop(prep: Prepared, ctx: DistContext, progress: ProgressFn | None,
             last = _step_record(prep, state, stats.reduce(ctx), step, grad_norm, lr, time.perf_counter() - t0, time.process_time() - c0)
             if ctx.is_main:
                 if step == 0:
-                    _warn_behavior_gap(prep, last)
+                    _warn_behavior_gap(prep, {**(state["gap"] or {}), **last})  # a full pass before step 1 measured it there
                 if (step + 1) % cfg.log_every == 0 or step + 1 == prep.steps:
                     metrics_file.write(json.dumps(json_safe(last)) + "\n")  # a diverged step's NaN as null: strict JSON
                     metrics_file.flush()
