@@ -149,3 +149,24 @@ def test_a_bad_launcher_template_is_refused_before_its_config_is_written(tmp_pat
     with pytest.raises(UserError, match="train.launcher: bad template"):
         launch.train_in_child(TrainConfig(model="m", data="d.parquet", out=str(tmp_path / "p"), launcher="x {cmd}"))
     assert not list(tmp_path.iterdir())
+
+
+def test_ranks_refusing_their_checkpoint_reach_iterate_as_work_made_otherwise(tmp_path, monkeypatch):
+    """Under torchrun the ranks' refusal ('run without --resume') came back as a plain error: iterate could not say to
+    remove <out>.partial, the only fix it has."""
+    import toprcli.launch as launch
+    from toprcli.config import TrainConfig
+    from toprcli.errors import RESUME_REFUSED, MadeOtherwise, UserError
+
+    def refused(command, log, what):
+        raise UserError(f"{what} failed (exit code 2): error: the checkpoint in x {RESUME_REFUSED} data (d) — run without --resume")
+
+    monkeypatch.setattr(launch.train_stage, "check", lambda cfg: None)
+    monkeypatch.setattr(launch, "run_logged", refused)
+    with pytest.raises(MadeOtherwise) as e:
+        launch.train_in_child(TrainConfig(model="m", data="d.parquet", out=str(tmp_path / "p"), nproc_per_node=2))
+    assert e.value.where == tmp_path / "p.partial"
+    monkeypatch.setattr(launch, "run_logged", lambda command, log, what: (_ for _ in ()).throw(UserError("out of memory")))
+    with pytest.raises(UserError) as e:
+        launch.train_in_child(TrainConfig(model="m", data="d.parquet", out=str(tmp_path / "q"), nproc_per_node=2))
+    assert not isinstance(e.value, MadeOtherwise)

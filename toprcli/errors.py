@@ -26,3 +26,6 @@ class MadeOtherwise(UserError):
     def __init__(self, message: str, where: object) -> None:
         super().__init__(message)
         self.where = where
+
+
+RESUME_REFUSED = "was made with a different"  # how the trainer's refusal of its checkpoint reads (launch finds it in a child's error)

@@ -27,7 +27,7 @@ import yaml
 
 from toprcli import interrupt
 from toprcli.config import EvalConfig, GenerateConfig, TrainConfig, config_to_dict
-from toprcli.errors import UserError
+from toprcli.errors import RESUME_REFUSED, MadeOtherwise, UserError
 from toprcli.generation.vllm_cpu import BIND_VAR, core_groups
 from toprcli.progress import ProgressFn
 from toprcli.shards import read_manifest, write_text_atomic
@@ -176,7 +176,12 @@ def train_in_child(cfg: TrainConfig, on_launch: Callable[[Path], None] | None = 
     log = out.with_name(out.name + ".train.log")
     if on_launch is not None:
         on_launch(log)
-    run_logged(command, log, what=f"training of {out}")
+    try:
+        run_logged(command, log, what=f"training of {out}")
+    except UserError as e:  # the ranks refused their checkpoint (made otherwise): the caller's fix applies (iterate: remove it)
+        if RESUME_REFUSED in str(e):
+            raise MadeOtherwise(str(e), out.with_name(out.name + ".partial")) from None
+        raise
     if not done.is_file():
         raise UserError(f"the training launcher exited without writing {done} — check train.launcher runs `toprcli train --config {config_file}`")
     return json.loads(done.read_text())

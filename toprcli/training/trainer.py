@@ -37,7 +37,7 @@ import torch
 
 from toprcli import interrupt
 from toprcli.config import TrainConfig, config_to_dict
-from toprcli.errors import MadeOtherwise, UserError
+from toprcli.errors import RESUME_REFUSED, MadeOtherwise, UserError
 from toprcli.losses import LOSSES, policy_loss, whiten
 from toprcli.progress import ProgressFn, report
 from toprcli.shards import changed_keys, json_safe, write_text_atomic
@@ -241,7 +241,7 @@ def _resume(prep: Prepared, path, policy, optimizer, scheduler, ctx: DistContext
             if key.startswith("config") and "config" in saved:
                 changed = sorted(k for k in changed_keys(saved["config"], config_to_dict(prep.cfg)) if k.split(".")[0] not in (*NON_SEMANTIC_KEYS, "data"))
                 what += f" (changed: {', '.join(changed[:4]) or 'the model files (copied without their times?) or the data processing'})"
-            raise MadeOtherwise(f"the checkpoint in {path.parent} was made with a different {what} — run without --resume to start over", prep.partial)
+            raise MadeOtherwise(f"the checkpoint in {path.parent} {RESUME_REFUSED} {what} — run without --resume to start over", prep.partial)
     return ckpt.load_checkpoint(path, policy, optimizer, scheduler, ctx)
 
 
