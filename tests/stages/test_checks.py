@@ -43,3 +43,20 @@ def test_an_eval_rendered_otherwise_or_on_the_training_file_is_warned_of(tmp_pat
     data.write_text('{"question": "1+1?", "answer": "2"}\n')
     with pytest.warns(UserWarning, match="evaluated on the prompts they train on"):
         check_eval_dataset(_cfg({"source": str(data)}, {"source": str(data), "split": "test"}))
+
+
+def test_a_starting_model_that_is_neither_a_dir_here_nor_a_reachable_hub_id_is_refused_before_work(tmp_path, monkeypatch):
+    """`model: models/tiny` from a directory without it read as a hub id, passed, and failed at round 0's eval with a
+    connection error, a run dir made; `config check` stays offline (a hub id's config is not fetched)."""
+    from toprcli.config import IterateConfig
+    from toprcli.errors import UserError
+    from toprcli.stages import checks
+
+    def unreachable(model, override=None):
+        raise UserError(f"cannot read the config of {model}: We couldn't connect to 'https://huggingface.co' — check the model dir or hub id")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(checks, "context_length", unreachable)
+    with pytest.raises(UserError, match=rf"model models/tiny: no such directory \(from {tmp_path}\), and as a hub id: cannot read the config"):
+        checks.check_starting_model(IterateConfig(model="models/tiny"), "models/tiny")
+    checks.check_starting_model(IterateConfig(model="models/tiny"), "models/tiny", hub=False)  # config check: not fetched

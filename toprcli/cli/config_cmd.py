@@ -105,7 +105,7 @@ def _check_pipeline(cfg) -> None:
     from toprcli.stages.checks import check_starting_model
 
     if cfg.model and not cfg.warm_start.init_model:
-        check_starting_model(cfg, cfg.model)
+        check_starting_model(cfg, cfg.model, hub=False)  # a hub id's config is not fetched: a config is checked offline
 
 
 @app.command("import-roll")

@@ -51,13 +51,20 @@ def check_eval_dataset(cfg: IterateConfig) -> None:
                       "the prompts they train on — point eval.dataset.source at held-out problems", stacklevel=2)
 
 
-def check_starting_model(cfg: IterateConfig, model: str) -> None:
-    """A pipeline's starting model: there (a mistyped path, a directory without config.json or tokenizer), and with room in
-    its context for a prompt beside each completion (generate refused it at round 0, after the engine had started)."""
+def check_starting_model(cfg: IterateConfig, model: str, *, hub: bool = True) -> None:
+    """A pipeline's starting model: there (a mistyped path, a directory without config.json or tokenizer; a hub id whose config
+    cannot be read, unless not ``hub``: `config check` stays offline), and with room in its context for a prompt beside each
+    completion (generate refused it at round 0, after the engine had started; a mistyped relative path, read as a hub id,
+    failed there too, with a run dir made)."""
     check_model(model)
-    if not Path(model).is_dir():  # a hub id: its config is not read here
+    if not Path(model).is_dir() and not hub:
         return
-    own = context_length(model)  # read once; a section's max_model_len overrides it
+    try:
+        own = context_length(model)  # read once (a hub id's config.json: fetched); a section's max_model_len overrides it
+    except UserError as e:
+        if Path(model).is_dir():
+            raise
+        raise UserError(f"model {model}: no such directory (from {Path.cwd()}), and as a hub id: {e}") from None
     for stage, section in (("generate", cfg.generate), ("eval", cfg.eval)):
         context = own if section.engine.max_model_len is None else section.engine.max_model_len
         if context is not None and section.sampling.max_new_tokens >= context:
