@@ -170,3 +170,16 @@ def test_ranks_refusing_their_checkpoint_reach_iterate_as_work_made_otherwise(tm
     with pytest.raises(UserError) as e:
         launch.train_in_child(TrainConfig(model="m", data="d.parquet", out=str(tmp_path / "q"), nproc_per_node=2))
     assert not isinstance(e.value, MadeOtherwise)
+
+
+def test_a_failed_child_is_told_by_its_own_lines_not_an_earlier_attempt_s(tmp_path):
+    """The log is appended to: attempt 1's 'error: ... was made with a different ...' was read again when attempt 2
+    died without a line of its own, and iterate said to remove the valid checkpoints attempt 2 had written."""
+    from toprcli.errors import UserError
+    from toprcli.launch import run_logged
+
+    log = tmp_path / "p.train.log"
+    log.write_text("error: the checkpoint in p.partial was made with a different data — run without --resume\n")
+    with pytest.raises(UserError) as e:
+        run_logged("echo training; exit 137", log, what="training of p")
+    assert "was made with a different" not in str(e.value) and "exit code 137" in str(e.value) and "training" in str(e.value)

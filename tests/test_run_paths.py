@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,19 @@ def test_a_hand_edited_run_config_is_checked_against_topr_s_record(tmp_path):
     with pytest.warns(UserWarning, match="had been edited by hand"):
         keep_recorded_copy(run, now, recorded_copy(run))
     assert "dpo" not in (run / "config.yaml").read_text() and recorded_copy(run) is None
+
+
+def test_a_run_dir_reached_through_a_symlink_is_where_it_lies(tmp_path, monkeypatch):
+    """Two checkouts each with `r -> /real/runs` and a models/tiny of their own: the run begun in p1 was taken in p2
+    (`--run-dir r/a`) with p2's model, since the run dir's position was the symlink's."""
+    (tmp_path / "real" / "runs" / "a").mkdir(parents=True)
+    for checkout in ("p1", "p2"):
+        (tmp_path / checkout / "models" / "tiny").mkdir(parents=True)
+        (tmp_path / checkout / "r").symlink_to(tmp_path / "real" / "runs")
+    monkeypatch.chdir(tmp_path / "p1")
+    record_paths(tmp_path / "p1" / "r" / "a", check_paths(Path("r/a"), _cfg()))
+    monkeypatch.chdir(tmp_path / "p2")
+    with pytest.raises(UserError, match=rf"names {tmp_path}/p2/models/tiny from here, but this run started with {tmp_path}/p1/models/tiny"):
+        check_paths(Path("r/a"), _cfg())
+    # A launch that made nothing (refused, or failed at once, from the wrong place) does not pin: the next one is taken.
+    assert check_paths(Path("r/a"), _cfg(), pinned=False)["paths"]["model"]["path"] == str(tmp_path / "p2" / "models" / "tiny")

@@ -77,9 +77,12 @@ def write_stage_config(cfg: Any, path: Path) -> Path:
     return write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
-def _last_error_line(log: Path) -> str:
+def _last_error_line(log: Path, start: int = 0) -> str:
+    """The line of ``log`` (from byte ``start``: this attempt's, the log is appended to) that says why a child failed."""
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        with open(log, "rb") as f:
+            f.seek(start)
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
     # topr's own one-line error first (a rank's), before torchrun's summary lines that mention "error"
@@ -104,6 +107,7 @@ def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str,
     log.parent.mkdir(parents=True, exist_ok=True)
     child_env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(STOP_GRACE_S) - 10), **os.environ, **(env or {}), DIE_WITH_PARENT: "1"}
     with open(log, "ab") as out:
+        start = out.tell()  # an earlier attempt's error line must not be taken for this one's
         out.write(f"$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n".encode())
         out.flush()
         proc = subprocess.Popen(
@@ -119,7 +123,7 @@ def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str,
             proc.kill()
             raise
     if code != 0:
-        last = _last_error_line(log)
+        last = _last_error_line(log, start)
         raise UserError(f"{what} failed (exit code {code}): {last} — see {log}")
 
 

@@ -315,14 +315,14 @@ class Pipeline:
         config the run cannot take (runs.reconcile). Makes the branch (once) and records the config the run
         can take. Returns a branch's lineage (its parent run and round), else None."""
         check_before_work(self.cfg)  # a round must not fail on a typo after generating, with a run dir that then holds it
-        first = not (self.run_dir / runs.CONFIG_FILE).exists()
+        first = not (self.run_dir / runs.CONFIG_FILE).exists() or runs.made_nothing(self.run_dir)  # a launch that failed before any work too
         if first and not self.cfg.warm_start.init_model and not (self.branch_from and self.cfg.train_from == "previous"):
             check_starting_model(self.cfg, self.initial_model())  # refused before the run dir records it (a branch: its round's policy)
         if first and self.verifier() == "data_source":  # an unmapped verl source: refused before round 0 generates
             check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
         if self.cfg.score.verifier == "auto":  # recorded as what it stands for: a rerun resolves it the same, or is refused
             self.cfg = replace(self.cfg, score=replace(self.cfg.score, verifier=self.verifier()))
-        paths = run_paths.check_paths(self.run_dir, self.cfg)  # words that name other files from here than when it started
+        paths = run_paths.check_paths(self.run_dir, self.cfg, pinned=not first)  # words that name other files than when it began
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         before = runs.round_records(self.run_dir)
         edited = run_paths.recorded_copy(self.run_dir)  # config.yaml edited by hand: checked against topr's copy, as a -c is

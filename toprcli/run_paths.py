@@ -43,18 +43,19 @@ def _relative(key: str, value: Any) -> str | None:
     return None if not value or os.path.isabs(value) or value.startswith(("builtin:", "~")) else value
 
 
-def check_paths(run_dir: Path, cfg: IterateConfig) -> dict[str, Any]:
+def check_paths(run_dir: Path, cfg: IterateConfig, *, pinned: bool = True) -> dict[str, Any]:
     """Refuse a relative path that names another existing file than when the run started; returns the record to keep
     (:func:`record_paths` writes it once the run's config is accepted). A run dir copied or moved with its project
-    (``cp -a proj proj2``) finds its files where they lie beside it, as they lay beside the original: taken."""
-    path, home = Path(run_dir) / PATHS_FILE, os.path.abspath(run_dir)
+    (``cp -a proj proj2``) finds its files where they lie beside it, as they lay beside the original: taken. Not ``pinned``
+    (nothing made yet: a launch from the wrong place that failed at once), the paths of this launch are taken."""
+    path, home = Path(run_dir) / PATHS_FILE, os.path.realpath(run_dir)  # real paths: a run dir reached through a symlink is where it lies
     recorded = read_json(path, needs="paths") if path.is_file() else {"cwd": os.getcwd(), "paths": {}}
     resolved, kept = config_to_dict(cfg), dict(recorded["paths"])
     for key in PATH_KEYS:
         words = _relative(key, value_at(resolved, key))
         if words is None:
             continue
-        here, was = os.path.abspath(words), recorded["paths"].get(key)
+        here, was = os.path.realpath(words), recorded["paths"].get(key) if pinned else None
         beside = os.path.relpath(here, home)  # where the file lies from the run dir: the same in a copy of the whole project
         if was is not None and was["words"] == words and was["path"] != here and was.get("from_run") != beside and os.path.exists(was["path"]):
             what = f"names {here} from here" if os.path.exists(here) else f"does not exist from here ({os.getcwd()})"
@@ -65,7 +66,7 @@ def check_paths(run_dir: Path, cfg: IterateConfig) -> dict[str, Any]:
             if was is not None and was["words"] == words and was["path"] != here and was.get("from_run") != beside:
                 warnings.warn(f"{key}: {words} is {here} now; {was['path']}, where the run started, is gone (the project moved?)")
             kept[key] = {"words": words, "path": here, "from_run": beside}
-    moved = any(v["path"] != recorded["paths"].get(k, v)["path"] for k, v in kept.items())
+    moved = not pinned or any(v["path"] != recorded["paths"].get(k, v)["path"] for k, v in kept.items())
     return {"cwd": os.getcwd() if moved or not path.is_file() else recorded["cwd"], "paths": kept}
 
 
@@ -88,7 +89,11 @@ def keep_recorded_copy(run_dir: Path, cfg: IterateConfig, edited: Path | None) -
     must not become the record), and topr's copy is ``config.yaml``'s bytes."""
     path, copy = Path(run_dir) / CONFIG_FILE, Path(run_dir) / RECORDED_COPY
     if edited is not None:
-        if (yaml.safe_load(path.read_text()) or {}) != config_to_dict(cfg):
+        try:
+            differs = (yaml.safe_load(path.read_text()) or {}) != config_to_dict(cfg)
+        except yaml.YAMLError:  # an edit that broke the file, overridden by -c
+            differs = True
+        if differs:
             warnings.warn(f"{path} had been edited by hand; it now holds the config this run goes on with (its edit is not used)")
         write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     if path.is_file() and (not copy.is_file() or copy.read_bytes() != path.read_bytes()):

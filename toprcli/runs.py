@@ -88,7 +88,7 @@ def begun_rounds(run_dir: Path) -> int:
     return max((r for r, d in round_dirs(run_dir).items() if _begun(d)), default=0)
 
 
-def _made_nothing(run_dir: Path) -> bool:
+def made_nothing(run_dir: Path) -> bool:
     """No step has made anything yet (a first invocation refused or stopped before its first output): the run
     holds its config and the rounds' records of it, nothing made with them."""
     return not any((run_dir / d).exists() for d in BEFORE_ROUNDS) and not any(_begun(d) for d in round_dirs(run_dir).values())
@@ -152,7 +152,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     recorded = _auto_as_now(config_to_dict(_recorded(recorded_file or path)), resolved)
     # A run may move; trackers may be added or changed (the metrics are the same, the tracked run resumes).
     changed = sorted(k for k in changed_keys(recorded, resolved) - {"run_dir"} if not k.startswith("tracking."))
-    if changed and _made_nothing(run_dir):  # nothing was made with the old config (a typo refused at once): the new one replaces it
+    if changed and made_nothing(run_dir):  # nothing was made with the old config (a typo refused at once): the new one replaces it
         if write:
             for d in round_dirs(run_dir).values():
                 (d / CONFIG_FILE).unlink(missing_ok=True)

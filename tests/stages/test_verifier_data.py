@@ -132,3 +132,18 @@ def test_an_out_that_is_a_directory_or_an_input_is_refused(tmp_path):
     with pytest.raises(UserError, match="is inside the scored input"):
         run(VerifierDataConfig(scored=[str(scored)], out=str(shard), overwrite=True))
     assert shard.read_bytes() == before
+
+
+def test_a_file_in_an_older_toprcli_s_input_order_is_not_taken_as_this_run_s(tmp_path):
+    """`make verifier-demo` on a run dir of before the shuffle reused its unshuffled train.parquet as up to date."""
+    from toprcli import shards
+
+    out, scored = tmp_path / "v.parquet", [str(scored_dir(tmp_path))]
+    run(VerifierDataConfig(scored=scored, out=str(out)))
+    assert run(VerifierDataConfig(scored=scored, out=str(out))).skipped  # a rerun: up to date
+    meta = shards.read_file_metadata(out)
+    del meta["order"]
+    shards.write_table_atomic(out, pq.read_table(out), meta)  # as an older toprcli wrote it
+    with pytest.raises(UserError, match="in the input order of an older toprcli"):
+        run(VerifierDataConfig(scored=scored, out=str(out)))
+    assert not run(VerifierDataConfig(scored=scored, out=str(out), overwrite=True)).skipped

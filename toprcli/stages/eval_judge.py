@@ -17,7 +17,7 @@ a score in [0, 1]:
   is the share of valid verdicts.
 
 Writes ``verified/``: the candidates' scored columns plus ``verifier_score``
-and ``verifier_valid`` (float32), then its ``_manifest.json``; a rerun reuses it.
+(float64) and ``verifier_valid`` (float32), then its ``_manifest.json``; a rerun reuses it.
 Returns the verifier's measures (:func:`toprcli.evaluation.verifier_metrics`),
 with the names ``best_of_k_verifier`` and ``weighted_maj@k``.
 """

@@ -71,14 +71,15 @@ def run(cfg: VerifierDataConfig, *, progress: ProgressFn | None = None) -> Stage
         if previous is not None:
             return StageResult(STAGE, str(out), previous, skipped=True)
         if not cfg.overwrite:
-            raise UserError(f"{out} already exists (from other inputs or settings) — pass --overwrite or choose another --out")
+            raise UserError(f"{out} already exists (from other inputs or settings, or in the input order of an older toprcli) — pass --overwrite "
+                            "or choose another --out")
     if inputs.rows == 0:
         raise UserError(f"the scored inputs hold no rows ({', '.join(cfg.scored)}) — check that `topr score` finished")
     shards.check_writable(out)
     with shards.output_lock(out):
         shards.remove_stale_temporaries(out.parent, of=out.name)  # a killed run's half-written file
         table, summary = _build(cfg, inputs, progress)
-        shards.write_table_atomic(out, table, {"stage": STAGE, "config": config, "inputs": fingerprints, "counts": summary})
+        shards.write_table_atomic(out, table, {"stage": STAGE, "config": config, "inputs": fingerprints, "counts": summary, "order": ORDER})
     return StageResult(STAGE, str(out), summary, wall_time_s=time.perf_counter() - t0)
 
 
@@ -162,10 +163,14 @@ def _build(cfg: VerifierDataConfig, inputs: ScoredInputs, progress: ProgressFn |
     return table, counts
 
 
+ORDER = "shuffled"  # how the rows are ordered: a seeded permutation (the first N a sample)
+
+
 def _previous(out: Path, config: dict[str, Any], fingerprints: dict[str, str]) -> dict[str, Any] | None:
     """The earlier summary when ``out`` was made from these inputs with these settings (a rerun)."""
     try:
         meta = shards.read_file_metadata(out)
     except Exception:
         return None
-    return meta.get("counts") if meta.get("stage") == STAGE and shards.made_from(meta, config, fingerprints) else None
+    same = meta.get("stage") == STAGE and meta.get("order") == ORDER and shards.made_from(meta, config, fingerprints)
+    return meta.get("counts") if same else None  # a file of the input order (before ORDER) is made again
