@@ -463,9 +463,10 @@ def test_a_run_that_made_nothing_takes_a_corrected_config(tmp_path):
         reconcile(run, typo, apply_from_next_round=True)
 
 
-def test_the_base_model_is_checked_on_a_first_run_only(tmp_path):
-    """A mistyped model is refused before the run dir records anything; a run already under way whose base model
-    has since been removed (later rounds train from their own policies) is not refused for it."""
+def test_the_base_model_is_checked_until_the_run_has_made_something(tmp_path):
+    """A mistyped model is refused before the run dir records anything, and again while nothing was made with it; a
+    run already under way whose base model has since been removed (later rounds train from their own policies) is not
+    refused for it."""
     from toprcli.config import IterateConfig
     from toprcli.errors import UserError
     from toprcli.pipeline import Pipeline
@@ -476,6 +477,10 @@ def test_the_base_model_is_checked_on_a_first_run_only(tmp_path):
         Pipeline(cfg).prepare()
     assert not (tmp_path / "run").exists()
     reconcile(tmp_path / "run", cfg, apply_from_next_round=False)  # the run as it was recorded when its model existed
+    with pytest.raises(UserError, match="model dir not found"):  # nothing made yet: round 0 needs the model, so it is checked
+        Pipeline(cfg).prepare()
+    (tmp_path / "run" / "round-000" / "eval").mkdir(parents=True)  # under way: its base model's work is done
+    (tmp_path / "run" / "round-000" / "eval" / "eval.json").write_text("{}")
     Pipeline(cfg).prepare()
 
 
