@@ -37,9 +37,8 @@ def group_seeds(configs: list[dict[str, Any] | None], histories: list[dict[int, 
     histories = histories or [{} for _ in configs]
 
     def seeds_apart(i: int, j: int) -> bool:
-        top = setting_changes(configs[j], configs[i])
-        return bool(top) and set(top) <= set(SEED_KEYS) and all(
-            set(setting_changes(histories[j][r], histories[i][r])) <= set(SEED_KEYS) for r in histories[i].keys() & histories[j].keys())
+        top, rounds = _differences(j, i, configs, histories)
+        return bool(top) and top | rounds <= set(SEED_KEYS)
 
     groups: list[list[int]] = []
     for i, cfg in enumerate(configs):
@@ -91,10 +90,16 @@ def last_evaluated(rows: list[dict[str, Any]]) -> int:
     return max(evaluated(rows), default=rows[-1]["round"])
 
 
+def _differences(i: int, j: int, configs: list[dict[str, Any] | None],
+                 histories: list[dict[int, dict[str, Any] | None]]) -> tuple[set[str], set[str]]:
+    """The settings runs ``i`` and ``j`` differ in: (in their configs, in any round both made)."""
+    rounds = {k for r in histories[i].keys() & histories[j].keys() for k in setting_changes(histories[i][r], histories[j][r])}
+    return set(setting_changes(configs[i], configs[j])), rounds
+
+
 def _same_history(i: int, j: int, configs: list[dict[str, Any] | None], histories: list[dict[int, dict[str, Any] | None]]) -> bool:
     """Runs ``i`` and ``j`` have the same settings, seeds too, at the top and in every round both made: a repeat."""
-    return None not in (configs[i], configs[j]) and not setting_changes(configs[i], configs[j]) and not any(
-        setting_changes(histories[i][r], histories[j][r]) for r in histories[i].keys() & histories[j].keys())
+    return None not in (configs[i], configs[j]) and not any(_differences(i, j, configs, histories))
 
 
 def made_by(run_dir: Path, r: int) -> str:
