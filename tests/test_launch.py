@@ -30,6 +30,13 @@ def test_data_parallel_generation_writes_the_rows_of_one_process(tiny_model_dir,
     manifest = read_manifest(tmp_path / "two")
     assert manifest["counts"]["completions"] == 30 and (tmp_path / "two" / "_logs" / "part-1.log").is_file()
     assert seen[-1] == (2, 2)  # the processes done, reported as a bar
+    # Shards made with other settings: the children's refusal reaches the caller as one (iterate says to remove them;
+    # it said "generation process 0 of 2 failed ... use a new --out", which iterate cannot do).
+    from toprcli.errors import MadeOtherwise
+
+    with pytest.raises(MadeOtherwise, match=r"^\S*two already holds shards generated with other settings") as refused:
+        run_generate(_cfg(tiny_model_dir, tmp_path / "two", data_parallel_size=2, seed=7))
+    assert refused.value.where == tmp_path / "two"
 
 
 @pytest.mark.slow

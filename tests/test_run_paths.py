@@ -138,3 +138,57 @@ def test_a_run_dir_reached_through_a_symlink_is_where_it_lies(tmp_path, monkeypa
         check_paths(Path("r/a"), _cfg())
     # A launch that made nothing (refused, or failed at once, from the wrong place) does not pin: the next one is taken.
     assert check_paths(Path("r/a"), _cfg(), pinned=False)["paths"]["model"]["path"] == str(tmp_path / "p2" / "models" / "tiny")
+
+
+def test_a_new_branch_is_held_to_the_files_its_parent_s_rounds_were_made_with(two_projects, monkeypatch):
+    """`topr iterate --branch-from ../proj/runs/a/round-001 --run-dir b` from other/: the branch inherited round 1 (made
+    with proj's model) and went on with other/'s models/tiny, as the parent's words now named it there."""
+    import yaml
+
+    from toprcli.config import config_to_dict, load_config
+    from toprcli.pipeline import Pipeline
+
+    root, run = two_projects
+    cfg = load_config(IterateConfig, None, sets={"run_dir": str(run), "rounds": 1, "model": "models/tiny"})
+    for record in (run / "config.yaml", run / "round-001" / "config.yaml"):
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    (run / "round-001" / "policy").mkdir()
+    (run / "round-001" / "policy" / "config.json").write_text("{}")
+    branch = load_config(IterateConfig, run / "config.yaml", sets={"run_dir": str(root / "other" / "b"), "rounds": 2})
+    monkeypatch.chdir(root / "other")
+    with pytest.raises(UserError, match=rf"model: models/tiny names {root}/other/models/tiny from here, but the run it branches from "
+                                        rf"\({run}\) used {root}/proj/models/tiny — run it from {root}/proj"):
+        Pipeline(branch, branch_from=str(run / "round-001")).prepare()
+    assert not (root / "other" / "b" / "lineage.json").exists()
+    monkeypatch.chdir(root / "proj")  # from where the parent ran: branched, and its record is the parent's
+    Pipeline(branch, branch_from=str(run / "round-001")).prepare()
+    assert json.loads((root / "other" / "b" / PATHS_FILE).read_text())["paths"]["model"]["path"] == str(root / "proj" / "models" / "tiny")
+
+
+def test_a_launch_killed_between_the_run_config_and_topr_s_copy_is_no_hand_edit(tmp_path):
+    """reconcile rewrote config.yaml, then a kill came before topr's copy was written: the next launch (no -c) took its
+    own write for a hand edit, asked for --apply-from-next-round and said the file had been edited."""
+    from toprcli.config import config_to_dict, load_config
+    from toprcli.run_paths import keep_recorded_copy, pend_recorded_copy, recorded_copy
+    from toprcli.runs import reconcile
+
+    run = tmp_path / "run"
+    cfg = IterateConfig(run_dir=str(run), model="m", rounds=2)
+    reconcile(run, cfg, apply_from_next_round=False)
+    keep_recorded_copy(run, cfg, None)
+    (run / "round-001" / "samples").mkdir(parents=True)
+    (run / "round-001" / "samples" / "shard-00000.parquet").write_bytes(b"x")
+    changed = load_config(IterateConfig, None, sets={**{k: v for k, v in config_to_dict(cfg).items() if k in ("run_dir", "model", "rounds")},
+                                                     "train.lr": 3e-6})
+    edited = recorded_copy(run)  # the launch with -c changed.yaml --apply-from-next-round, as Pipeline.prepare goes ...
+    pend_recorded_copy(run, changed)
+    assert reconcile(run, changed, apply_from_next_round=True, recorded_file=edited) == ["train.lr"]
+    # ... killed here, before keep_recorded_copy. The next launch goes on with the run's config.yaml:
+    assert recorded_copy(run) is None
+    assert reconcile(run, load_config(IterateConfig, run / "config.yaml"), apply_from_next_round=False) == []
+    assert "lr: 3.0e-06" in (run / ".recorded-config.yaml").read_text() and not (run / ".recorded-config.yaml.pending").exists()
+    # A pending copy of a launch refused before config.yaml changed is dropped, and a real edit is still seen as one.
+    pend_recorded_copy(run, cfg)
+    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("3.0e-06", "1.0e-05"))
+    assert recorded_copy(run) == run / ".recorded-config.yaml" and not (run / ".recorded-config.yaml.pending").exists()

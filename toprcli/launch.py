@@ -23,10 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from toprcli import interrupt
-from toprcli.config import EvalConfig, GenerateConfig, TrainConfig, config_to_dict
+from toprcli.config import EvalConfig, GenerateConfig, TrainConfig, config_yaml
 from toprcli.errors import RESUME_REFUSED, MadeOtherwise, UserError
 from toprcli.generation.vllm_cpu import BIND_VAR, core_groups
 from toprcli.progress import ProgressFn
@@ -74,7 +72,7 @@ def run_train(cfg: TrainConfig, *, progress: ProgressFn | None = None, on_record
 
 def write_stage_config(cfg: Any, path: Path) -> Path:
     """The stage's resolved config as a single-stage YAML file (what the child reads with --config)."""
-    return write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    return write_text_atomic(path, config_yaml(cfg))
 
 
 def _last_error_line(log: Path, start: int = 0) -> str:
@@ -232,7 +230,7 @@ def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = No
     config_file = write_stage_config(one, out.with_name(out.name + ".generate.yaml"))
     devices = device_groups(n, cfg.engine.tensor_parallel_size)
     cores = core_groups(n) if devices[0] is None else [None] * n
-    procs = []
+    procs, starts = [], {}
     for i, dev in enumerate(devices):
         env = {**os.environ, DIE_WITH_PARENT: "1"}
         if dev is not None:
@@ -243,6 +241,7 @@ def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = No
         log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "toprcli", "generate", "--config", str(config_file), "--shard-index", str(i), "--json"]
         fh = open(log, "ab")
+        starts[i] = fh.tell()  # the log is appended to: this attempt's lines begin here
         procs.append((i, subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent), fh, log))
     failed = []
     task = f"generate: {n} processes, logs in {out / '_logs'}"
@@ -263,7 +262,10 @@ def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = No
         raise
     if failed:
         i, code, log = failed[0]
-        raise UserError(f"generation process {i} of {n} failed (exit code {code}): {_last_error_line(log)} — see {log}")
+        said = _last_error_line(log, starts[i])
+        if generate_stage.START_OVER in said:  # shards made otherwise: the caller's fix applies (iterate: remove them)
+            raise MadeOtherwise(said.removeprefix("error: "), out)
+        raise UserError(f"generation process {i} of {n} failed (exit code {code}): {said} — see {log}")
     manifest = read_manifest(out)
     # Each child's part manifest holds what it did in this invocation: a resumed run wrote only the missing shards.
     parts = [json.loads((out / f"_manifest.part-{i:03d}-of-{n:03d}.json").read_text())["summary"] for i in range(n)]

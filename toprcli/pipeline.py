@@ -322,10 +322,12 @@ class Pipeline:
             check_sources({e.data_source for e in load_examples(self.cfg.generate.dataset)}, self.cfg.score.verifier_by_source)
         if self.cfg.score.verifier == "auto":  # recorded as what it stands for: a rerun resolves it the same, or is refused
             self.cfg = replace(self.cfg, score=replace(self.cfg.score, verifier=self.verifier()))
-        paths = run_paths.check_paths(self.run_dir, self.cfg, pinned=not first)  # words that name other files than when it began
+        parent = Path(self.branch_from).parent if self.branch_from else None  # RUN of RUN/round-00k: a new branch is held to its files
+        paths = run_paths.check_paths(self.run_dir, self.cfg, pinned=not first, parent=parent)  # words that name other files than when it began
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         before = runs.round_records(self.run_dir)
         edited = run_paths.recorded_copy(self.run_dir)  # config.yaml edited by hand: checked against topr's copy, as a -c is
+        run_paths.pend_recorded_copy(self.run_dir, self.cfg)
         try:
             changed = runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round, recorded_file=edited)
         except UserError as e:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from toprcli.config import IterateConfig, config_to_dict
+from toprcli.config import IterateConfig, config_to_dict, config_yaml
 from toprcli.data.local_files import LOCAL_FORMATS, local_suffix
 from toprcli.errors import UserError
 from toprcli.runs import CONFIG_FILE
@@ -26,6 +26,7 @@ from toprcli.shards import read_json, value_at, write_atomic, write_json_atomic,
 
 PATHS_FILE = "paths.json"
 RECORDED_COPY = ".recorded-config.yaml"  # config.yaml as topr last wrote it
+PENDING_COPY = ".recorded-config.yaml.pending"  # the copy a launch is about to record (a kill can fall between the two writes)
 # The settings that name files a run reads (a model dir, a data file, a few-shot file, a plugin verifier's module).
 PATH_KEYS = ("model", "generate.dataset.source", "generate.dataset.few_shot_split", "eval.dataset.source",
              "eval.dataset.few_shot_split", "eval.candidates", "train.ref_model", "eval.verifier_model", "score.verifier", "eval.verifier")
@@ -43,12 +44,19 @@ def _relative(key: str, value: Any) -> str | None:
     return None if not value or os.path.isabs(value) or value.startswith(("builtin:", "~")) else value
 
 
-def check_paths(run_dir: Path, cfg: IterateConfig, *, pinned: bool = True) -> dict[str, Any]:
+def check_paths(run_dir: Path, cfg: IterateConfig, *, pinned: bool = True, parent: Path | None = None) -> dict[str, Any]:
     """Refuse a relative path that names another existing file than when the run started; returns the record to keep
     (:func:`record_paths` writes it once the run's config is accepted). A run dir copied or moved with its project
     (``cp -a proj proj2``) finds its files where they lie beside it, as they lay beside the original: taken. Not ``pinned``
-    (nothing made yet: a launch from the wrong place that failed at once), the paths of this launch are taken."""
+    (nothing made yet: a launch from the wrong place that failed at once), the paths of this launch are taken. A new
+    branch of the run ``parent`` is held to the parent's record: the rounds it inherits were made with those files."""
     path, home = Path(run_dir) / PATHS_FILE, os.path.realpath(run_dir)  # real paths: a run dir reached through a symlink is where it lies
+    inherited = parent is not None and not path.is_file() and (Path(parent) / PATHS_FILE).is_file()
+    if inherited:
+        path, pinned, started = Path(parent) / PATHS_FILE, True, f"the run it branches from ({os.path.realpath(parent)}) used"
+        again = "the same topr iterate --branch-from"
+    else:
+        started, again = "this run started with", f"topr iterate --run-dir {home}"
     recorded = read_json(path, needs="paths") if path.is_file() else {"cwd": os.getcwd(), "paths": {}}
     resolved, kept = config_to_dict(cfg), dict(recorded["paths"])
     for key in PATH_KEYS:
@@ -59,14 +67,14 @@ def check_paths(run_dir: Path, cfg: IterateConfig, *, pinned: bool = True) -> di
         beside = os.path.relpath(here, home)  # where the file lies from the run dir: the same in a copy of the whole project
         if was is not None and was["words"] == words and was["path"] != here and was.get("from_run") != beside and os.path.exists(was["path"]):
             what = f"names {here} from here" if os.path.exists(here) else f"does not exist from here ({os.getcwd()})"
-            raise UserError(f"{key}: {words} {what}, but this run started with {was['path']} — run it from {recorded['cwd']} "
-                            f"(cd {recorded['cwd']} && topr iterate --run-dir {home}), or write the path absolutely (the run must go on "
+            raise UserError(f"{key}: {words} {what}, but {started} {was['path']} — run it from {recorded['cwd']} "
+                            f"(cd {recorded['cwd']} && {again}), or write the path absolutely (the run must go on "
                             "with the files it started with)")
         if os.path.exists(here):
             if was is not None and was["words"] == words and was["path"] != here and was.get("from_run") != beside:
                 warnings.warn(f"{key}: {words} is {here} now; {was['path']}, where the run started, is gone (the project moved?)")
             kept[key] = {"words": words, "path": here, "from_run": beside}
-    moved = not pinned or any(v["path"] != recorded["paths"].get(k, v)["path"] for k, v in kept.items())
+    moved = not pinned or inherited or any(v["path"] != recorded["paths"].get(k, v)["path"] for k, v in kept.items())
     return {"cwd": os.getcwd() if moved or not path.is_file() else recorded["cwd"], "paths": kept}
 
 
@@ -79,9 +87,22 @@ def record_paths(run_dir: Path, record: dict[str, Any]) -> None:
 
 def recorded_copy(run_dir: Path) -> Path | None:
     """topr's copy of the run's config when ``config.yaml`` no longer matches it (edited by hand), else None: an edit
-    then counts as a change, refused or applied from the next round as one passed with ``-c`` (it bypassed both)."""
-    copy, path = Path(run_dir) / RECORDED_COPY, Path(run_dir) / CONFIG_FILE
+    then counts as a change, refused or applied from the next round as one passed with ``-c`` (it bypassed both).
+    A launch killed between writing ``config.yaml`` and its copy left the copy it meant to write pending: topr's own
+    write, not an edit, so the copy is finished first."""
+    copy, path, pending = Path(run_dir) / RECORDED_COPY, Path(run_dir) / CONFIG_FILE, Path(run_dir) / PENDING_COPY
+    if pending.is_file():
+        if path.is_file() and pending.read_bytes() == path.read_bytes():
+            os.replace(pending, copy)
+        else:  # the launch stopped before config.yaml changed (a refused config): nothing to finish
+            pending.unlink()
     return copy if copy.is_file() and path.is_file() and copy.read_bytes() != path.read_bytes() else None
+
+
+def pend_recorded_copy(run_dir: Path, cfg: IterateConfig) -> None:
+    """Before ``config.yaml`` is rewritten with ``cfg``: what topr's copy will hold (:func:`recorded_copy` finishes it
+    after a kill; :func:`keep_recorded_copy` once the config is accepted)."""
+    write_text_atomic(Path(run_dir) / PENDING_COPY, config_yaml(cfg))
 
 
 def keep_recorded_copy(run_dir: Path, cfg: IterateConfig, edited: Path | None) -> None:
@@ -95,7 +116,8 @@ def keep_recorded_copy(run_dir: Path, cfg: IterateConfig, edited: Path | None) -
             differs = True
         if differs:
             warnings.warn(f"{path} had been edited by hand; it now holds the config this run goes on with (its edit is not used)")
-        write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        write_text_atomic(path, config_yaml(cfg))
     if path.is_file() and (not copy.is_file() or copy.read_bytes() != path.read_bytes()):
         data = path.read_bytes()
         write_atomic(copy, lambda tmp: Path(tmp).write_bytes(data))
+    (Path(run_dir) / PENDING_COPY).unlink(missing_ok=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from toprcli.config import ConfigError, IterateConfig, config_to_dict, from_dict, read_yaml
+from toprcli.config import ConfigError, IterateConfig, config_to_dict, config_yaml, from_dict, read_yaml
 from toprcli.errors import UserError
 from toprcli.generation.model_info import PRUNED_FILE
 from toprcli.losses import LOSSES
@@ -145,7 +145,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
     path, resolved = Path(run_dir) / CONFIG_FILE, config_to_dict(cfg)
     if not path.exists():
         if write:
-            write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
+            write_text_atomic(path, config_yaml(resolved))
         return []
     # Read back through the schema: a key added to toprcli since the run started takes its default, which
     # is how the run behaved, so it is no change (a removed or moved key is one error listing them).
@@ -156,7 +156,7 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
         if write:
             for d in round_dirs(run_dir).values():
                 (d / CONFIG_FILE).unlink(missing_ok=True)
-            write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
+            write_text_atomic(path, config_yaml(resolved))
         return changed
     begun = begun_rounds(run_dir)  # a round in progress counts: lowering rounds below it would drop its work in silence
     if cfg.rounds < begun:
@@ -180,8 +180,8 @@ def reconcile(run_dir: Path, cfg: IterateConfig, *, apply_from_next_round: bool,
                         f"would apply to no step left — extend it (--rounds {cfg.rounds + 1} --apply-from-next-round), or pass a new --run-dir")
     if changed and write:
         for r, data in updates.items():  # the rounds first: a kill before the run's record is written leaves the change to do
-            write_text_atomic(round_dir(run_dir, r) / CONFIG_FILE, yaml.safe_dump(data, sort_keys=False))
-        write_text_atomic(path, yaml.safe_dump(resolved, sort_keys=False))
+            write_text_atomic(round_dir(run_dir, r) / CONFIG_FILE, config_yaml(data))
+        write_text_atomic(path, config_yaml(resolved))
     return changed
 
 
@@ -307,7 +307,7 @@ def record_round(run_dir: Path, r: int, cfg: IterateConfig) -> None:
     path = round_dir(run_dir, r) / CONFIG_FILE
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        write_text_atomic(path, config_yaml(cfg))
 
 
 # -- branching ----------------------------------------------------------------------------
@@ -370,7 +370,7 @@ def branch(source: str, run_dir: Path, cfg: IterateConfig) -> dict[str, Any] | N
             _link_tree(parent / name, tmp / name, how)
     for r in range(k + 1):  # rounds of runs older than per-round records ran with the parent's config
         if not (tmp / f"round-{r:03d}" / CONFIG_FILE).exists() and (tmp / f"round-{r:03d}").exists():
-            write_text_atomic(tmp / f"round-{r:03d}" / CONFIG_FILE, yaml.safe_dump(parent_cfg, sort_keys=False))
+            write_text_atomic(tmp / f"round-{r:03d}" / CONFIG_FILE, config_yaml(parent_cfg))
     lineage = {"parent": str(parent.resolve()), "round": k, "changed": changed, "links": sorted(how)[-1]}
     write_json_atomic(tmp / LINEAGE_FILE, lineage)
     tmp.rename(run_dir) if not run_dir.exists() else _merge_into(tmp, run_dir)

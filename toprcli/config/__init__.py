@@ -16,12 +16,12 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from toprcli.config.fields import ConfigError, alternatives, config_to_dict, describe, from_dict, leaf_paths, validated
+from toprcli.config.fields import ConfigError, alternatives, config_to_dict, config_yaml, describe, from_dict, leaf_paths, validated
 from toprcli.config.schema import BASELINES, STAGES, CurateConfig, DatasetSpec, EngineConfig, EvalConfig, GenerateConfig
 from toprcli.config.schema import IterateConfig, SamplingConfig, ScoreConfig, TrackingConfig, TrainConfig, VerifierDataConfig
 
 __all__ = ["BASELINES", "STAGES", "ConfigError", "as_now", "CurateConfig", "DatasetSpec", "EngineConfig", "EvalConfig", "GenerateConfig",
-           "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "config_to_dict",
+           "IterateConfig", "SamplingConfig", "ScoreConfig", "TrackingConfig", "TrainConfig", "VerifierDataConfig", "config_to_dict", "config_yaml",
            "default_config", "from_dict", "stage_class", "load_config", "parse_override", "parse_value", "read_yaml", "split_override", "validated"]
 
 

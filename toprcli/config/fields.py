@@ -12,6 +12,8 @@ import types
 import typing
 from typing import Any, Literal
 
+import yaml
+
 from toprcli.errors import UserError
 
 
@@ -205,3 +207,9 @@ def _build(cls: type, data: dict[str, Any], prefix: str, base: Any = None) -> An
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """The resolved config as plain data (what goes into ``_manifest.json``)."""
     return dataclasses.asdict(cfg)
+
+
+def config_yaml(cfg: Any) -> str:
+    """A config (or its plain data) as topr writes it to a file, its keys in declared order: a run's records are
+    compared byte for byte, so every writer goes through here."""
+    return yaml.safe_dump(cfg if isinstance(cfg, dict) else config_to_dict(cfg), sort_keys=False)

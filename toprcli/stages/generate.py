@@ -108,6 +108,9 @@ def _content_digest(prompts: list[Prompt]) -> str:  # the prompts as fed and the
     return hashlib.sha256(json.dumps([[p.prompt_id, p.token_ids, p.answer] for p in prompts]).encode()).hexdigest()[:16]
 
 
+START_OVER = "use a new --out or delete that directory"  # the advice of a refusal of shards made otherwise (launch finds it in a child's log)
+
+
 def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], blocks: list[list[Prompt]], model: str) -> None:
     for index, path in done.items():
         meta = shards.read_file_metadata(path)
@@ -120,11 +123,10 @@ def _check_existing(out: Path, done: dict[int, Path], key: dict[str, Any], block
             said = {"model": f"the files of the model at {model} are not those the shards were made with"}
             diff = [said["model"] if d.startswith("model=") else d for d in shards.changes(old, key)] if isinstance(old, dict) else []
             what = ", ".join(diff[:3]) if isinstance(old, dict) else "no toprcli metadata"
-            raise MadeOtherwise(f"{out} already holds shards generated with other settings ({what}) — use a new --out or delete that directory", out)
+            raise MadeOtherwise(f"{out} already holds shards generated with other settings ({what}) — {START_OVER}", out)
         stats, ids_ok = meta.get("shard", {}), index < len(blocks) and meta.get("shard", {}).get("prompt_ids_sha") == _ids_digest(blocks[index])
         if not ids_ok or stats.get("prompts_sha") not in (None, _content_digest(blocks[index])):  # (older shards: no content digest)
-            raise MadeOtherwise(f"{path.name} in {out} holds other prompts than this run would put there (the dataset changed?) — use a new --out "
-                                "or delete that directory", out)
+            raise MadeOtherwise(f"{path.name} in {out} holds other prompts than this run would put there (the dataset changed?) — {START_OVER}", out)
 
 
 # -- the stage ----------------------------------------------------------------
