@@ -88,6 +88,17 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("The answer is $\\frac{3}{4}$", "#### 3/4", "correct", "3/4"),
         ("Final answer: 72\n\nNote: we used 2 months.", "72", "correct", "72"),
         ("**Final Answer:** 72 apples in 2 days", "72", "correct", "72"),
+        # A calculation said as the answer is its result (each was its first operand: 3, 2, 20, $3), a result that is
+        # itself a sum leaves the number said, and a "#### n Title" heading before "the answer is" is no answer (was 1).
+        ("The answer is 3 * 4 = 12.", "12", "correct", "12"),
+        ("So the answer is 2 x 21 = 42", "42", "correct", "42"),
+        ("Final answer: 20+22=42", "42", "correct", "42"),
+        ("The final answer is $3 \\times 4 = 12$", "12", "correct", "12"),
+        ("The answer is $5 \\cdot 3 = \\boxed{15}$. Then 2 more.", "15", "correct", "15"),
+        ("The answer is 42 = 6 * 7.", "42", "correct", "42"),
+        ("The answer is 12, because x = 5", "12", "correct", "12"),
+        ("The answer is 2 + 3", "5", "incorrect", "2"),  # no result said: nothing is computed from model text
+        ("#### 1 Eggs per day\n16-3-4=9\nThe answer is 18", "18", "correct", "18"),
     ],
 )
 def test_gsm8k_reading_and_numeric_comparison(completion, answer, verdict, extracted):

@@ -11,7 +11,9 @@ Prediction, in order (flexible mode, the default):
    the first ``####`` that is not such a heading; the number may be bold, boxed,
    in ``\\( \\)`` or after an escaped ``\\$``,
 2. the number after the first "the answer is" / "the final answer is", also
-   in bold, ``$\\boxed{}$`` or ``\\( \\)``,
+   in bold, ``$\\boxed{}$`` or ``\\( \\)``; when it begins a calculation
+   ("the answer is 3 * 4 = 12"), the result after the sentence's last ``=`` (a
+   ``####`` that does not end its line, followed by "the answer is", is a heading),
 3. the number in the last ``\\boxed{}`` (``\\boxed{\\frac{1}{2}}`` too),
 4. the last number in the completion.
 
@@ -59,6 +61,11 @@ _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\{[ \t$]*" + _VALUE + r"[ \t$.]*\}")
 # LaTeX's thousands separators: 1{,}000, 10,\!000, 1\,000 (a thin space).
 _LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,)(?=\d{3}(?!\d))")
 _BARE_RE = re.compile(r"\s*(" + _NUMBER + r")\s*\.?\s*")
+# A calculation after "the answer is 3": an operator next ("* 4 = 12"); its result, a number nothing is done to.
+_OPS = r"(?:[-−+*/×x÷·^]|\\(?:times|cdot|div))"
+_OPERATOR_RE = re.compile(r"[ \t]*" + _OPS)
+_LONE_RESULT_RE = re.compile(r"[ \t]*" + _OPEN + _VALUE + _CLOSE + r"(?![ \t]*" + _OPS + ")")
+_SENTENCE_END_RE = re.compile(r"\.(?!\d)|[\n!?;]")
 
 
 def to_number(text: str) -> Decimal | Fraction | None:
@@ -128,14 +135,16 @@ def gold_number(answer: str | None) -> Decimal | Fraction | None:
 def extract(completion: str, strict: bool = False) -> str | None:
     """The number text the model gave, or None."""
     completion = _LATEX_THOUSANDS_RE.sub(",", completion)
-    m = _HASH_LINE_RE.search(completion) or _HASH_RE.search(completion)
+    m = _HASH_LINE_RE.search(completion)
+    if m is None and (m := _HASH_RE.search(completion)) and not strict and _ANSWER_IS_RE.search(completion, m.end()):
+        m = None  # "#### 1 Eggs per day ... The answer is 18": a heading, with the answer said after it
     if m:
         return m.group(1)
     if strict:
         return None
     m = _ANSWER_IS_RE.search(completion)
     if m:
-        return _value(m)
+        return _result(completion, m)
     box = None
     for box in _BOXED_RE.finditer(completion):
         pass
@@ -145,6 +154,16 @@ def extract(completion: str, strict: bool = False) -> str | None:
     for m in _NUMBER_RE.finditer(completion):
         last = m
     return last.group(0) if last else None
+
+
+def _result(completion: str, m: re.Match) -> str:
+    """The number said after "the answer is"; when it begins a calculation ("3 * 4 = 12", "$20+22=42$"), the result
+    after its last ``=`` (the sentence's; a result that is itself a sum, "42 = 6 * 7", leaves the first number)."""
+    end = _SENTENCE_END_RE.search(completion, m.end())
+    said = completion[m.end() : end.start() if end else len(completion)]
+    if _OPERATOR_RE.match(said) and (r := _LONE_RESULT_RE.match(said.rsplit("=", 1)[-1])) and "=" in said:
+        return _value(r)
+    return _value(m)
 
 
 def _value(m: re.Match) -> str:
