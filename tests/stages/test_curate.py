@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -616,6 +617,18 @@ def test_a_training_set_with_no_signal_is_named(tmp_path):
     scored = write_scored(tmp_path / "scored", scored_table([f"q{i}" for i in range(6)], [True, False] * 3))
     with pytest.warns(UserWarning, match="every row written has advantage 0"):
         run(tmp_path, scored, baseline="leave-one-out")
+
+
+def test_wrong_rows_at_the_baseline_are_said_to_train_nothing(tmp_path):
+    """A verl-style plugin's 0/1 rewards under the default baseline 0: every wrong row had advantage 0 and TOPR trained on
+    the positives alone, in silence (p̃ 1)."""
+    zero_one = write_scored(tmp_path / "s01", scored_table(["q0", "q0", "q1", "q1"], [True, False, False, False], rewards=[1.0, 0.0, 0.0, 0.0]))
+    with pytest.warns(UserWarning, match=r"all 3 wrong rows have advantage 0 \(their reward equals the baseline 0\)"):
+        run(tmp_path, zero_one)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result, _ = run(tmp_path, zero_one, baseline=0.5, overwrite=True)  # between the two rewards: the wrong rows are negatives
+    assert result["p_effective"] == pytest.approx(0.25)
 
 
 def test_an_out_inside_a_scored_input_is_refused(tmp_path):

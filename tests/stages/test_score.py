@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -153,6 +154,26 @@ def test_timeouts_and_errors_get_the_incorrect_reward(tmp_path, monkeypatch):
     assert t.column("verdict").to_pylist() == ["correct", "timeout", "error"]
     assert t.column("reward").to_pylist() == [1.0, -2.0, -2.0]
     assert res["worker_stats"]["timeouts"] == 1 and any("ValueError" in e for e in res["error_examples"])
+    # Rerun, every shard done: it said nothing of them, and its manifest lost their error examples.
+    with pytest.warns(UserWarning, match=r"66.7% of the completions could not be checked \(first: timeout"):
+        again = score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:hang:f", workers=1, timeout=1.0, reward_incorrect=-2.0))
+    assert again.skipped and again["error_examples"] == res["error_examples"]
+    assert shards.read_manifest(tmp_path / "o")["summary"]["error_examples"] == res["error_examples"]
+
+
+def test_rewards_set_beside_a_plugin_that_returns_numbers_are_said_to_be_unused(tmp_path, monkeypatch):
+    """verl-style functions return 0/1: with --reward-incorrect -1 the wrong answers still got 0 (the plugin's number),
+    in silence, and curate's default baseline 0 then gave them no negative signal."""
+    (tmp_path / "verlish.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                         "    return float(solution_str == ground_truth)\n")
+    monkeypatch.chdir(tmp_path)
+    d = write_samples(tmp_path / "s", [samples_table([("a", "7", "7"), ("b", "8", "9")])])
+    with pytest.warns(UserWarning, match=r"2 of 2 rewards are the plugin's own numbers .*--reward-incorrect -3 applies only to its True/False"):
+        res = score_dir(d, tmp_path / "o", ScoreConfig(verifier="python:verlish.py:compute_score", workers=1, reward_incorrect=-3.0))
+    assert shards.read_table(tmp_path / "o").column("reward").to_pylist() == [1.0, 0.0] and res["own_rewards"] == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default rewards: nothing was asked that the plugin overrides
+        score_dir(d, tmp_path / "o2", ScoreConfig(verifier="python:verlish.py:compute_score", workers=1))
 
 
 def test_a_verifier_that_does_not_fit_the_golds_is_a_warning_not_silence(tmp_path):
@@ -345,6 +366,17 @@ def test_a_rerun_with_another_timeout_or_an_edited_plugin_is_not_the_same_scorin
     (tmp_path / "plug.py").write_text("def reward(completion, answer, row):\n    return 0.75\n")
     with pytest.raises(UserError, match="other settings"):
         score_dir(d, tmp_path / "o", cfg)
+    # A helper module the plugin imports decides its verdicts too: edited between a kill and the rerun, the rerun mixed
+    # the two versions' rewards in one scored dir.
+    (tmp_path / "rule_helper.py").write_text("VALUE = 0.25\n")
+    (tmp_path / "plug2.py").write_text("import rule_helper\n\ndef reward(completion, answer, row):\n    return rule_helper.VALUE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    helped = replace(cfg, verifier="python:plug2.py:reward")
+    score_dir(d, tmp_path / "h", helped)
+    assert score_dir(d, tmp_path / "h", helped).skipped  # loaded again in this process: the same scoring
+    (tmp_path / "rule_helper.py").write_text("VALUE = 0.75\n")
+    with pytest.raises(UserError, match="other settings"):
+        score_dir(d, tmp_path / "h", helped)
     exact = ScoreConfig(verifier="exact", workers=1)
     score_dir(d, tmp_path / "e", replace(exact, strict=True))
     assert score_dir(d, tmp_path / "e", exact).skipped  # strict is gsm8k's: the same scoring
@@ -356,6 +388,8 @@ def test_rewards_are_finite_at_config_load():
 
     with pytest.raises(ConfigError, match="'reward_correct'.*a finite number"):
         load_config(ScoreConfig, None, sets={"reward_correct": ".nan"})
+    with pytest.raises(ConfigError, match="'reward_no_answer'.*within float32's range"):  # was stored as inf
+        load_config(ScoreConfig, None, sets={"reward_no_answer": 1e40})
 
 
 def test_a_rerun_with_another_memory_cap_is_not_the_same_scoring(tmp_path):

@@ -43,6 +43,7 @@ def choice(options, what: str = "one of") -> dict:
 
 
 FINITE = _check(math.isfinite, "a finite number")
+REWARD = _check(lambda v: math.isfinite(v) and abs(v) <= 3.4028234663852886e38, "a finite number within float32's range (rewards are stored as float32)")
 POSITIVE = _check(lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 NON_NEGATIVE = _check(lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 AT_LEAST_ONE = _check(lambda v: v >= 1, "an integer >= 1")

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toprcli.config.fields import AT_LEAST_ONE, FINITE, MIN_P, NON_NEGATIVE, PATH, POSITIVE, SEED, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
+from toprcli.config.fields import AT_LEAST_ONE, FINITE, MIN_P, NON_NEGATIVE, PATH, POSITIVE, REWARD, SEED, TOP_K, UNIT_HALF_OPEN, UNIT_OPEN, ConfigError
 from toprcli.config.fields import _check, choice, config_to_dict, from_dict, opt
 from toprcli.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 from toprcli.training.optim import OPTIMIZERS
@@ -120,9 +120,9 @@ class ScoreConfig:
     strict: bool = opt(False, _STRICT_HELP, flag="--strict/--flexible")
     workers: int | None = opt(None, "Verifier worker processes; unset: one per core.", short="-w", check=AT_LEAST_ONE)
     timeout: float = opt(5.0, "Hard limit per check in seconds; a check past it is killed (verdict 'timeout').", check=POSITIVE)
-    reward_correct: float = opt(1.0, "Reward of a correct completion.", check=FINITE)
-    reward_incorrect: float = opt(-1.0, "Reward of an incorrect one (also 'timeout' and 'error').", check=FINITE)
-    reward_no_answer: float = opt(-1.0, "Reward when no answer could be read.", check=FINITE)
+    reward_correct: float = opt(1.0, "Reward of a correct completion (a plugin that returns a number sets its own).", check=REWARD)
+    reward_incorrect: float = opt(-1.0, "Reward of an incorrect one (also 'timeout' and 'error').", check=REWARD)
+    reward_no_answer: float = opt(-1.0, "Reward when no answer could be read.", check=REWARD)
     worker_memory_mb: int = opt(4096, "Address-space cap per worker in MiB; 0 = none (e.g. plugins that load CUDA).", check=NON_NEGATIVE)
     overwrite: bool = opt(False, "Rescore an --out scored from other samples or settings.")
 

@@ -197,6 +197,10 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     if not np.any(adv[written] * w32[written]):
         warnings.warn("every row written has advantage 0: training on this set changes nothing — every reward equals its "
                       "baseline (a group baseline needs prompts with samples of both outcomes, n > 1)", stacklevel=2)
+    elif c_const is not None and (wrong := ~correct[kept][written]).any() and not np.any(adv[written][wrong]):
+        warnings.warn(f"all {int(wrong.sum())} wrong rows have advantage 0 (their reward equals the baseline {c_const:g}): they train "
+                      "nothing, so this set is its positives only — reward wrong answers below the baseline (score --reward-incorrect -1; "
+                      "a plugin that returns 0/1 sets its own rewards) or set --baseline between the two rewards", stacklevel=2)
     rows = (kept, adv, w32) if pair_order is None else (kept[pair_order], adv[pair_order], w32[pair_order])
     counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, *rows, correct, row_source, weights, dropped, target)
     if pair_order is not None:

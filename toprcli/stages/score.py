@@ -24,6 +24,8 @@ and error; a plugin returning a float sets the reward itself.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import importlib.metadata
 import json
 import secrets
 import time
@@ -44,7 +46,7 @@ from toprcli.data.datasets import default_verifier
 from toprcli.errors import MadeOtherwise, UserError
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
-from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, check_sources, plugins, resolve_verifier, reward_of
+from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, check_sources, own_reward, plugins, resolve_verifier, reward_of
 
 STAGE = "score"
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
@@ -84,6 +86,7 @@ class ScoreCounts:
     prompts_all_correct: int = 0
     worker_stats: dict[str, int] = field(default_factory=dict)
     error_examples: list[str] = field(default_factory=list)
+    own_rewards: int = 0  # rows rewarded with a plugin's own number
     wall_time_s: float = 0.0
     rows_per_s: float | None = None  # rows scored in this run / time spent scoring them
 
@@ -96,7 +99,7 @@ class ScoreCounts:
                 "all_correct": self.prompts_all_correct,
                 "histogram": {str(n): {str(k): c for k, c in h.items()} for n, h in self.pass_counts.items()},
             },
-            **{k: getattr(self, k) for k in ("worker_stats", "error_examples", "wall_time_s", "rows_per_s")},
+            **{k: getattr(self, k) for k in ("own_rewards", "worker_stats", "error_examples", "wall_time_s", "rows_per_s")},
         }
 
 
@@ -170,6 +173,8 @@ def _settings(cfg: ScoreConfig) -> dict[str, Any]:
         del out["strict"]
     if cfg.verifier.startswith("python:"):
         out["plugin_source"] = plugins.source_digest(cfg.verifier[len("python:"):])
+    if cfg.verifier in ("math", "data_source"):  # another math-verify release may judge otherwise: a rerun must not mix them
+        out["math_verify"] = importlib.metadata.version("math-verify")
     return out
 
 
@@ -197,17 +202,31 @@ def _reusable(path: Path, settings: dict[str, Any], input_fp: str) -> bool:
 # -- scoring one table ----------------------------------------------------------
 
 
+@dataclass
+class ShardNotes:
+    """What a scored shard records of its verdicts beside its rows (a rerun that skips it still reports them)."""
+
+    error_examples: list[str] = field(default_factory=list)
+    own_rewards: int = 0  # rows whose reward is the plugin's own number, not --reward-*
+
+    def add(self, v: Any) -> None:
+        if v.verdict in (ERROR, TIMEOUT) and len(self.error_examples) < MAX_ERROR_EXAMPLES:
+            self.error_examples.append(f"{v.verdict}: {v.detail}")
+        self.own_rewards += own_reward(v)
+
+
 def score_table(
     table: pa.Table,
     pool: Any,
     rewards: Any,
     *,
     progress: Callable[[int], None] | None = None,
-    error_examples: list[str] | None = None,
+    notes: ShardNotes | None = None,
 ) -> pa.Table:
     """``table`` (samples columns) + the four score columns, verified by ``pool`` (a VerifierPool).
 
-    Existing score columns are replaced; every other column passes through.
+    Existing score columns are replaced; every other column passes through. ``notes`` gathers what the shard records
+    beside its rows.
     """
     n = table.num_rows
     rewards_out: list[float] = []
@@ -226,8 +245,8 @@ def score_table(
             correct_out.append(v.correct)
             extracted_out.append(v.extracted_answer)
             verdict_out.append(v.verdict)
-            if error_examples is not None and v.verdict in (ERROR, TIMEOUT) and len(error_examples) < MAX_ERROR_EXAMPLES:
-                error_examples.append(f"{v.verdict}: {v.detail}")
+            if notes is not None:
+                notes.add(v)
     keep = table.drop_columns([c for c in SCORE_COLUMNS if c in table.column_names])
     keep = keep.append_column(pa.field("reward", pa.float32(), nullable=False), pa.array(rewards_out, pa.float32()))
     keep = keep.append_column(pa.field("correct", pa.bool_(), nullable=False), pa.array(correct_out, pa.bool_()))
@@ -378,10 +397,11 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
                     done += k
                     report(done)
 
-                scored = score_table(table, pool, rewards, progress=tick, error_examples=result.error_examples)
+                notes = ShardNotes()
+                scored = score_table(table, pool, rewards, progress=tick, notes=notes)
                 meta = dict(input_meta)
                 meta["score"] = {"settings": settings, "input_fingerprint": fingerprints[i], "verifier": verifier.name,
-                                 **({"rescoring": token} if token else {})}
+                                 **({"rescoring": token} if token else {}), **dataclasses.asdict(notes)}
                 shards.write_shard(out, i, scored, metadata=meta)
                 scored_rows += scored.num_rows
                 result.shards_scored += 1
@@ -389,10 +409,12 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
             result.worker_stats = dict(pool.stats)
 
     summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(_SUMMARY_COLUMNS)), result)
+    _gather_notes(out, files, result)
     failed = result.verdicts.get(ERROR, 0) + result.verdicts.get(TIMEOUT, 0)
     if todo:
         _refuse_unchecked(cfg, result, out, files)
-    if failed and todo:  # e.g. a verifier that does not fit the golds: every sample would train as a wrong one, silently
+    _warn_own_rewards(cfg, result)
+    if failed:  # e.g. a verifier that does not fit the golds: every sample would train as a wrong one, silently
         example = f" (first: {result.error_examples[0]})" if result.error_examples else ""
         lazy = cfg.verifier.startswith("python:") and result.verdicts.get(TIMEOUT, 0) == result.rows  # or a model loaded on its first call
         fix = ("every check ran past --timeout: a plugin that loads a model on its first call loads it again in each worker started after "
@@ -415,6 +437,24 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
 
 
 _SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "verdict")
+
+
+def _gather_notes(out: Path, files: dict[int, Path], result: ScoreCounts) -> None:
+    """Every shard's notes, those an earlier invocation scored too (a rerun reported no errors of them)."""
+    result.error_examples, result.own_rewards = [], 0
+    for i in sorted(files):
+        had = shards.read_file_metadata(out / shards.shard_name(i)).get("score") or {}
+        result.error_examples += had.get("error_examples", [])[: MAX_ERROR_EXAMPLES - len(result.error_examples)]
+        result.own_rewards += int(had.get("own_rewards", 0))
+
+
+def _warn_own_rewards(cfg: ScoreConfig, result: ScoreCounts) -> None:
+    """A plugin that returns numbers sets the rewards itself: --reward-* given too would be ignored in silence."""
+    default = ScoreConfig()
+    given = [f"--{k.replace('_', '-')} {getattr(cfg, k):g}" for k in ("reward_correct", "reward_incorrect") if getattr(cfg, k) != getattr(default, k)]
+    if result.own_rewards and given:
+        warnings.warn(f"{result.own_rewards} of {result.rows} rewards are the plugin's own numbers (it returned a number, not True/False): "
+                      f"{', '.join(given)} applies only to its True/False verdicts — return a bool to use it", stacklevel=2)
 
 
 def _refuse_unchecked(cfg: ScoreConfig, result: ScoreCounts, out: Path, files: dict[int, Path]) -> None:

@@ -4,7 +4,7 @@
   (``gsm8k``, ``math``, ``exact``, ``regex:PATTERN``, ``python:MODULE:FUNCTION``).
 * :class:`VerifierPool` — runs checks in worker processes with a hard
   per-check time limit (model text is untrusted).
-* :class:`Verdict`, :data:`VERDICTS`, :class:`Rewards`, :func:`reward_of`.
+* :class:`Verdict`, :data:`VERDICTS`, :class:`Rewards`, :func:`reward_of`, :func:`own_reward`.
 
 Heavy libraries (sympy, math-verify) load only when the math verifier is used.
 """
@@ -19,6 +19,7 @@ from toprcli.verifiers.base import (
     Rewards,
     Verdict,
     Verifier,
+    own_reward,
     reward_of,
 )
 from toprcli.verifiers.pool import DEFAULT_TIMEOUT, VerifierPool, default_workers
@@ -39,6 +40,7 @@ __all__ = [
     "VerifierPool",
     "check_sources",
     "default_workers",
+    "own_reward",
     "resolve_verifier",
     "reward_of",
 ]

@@ -106,9 +106,14 @@ class Rewards:
     no_answer: float = -1.0
 
 
+def own_reward(v: Verdict) -> bool:
+    """Whether the verdict's reward is its plugin's own number (a float score) rather than the configured reward."""
+    return v.score is not None and v.verdict in (CORRECT, INCORRECT)
+
+
 def reward_of(v: Verdict, rewards: Rewards) -> float:
     """The reward of one verdict; a plugin's float score, when given, is the reward itself."""
-    if v.score is not None and v.verdict in (CORRECT, INCORRECT):
+    if own_reward(v):
         return float(v.score)
     if v.verdict == CORRECT:
         return rewards.correct

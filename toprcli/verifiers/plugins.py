@@ -33,6 +33,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import site
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -51,9 +52,15 @@ def parse_plugin_spec(target: str) -> tuple[str, str]:
     return module, func
 
 
+# Per plugin loaded in this process: the files of the modules its import brought in from outside the Python installation
+# (a helper module beside it, a package of the user's). They decide its verdicts as much as its own file does.
+_LOCAL_IMPORTS: dict[str, list[str]] = {}
+
+
 def source_digest(target: str) -> str | None:
-    """A digest of the plugin's source file (None when it is not found here): a plugin edited under the same name
-    scores otherwise, so outputs scored with it must not be reused."""
+    """A digest of the plugin's source file and of the user modules its import loaded (None when the file is not found
+    here): a plugin, or a helper it imports, edited under the same name scores otherwise, so outputs scored with it
+    must not be reused. Modules it imports only when called (in the workers) are not seen."""
     module_name, _ = parse_plugin_spec(target)
     if module_name.endswith(".py") or os.sep in module_name:
         path: Path | None = Path(module_name).resolve()
@@ -63,12 +70,26 @@ def source_digest(target: str) -> str | None:
         except (ImportError, ValueError):
             found = None
         path = Path(found.origin) if found is not None and found.origin else None
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path is not None and path.is_file() else None
+    if path is None or not path.is_file():
+        return None
+    digest = hashlib.sha256(path.read_bytes())
+    for f in _LOCAL_IMPORTS.get(target, []):
+        digest.update(f.encode() + b"\0" + (Path(f).read_bytes() if Path(f).is_file() else b"(gone)"))
+    return digest.hexdigest()[:16]
+
+
+def _user_modules(names: set[str], own: Path | None) -> list[str]:
+    """The source files of the modules ``names`` that are not the Python installation's (stdlib, site-packages)."""
+    installed = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                                                              *site.getsitepackages(), site.getusersitepackages())})
+    files = {os.path.realpath(f) for name in names if isinstance(f := getattr(sys.modules.get(name), "__file__", None), str)}
+    return sorted(f for f in files if not f.startswith(installed) and (own is None or f != str(own)) and f.endswith(".py"))
 
 
 def load_function(target: str) -> Callable:
     """Import the plugin function; every failure is one-line :class:`UserError`."""
     module_name, func_name = parse_plugin_spec(target)
+    before = set(sys.modules)
     try:
         if module_name.endswith(".py") or os.sep in module_name:
             path = Path(module_name).resolve()
@@ -97,6 +118,9 @@ def load_function(target: str) -> Callable:
             f"plugin module {module_name!r} does not import ({type(e).__name__}: {first}) — "
             "check the name and that it is on PYTHONPATH or in the current directory"
         ) from None
+    own = getattr(module, "__file__", None)
+    found = _user_modules(set(sys.modules) - before, Path(os.path.realpath(own)) if own else None)
+    _LOCAL_IMPORTS[target] = sorted({*_LOCAL_IMPORTS.get(target, []), *found})  # loaded again, its helpers are imported already
     func = getattr(module, func_name, None)
     if func is None:
         raise UserError(f"plugin module {module_name!r} has no attribute {func_name!r} — check --verifier python:{target}")
