@@ -264,9 +264,21 @@ def test_a_verl_ground_truth_list_of_one_is_its_answer_and_of_several_is_refused
 
 
 def test_a_list_answer_column_a_conversation_overrides_is_not_read(tmp_path):
-    """A conversation's last (assistant) turn is the reference, over an answer column beside it: that column's list of
-    several answers, never read, was refused."""
+    """An answer column holding no one answer (a list of several) beside a conversation: the conversation's last
+    (assistant) turn is the reference, not a refusal."""
     rows = [{"messages": [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "2+3=5\n#### 5"}], "answer": ["5", "five"]}]
     (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (example,) = load_examples(DatasetSpec(source=str(tmp_path / "m.jsonl"), split="train"))
     assert example.answer == "5"
+
+
+def test_an_answer_column_beside_a_conversation_is_the_gold(tmp_path):
+    """OpenR1-Math style, messages + answer: the gold was the whole assistant turn, from which the math verifier read the
+    wrong number (\"Four apples plus 10 pears\" gave 10: the right answer scored -1). The turn is the worked solution."""
+    turn = "Four apples plus 10 pears, so the total is four."
+    rows = [{"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": turn}], "answer": "4"},
+            {"messages": [{"role": "user", "content": "What is 1+2?"}, {"role": "assistant", "content": "#### 3"}], "answer": None}]
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    first, second = load_examples(DatasetSpec(source=str(tmp_path / "m.jsonl"), split="train"))
+    assert (first.answer, first.solution, first.messages[-1]["role"]) == ("4", turn, "user")
+    assert second.answer == "3"  # a row with no answer: its own turn

@@ -15,11 +15,9 @@ splits, shipped as package data with their MIT licence in ``toprcli/data/gsm8k/`
 from __future__ import annotations
 
 import dataclasses
-import decimal
 import functools
 import hashlib
 import json
-import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -329,11 +327,10 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         raise UserError(f"dataset {spec.source!r}: column {id_col!r} has duplicate ids — pick a unique id column")
     examples = []
     for n, (pid, (q, messages, reference), r) in enumerate(zip(ids, parts, rows)):
-        read = a_col is not None and (spec.answer_column or reference is None)  # --answer-column wins over the last turn
-        raw = _answer_text(formats.get_path(r, a_col), f"dataset {spec.source!r} row {n}, column {a_col!r}") if read else reference
+        raw = formats.gold_text(formats.get_path(r, a_col) if a_col else None, reference, f"dataset {spec.source!r} row {n}, column {a_col!r}")
         # The worked solution (few-shot, warm start): verl's extra_info.answer, else a solution column beside the answer's.
         solution = _text(formats.get_path(r, "extra_info.answer") if preset.name == "verl" else r.get("solution") if a_col != "solution" else None)
-        solution = solution or (reference if spec.answer_column else None)
+        solution = solution or (reference if a_col else None)
         examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name,
                                 verbatim=q_col == "prompt"))
     if spec.few_shot:
@@ -357,23 +354,6 @@ def _probe_row(rows: list[dict[str, Any]], n: int = 100) -> dict[str, Any]:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def _answer_text(value: Any, where: str) -> str | None:
-    """An answer column's text; a conversational one (TRL's ``completion``: assistant turns) is its last turn's content;
-    a list of one answer (verl's ``ground_truth: ["42"]``) is that answer."""
-    if formats.is_messages(value):
-        return value[-1]["content"] if value else None
-    if isinstance(value, (list, tuple)):  # several accepted answers: a verifier checks against one gold, and "['4', 'four']" matches none
-        if len(value) != 1:
-            raise UserError(f"{where}: the gold answer is a list of {len(value)} ({str(value)[:80]}), and a verifier checks one gold "
-                            f"per prompt — keep one answer per row, or point --answer-column at a column that holds one")
-        value = value[0]
-    if isinstance(value, float) and value.is_integer():  # JSON answers 5 and 2.5 in one column are read as floats: 5 is "5"
-        return str(int(value))
-    if isinstance(value, float) and math.isfinite(value):  # 1e-05 is "0.00001": a gold a number reader reads
-        return f"{decimal.Decimal(repr(value)):f}"
-    return _text(value)
 
 
 def _question(row: dict[str, Any], column: str, preset: Preset, where: str, gold_named: bool = False) -> tuple[str, tuple | None, str | None]:

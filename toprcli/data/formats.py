@@ -8,13 +8,16 @@
 * **Formats, detected from the columns** (never the file name):
   ``verl`` — ``prompt`` messages and ``reward_model.ground_truth`` (``data_source`` kept);
   ``trl`` — ``prompt`` messages and an ``answer``/``solution`` column;
-  ``messages`` — a ``messages`` conversation whose last assistant turn is the reference solution.
+  ``messages`` — a ``messages`` conversation whose last assistant turn is the reference solution (an
+  ``answer``/``solution`` column beside it is the gold, the turn the worked solution).
 * **Few-shot prompts**: k solved examples from another split, chosen per problem from a seed and
   the problem's id (so a resumed or resharded run picks the same ones), never the problem itself.
 """
 
 from __future__ import annotations
 
+import decimal
+import math
 import random
 import re
 from typing import Any
@@ -69,6 +72,26 @@ def detect(row: dict[str, Any]) -> str | None:
     if isinstance(row.get("prompt"), str) and "completion" in row:  # TRL's standard (text) prompt-completion
         return "trl"
     return None
+
+
+def gold_text(value: Any, reference: str | None, where: str) -> str | None:
+    """The gold of a row: its answer column's ``value`` (a short gold beats the conversation's last assistant turn, as
+    OpenR1-Math's ``answer`` beside its ``messages``), else the ``reference`` turn. A conversational value (TRL's
+    ``completion``) is its last turn's content; a list of one answer (verl's ``ground_truth: ["42"]``) is that answer."""
+    if value is None or reference is not None and isinstance(value, (list, tuple)) and not is_messages(value) and len(value) != 1:
+        return reference  # no one answer in the column: the conversation's own
+    if is_messages(value):
+        return value[-1]["content"] if value else None
+    if isinstance(value, (list, tuple)):  # several accepted answers: a verifier checks against one gold, and "['4', 'four']" matches none
+        if len(value) != 1:
+            raise UserError(f"{where}: the gold answer is a list of {len(value)} ({str(value)[:80]}), and a verifier checks one gold "
+                            f"per prompt — keep one answer per row, or point --answer-column at a column that holds one")
+        value = value[0]
+    if isinstance(value, float) and value.is_integer():  # JSON answers 5 and 2.5 in one column are read as floats: 5 is "5"
+        return str(int(value))
+    if isinstance(value, float) and math.isfinite(value):  # 1e-05 is "0.00001": a gold a number reader reads
+        return f"{decimal.Decimal(repr(value)):f}"
+    return None if value is None else str(value)
 
 
 def split_reference(messages: list[dict[str, str]], where: str) -> tuple[list[dict[str, str]], str]:
