@@ -96,6 +96,18 @@ def test_messages_last_assistant_turn_is_the_reference(tmp_path, gsm8k_dir, smol
     assert render_prompt(ex[0], spec, smollm2_tokenizer) == smollm2_tokenizer.apply_chat_template(rows[0]["messages"][:1], tokenize=False, add_generation_prompt=True)
 
 
+def test_a_prompt_that_ends_with_the_assistant_s_words_is_continued(tmp_path, smollm2_tokenizer):
+    """TRL continues a final assistant message (a prefill); topr closed it and opened a new turn, so the model answered
+    after its own words were ended, the prefill's answer leaking in as a finished turn."""
+    prompt = [{"role": "user", "content": "What is 1+1?"}, {"role": "assistant", "content": "Let me think step by step."}]
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": prompt, "answer": "2"}) + "\n")
+    spec = DatasetSpec(source=str(tmp_path / "p.jsonl"), split="train", chat_template=True)
+    (ex,) = load_examples(spec)
+    text = render_prompt(ex, spec, smollm2_tokenizer)
+    assert text == smollm2_tokenizer.apply_chat_template(prompt, tokenize=False, continue_final_message=True)
+    assert text.endswith("Let me think step by step.")
+
+
 @pytest.mark.parametrize("prompt, words", [
     ([{"role": "user"}], "message 0 must be a mapping with string 'role' and 'content'"),
     ([{"role": "narrator", "content": "x"}], "role 'narrator'"),
@@ -282,3 +294,17 @@ def test_an_answer_column_beside_a_conversation_is_the_gold(tmp_path):
     first, second = load_examples(DatasetSpec(source=str(tmp_path / "m.jsonl"), split="train"))
     assert (first.answer, first.solution, first.messages[-1]["role"]) == ("4", turn, "user")
     assert second.answer == "3"  # a row with no answer: its own turn
+
+
+@pytest.mark.parametrize("text", [json.dumps([{"role": "user", "content": "What is 1+1?"}]), str([{"role": "user", "content": "What is 1+1?"}])])
+def test_a_conversation_saved_as_text_is_refused_not_sent_as_its_repr(tmp_path, text):
+    """pandas' to_csv of TRL's conversational prompts (or a json.dumps of them): the model was sent the text
+    "[{'role': 'user', ...", with exit 0."""
+    import csv
+
+    with open(tmp_path / "chat.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["prompt", "answer"], [text, "2"]])
+    with pytest.raises(UserError, match=r"row 0, column 'prompt': the question is a conversation saved as text .* save the dataset as JSONL"):
+        load_examples(DatasetSpec(source=str(tmp_path / "chat.csv"), split="train"))
+    (tmp_path / "plain.csv").write_text('prompt,answer\n"[{1, 2}] is a set of two; how many role models?",2\n')  # not a chat
+    assert load_examples(DatasetSpec(source=str(tmp_path / "plain.csv"), split="train"))[0].question.startswith("[{1, 2}]")

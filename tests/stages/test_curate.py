@@ -823,3 +823,15 @@ def test_an_unreachable_baseline_without_a_positive_fraction_is_said_to_do_nothi
     path = write_scored(tmp_path / "r1", scored_table(["a"] * 4, [True, False, True, False]))
     with pytest.warns(UserWarning, match="--unreachable-baseline 0.3 does nothing without --positive-fraction"):
         run(tmp_path, [path], unreachable_baseline=0.3)
+
+
+def test_rows_whose_check_failed_are_not_trained_as_negatives(tmp_path):
+    """A row whose gold the verifier cannot read (a null answer, a MATH gold under gsm8k) or whose plugin raised is
+    'error', rewarded as wrong; curate kept it as a negative, so a correct completion was trained down."""
+    table = scored_table(["q0", "q0", "q1", "q1"], [True, False, False, False])
+    table = table.set_column(table.schema.get_field_index("verdict"), "verdict", pa.array(["correct", "incorrect", "error", "timeout"]))
+    scored = write_scored(tmp_path / "scored", table)
+    result, t = run(tmp_path, scored)
+    assert result["dropped"] == {"unchecked": 1} and t.column("prompt_id").to_pylist() == ["q0", "q0", "q1"]  # a timeout stays: the policy's
+    kept, t = run(tmp_path, scored, drop_unchecked=False, overwrite=True)
+    assert "unchecked" not in kept["dropped"] and t.num_rows == 4

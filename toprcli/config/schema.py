@@ -144,6 +144,9 @@ class CurateConfig:
     drop_uniform_prompts: bool = opt(False, "Drop prompts whose samples are all correct or all incorrect.",
                                      flag="--drop-uniform-prompts/--keep-uniform-prompts")
     drop_truncated: bool = opt(False, "Drop samples cut off at max_new_tokens (finish_reason = length).", flag="--drop-truncated/--keep-truncated")
+    drop_unchecked: bool = opt(True, "Drop samples whose check failed (verdict error: a gold the verifier cannot read, a plugin that raised): "
+                                     "no evidence either way, so not negatives. Timeouts are kept (the policy's output hung).",
+                               flag="--drop-unchecked/--keep-unchecked")
     dedupe: bool = opt(False, "Keep one copy of identical completions within a prompt.")
     max_per_prompt: int | None = opt(None, "Keep at most this many samples per prompt (lowest sample_index first).", check=AT_LEAST_ONE)
     first_positive: bool = opt(False, "Per prompt keep the first correct sample and every incorrect one.", flag="--first-positive/--all-positives")

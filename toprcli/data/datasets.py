@@ -366,6 +366,9 @@ def _question(row: dict[str, Any], column: str, preset: Preset, where: str, gold
     if isinstance(value, dict):
         raise UserError(f"{where}: the question is a mapping (fields: {', '.join(map(str, list(value)[:4]))}) — name the field that holds it "
                         f"(--question-column {column}.FIELD)")
+    if formats.is_saved_chat(value):  # it would reach the model as the text "[{'role': 'user', ..."
+        raise UserError(f"{where}: the question is a conversation saved as text ({value[:40]}...) — save the dataset as JSONL or "
+                        "Parquet, with the turns as a list of {role, content} (a CSV holds them only as text)")
     if not isinstance(value, (list, tuple)) and (isinstance(value, str) or preset.name not in ("verl", "messages")):
         extra = row.get("input") if column == "instruction" else None  # Alpaca: the instruction's input goes with it
         return str(value) + (f"\n\n{extra}" if isinstance(extra, str) and extra.strip() else ""), None, None
@@ -400,8 +403,9 @@ def render_prompt(example: Example, spec: DatasetSpec, tokenizer: Any | None = N
             messages = [{"role": "user", "content": instruction.replace("{question}", example.question)}]
             shots = [(instruction.replace("{question}", s.question), s.solution) for s in example.shots]
         messages = formats.with_shots(formats.with_system(messages, spec.system_prompt), shots)
+        prefill = messages[-1]["role"] == "assistant"  # a prompt that ends with the model's first words: it goes on from them (TRL's way)
         try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not prefill, continue_final_message=prefill)
         except Exception as e:  # jinja2.TemplateError: a template's own raise_exception, e.g. Gemma's "System role not supported"
             if type(e).__module__.split(".")[0] != "jinja2":
                 raise

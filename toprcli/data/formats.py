@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import ast
 import decimal
+import json
 import math
 import random
 import re
@@ -47,6 +49,20 @@ def has_path(row: dict[str, Any], column: str) -> bool:
 def is_messages(value: Any) -> bool:
     """Does ``value`` look like a chat conversation (a non-empty list of role/content mappings)?"""
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def is_saved_chat(value: Any) -> bool:
+    """Is ``value`` a conversation written out as text (pandas' ``to_csv`` of a messages column, or ``json.dumps``)?"""
+    if not isinstance(value, str) or not value.lstrip().startswith("[{") or "role" not in value:
+        return False
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        try:
+            parsed = ast.literal_eval(value.strip())  # Python's repr, as to_csv writes a list of dicts: literals only, never run
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return False
+    return is_messages(parsed)
 
 
 def check_messages(value: Any, where: str) -> list[dict[str, str]]:

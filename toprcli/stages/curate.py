@@ -53,6 +53,7 @@ from toprcli.progress import ProgressFn, report
 from toprcli.shards.scored_inputs import ScoredInputs, dictionary_columns
 from toprcli.stages import StageResult
 from toprcli.stages.curate_record import STAGE, manifest_path, previous_or_refuse, write_manifest
+from toprcli.verifiers.base import ERROR
 
 ADDED = [pa.field("advantage", pa.float32(), nullable=False), pa.field("weight", pa.float32(), nullable=False)]
 
@@ -294,6 +295,8 @@ def _select(cfg: CurateConfig, inputs: ScoredInputs, light: dict[str, Any], corr
         keep[idx[~mask]] = False
         dropped[name] = int((~mask).sum())
 
+    if cfg.drop_unchecked and (unchecked := pc.equal(light["verdict"], ERROR).to_numpy(zero_copy_only=False)).any():
+        narrow("unchecked", lambda idx: ~unchecked[idx].astype(bool))
     if cfg.drop_truncated:
         truncated = pc.equal(light["finish_reason"], "length").to_numpy(zero_copy_only=False)
         narrow("truncated", lambda idx: ~truncated[idx].astype(bool))
@@ -334,6 +337,8 @@ def _read_light(inputs: ScoredInputs, cfg: CurateConfig, progress: ProgressFn | 
     cols = ["prompt_id", "policy", "iteration", "sample_index", "reward", "correct"]
     if cfg.drop_truncated:
         cols.append("finish_reason")
+    if cfg.drop_unchecked:
+        cols.append("verdict")
     derived = {"fingerprint": ("completion", cu.string_fingerprint)} if cfg.dedupe else None
     light = inputs.read_light(cols, derived=derived, progress=lambda i, n: report(progress, "curate: reading ids and rewards", i, n))
     light.setdefault("fingerprint", None)

@@ -23,7 +23,6 @@ and error; a plugin returning a float sets the reward itself.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import importlib.metadata
 import json
@@ -31,13 +30,11 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from toprcli import shards
@@ -46,12 +43,12 @@ from toprcli.data.datasets import default_verifier
 from toprcli.errors import MadeOtherwise, UserError
 from toprcli.progress import ProgressFn
 from toprcli.stages import StageResult
-from toprcli.verifiers import ERROR, TIMEOUT, VERDICTS, Rewards, VerifierPool, check_sources, own_reward, plugins, resolve_verifier, reward_of
+from toprcli.stages.score_record import SUMMARY_COLUMNS, ScoreCounts, ShardNotes, gather_notes, summarize
+from toprcli.verifiers import ERROR, TIMEOUT, Rewards, VerifierPool, check_sources, plugins, resolve_verifier, reward_of
 
 STAGE = "score"
 SCORE_COLUMNS = ("reward", "correct", "extracted_answer", "verdict")
 VERIFY_SLICE = 8192  # rows turned into Python strings at a time (bounds memory on huge shards)
-MAX_ERROR_EXAMPLES = 5
 RESCORING_FILE = "_rescoring.json"  # an --overwrite run under way (its token)
 
 
@@ -65,42 +62,6 @@ class ChecksFailed(UserWarning):
 # Settings that change the scored columns; a complete shard is reused only if they match (timeout, worker_memory_mb: a check
 # past them is rewarded as wrong). A plugin's source counts too (_settings).
 _SCORE_KEYS = ("verifier", "strict", "timeout", "worker_memory_mb", "reward_correct", "reward_incorrect", "reward_no_answer")
-
-
-@dataclass
-class ScoreCounts:
-    """What a score run counted: the result's summary and the manifest's."""
-
-    out: str
-    rows: int = 0
-    prompts: int = 0
-    shards_scored: int = 0
-    shards_skipped: int = 0
-    verdicts: dict[str, int] = field(default_factory=dict)
-    accuracy: float = 0.0
-    mean_reward: float = 0.0
-    # per-prompt pass rates: {samples per prompt n: {k correct: number of prompts}}
-    pass_counts: dict[int, dict[int, int]] = field(default_factory=dict)
-    prompts_none_correct: int = 0
-    prompts_some_correct: int = 0
-    prompts_all_correct: int = 0
-    worker_stats: dict[str, int] = field(default_factory=dict)
-    error_examples: list[str] = field(default_factory=list)
-    own_rewards: int = 0  # rows rewarded with a plugin's own number
-    wall_time_s: float = 0.0
-    rows_per_s: float | None = None  # rows scored in this run / time spent scoring them
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            **{k: getattr(self, k) for k in ("out", "rows", "prompts", "shards_scored", "shards_skipped", "accuracy", "mean_reward", "verdicts")},
-            "pass_rate": {
-                "none_correct": self.prompts_none_correct,
-                "some_correct": self.prompts_some_correct,
-                "all_correct": self.prompts_all_correct,
-                "histogram": {str(n): {str(k): c for k, c in h.items()} for n, h in self.pass_counts.items()},
-            },
-            **{k: getattr(self, k) for k in ("own_rewards", "worker_stats", "error_examples", "wall_time_s", "rows_per_s")},
-        }
 
 
 # -- inputs ---------------------------------------------------------------------
@@ -202,19 +163,6 @@ def _reusable(path: Path, settings: dict[str, Any], input_fp: str) -> bool:
 # -- scoring one table ----------------------------------------------------------
 
 
-@dataclass
-class ShardNotes:
-    """What a scored shard records of its verdicts beside its rows (a rerun that skips it still reports them)."""
-
-    error_examples: list[str] = field(default_factory=list)
-    own_rewards: int = 0  # rows whose reward is the plugin's own number, not --reward-*
-
-    def add(self, v: Any) -> None:
-        if v.verdict in (ERROR, TIMEOUT) and len(self.error_examples) < MAX_ERROR_EXAMPLES:
-            self.error_examples.append(f"{v.verdict}: {v.detail}")
-        self.own_rewards += own_reward(v)
-
-
 def score_table(
     table: pa.Table,
     pool: Any,
@@ -253,35 +201,6 @@ def score_table(
     keep = keep.append_column(pa.field("extracted_answer", pa.string()), pa.array(extracted_out, pa.string()))
     keep = keep.append_column(pa.field("verdict", pa.string(), nullable=False), pa.array(verdict_out, pa.string()))
     return keep
-
-
-# -- summary --------------------------------------------------------------------
-
-
-def summarize(table: pa.Table, result: ScoreCounts) -> None:
-    """Accuracy, verdict counts, mean reward and per-prompt pass counts of scored rows."""
-    result.rows = table.num_rows
-    if table.num_rows == 0:
-        return
-    counts = pc.value_counts(table.column("verdict")).to_pylist()
-    by = {c["values"]: c["counts"] for c in counts}
-    result.verdicts = {v: int(by.get(v, 0)) for v in VERDICTS}
-    correct = table.column("correct").to_numpy(zero_copy_only=False).astype(bool)
-    result.accuracy = float(correct.mean())
-    result.mean_reward = float(np.asarray(table.column("reward").to_numpy(zero_copy_only=False), dtype=np.float64).mean())
-    # A prompt group is (iteration, policy, prompt_id), as in curation.
-    keys = pa.table({**{c: table.column(c) for c in ("iteration", "policy", "prompt_id")}, "correct": pa.array(correct.astype(np.int64))})
-    grouped = keys.group_by(["iteration", "policy", "prompt_id"]).aggregate([("correct", "sum"), ("correct", "count")])
-    ks = grouped.column("correct_sum").to_numpy()
-    ns = grouped.column("correct_count").to_numpy()
-    result.prompts = int(len(ks))
-    hist: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for k, n in zip(ks.tolist(), ns.tolist()):
-        hist[n][k] += 1
-    result.pass_counts = {n: dict(sorted(h.items())) for n, h in sorted(hist.items())}
-    result.prompts_none_correct = int((ks == 0).sum())
-    result.prompts_all_correct = int((ks == ns).sum())
-    result.prompts_some_correct = result.prompts - result.prompts_none_correct - result.prompts_all_correct
 
 
 # -- the stage ------------------------------------------------------------------
@@ -408,8 +327,8 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
             t_scoring = time.monotonic() - t1
             result.worker_stats = dict(pool.stats)
 
-    summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(_SUMMARY_COLUMNS)), result)
-    _gather_notes(out, files, result)
+    summarize(shards.read_table([out / shards.shard_name(i) for i in files], columns=list(SUMMARY_COLUMNS)), result)
+    gather_notes(out, files, result)
     failed = result.verdicts.get(ERROR, 0) + result.verdicts.get(TIMEOUT, 0)
     if todo:
         _refuse_unchecked(cfg, result, out, files)
@@ -434,18 +353,6 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
     )
     (out / RESCORING_FILE).unlink(missing_ok=True)  # finished: a later --overwrite rescores again
     return StageResult(STAGE, str(out), result.summary(), skipped=not todo, wall_time_s=result.wall_time_s)
-
-
-_SUMMARY_COLUMNS = ("prompt_id", "policy", "iteration", "reward", "correct", "verdict")
-
-
-def _gather_notes(out: Path, files: dict[int, Path], result: ScoreCounts) -> None:
-    """Every shard's notes, those an earlier invocation scored too (a rerun reported no errors of them)."""
-    result.error_examples, result.own_rewards = [], 0
-    for i in sorted(files):
-        had = shards.read_file_metadata(out / shards.shard_name(i)).get("score") or {}
-        result.error_examples += had.get("error_examples", [])[: MAX_ERROR_EXAMPLES - len(result.error_examples)]
-        result.own_rewards += int(had.get("own_rewards", 0))
 
 
 def _warn_own_rewards(cfg: ScoreConfig, result: ScoreCounts) -> None:
