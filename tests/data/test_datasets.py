@@ -352,6 +352,11 @@ def test_a_saved_dataset_directory_is_read_and_a_missing_hub_id_names_the_builti
     datasets.Dataset.from_list([{"question": "1 + 1?", "answer": "#### 2"}]).save_to_disk(str(tmp_path / "saved"))
     (example,) = load_examples(DatasetSpec(source=str(tmp_path / "saved")))
     assert (example.question, example.answer) == ("1 + 1?", "2")
+    # A saved split knows its name: eval's default --split test read a saved train split as test problems, labelled test-…
+    datasets.Dataset.from_list([{"question": "1 + 1?", "answer": "#### 2"}], split="train").save_to_disk(str(tmp_path / "train"))
+    assert load_examples(DatasetSpec(source=str(tmp_path / "train"), split="train"))[0].answer == "2"
+    with pytest.raises(UserError, match=r"is the saved train split, not 'test' — pass --split train"):
+        load_examples(DatasetSpec(source=str(tmp_path / "train"), split="test"))
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as this machine is: no half-minute of retries
     with pytest.raises(UserError, match="builtin:gsm8k ships with topr"):
         load_examples(DatasetSpec(source="no-such-user-zz/no-such-dataset-zz"))
@@ -369,3 +374,12 @@ def test_a_dataset_of_several_configs_names_them(tmp_path):
         load_examples(DatasetSpec(source=str(tmp_path / "ds"), split="test"))
     (example,) = load_examples(DatasetSpec(source=str(tmp_path / "ds"), split="test", config_name="main"))
     assert example.answer == "2"
+
+
+def test_rows_with_an_empty_gold_are_named_before_generation(tmp_path):
+    """verl's model-reward rows (ground_truth null) and a null answer went through generate in silence; every such row
+    then failed its check after the generation was spent."""
+    rows = [{"question": "1 + 1?", "answer": "#### 2"}, {"question": "2 + 2?", "answer": None}, {"question": "3 + 3?", "answer": " "}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(UserWarning, match=r"2 of 3 rows have no gold answer \(column 'answer' empty\)"):
+        load_examples(DatasetSpec(source=str(tmp_path / "d.jsonl")))

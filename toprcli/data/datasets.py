@@ -239,6 +239,8 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
                 config_name = HUB_DEFAULT_CONFIGS[src.rstrip("/")]
             if (path / "state.json").is_file():  # one Dataset written by save_to_disk (it has no splits; load_dataset refuses it)
                 ds = datasets.load_from_disk(str(path))
+                if ds.split is not None and str(ds.split) != spec.split:  # eval's default split test would read the train rows
+                    raise UserError(f"{src} is the saved {ds.split} split, not {spec.split!r} — pass --split {ds.split}, or the {spec.split} split's own directory")
             else:
                 ds = datasets.load_dataset(str(path) if path.is_dir() else src, config_name, split=spec.split)
         else:
@@ -333,6 +335,9 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         solution = solution or (reference if a_col else None)
         examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name,
                                 verbatim=q_col == "prompt"))
+    if a_col is not None and (missing := sum(not (e.answer or "").strip() for e in examples)):  # verl's model-RM rows: ground_truth null
+        warnings.warn(f"dataset {spec.source!r}: {missing} of {len(examples)} rows have no gold answer (column {a_col!r} empty): a verifier "
+                      "that needs one checks none of them (verdict error; curate leaves them out) — fill or drop those rows")
     if spec.few_shot:
         source, split = few_shot_source(spec.source, spec.few_shot_split)
         try:
