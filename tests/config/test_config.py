@@ -150,6 +150,19 @@ def test_config_show_and_check_cli(tmp_path):
     assert r.exit_code == 2 and "unknown stage" in r.stderr
 
 
+def test_what_each_round_sets_is_neither_shown_nor_taken_in_a_pipeline_config(tmp_path):
+    """`config show` printed generate.out, train.data, train.tracking, ... for a user to edit: tracking was refused
+    when filled, the others were overridden by every round in silence."""
+    import yaml
+
+    shown = yaml.safe_load(runner.invoke(app, ["config", "show"]).stdout)
+    assert "out" not in shown["generate"] and "data" not in shown["train"] and "tracking" not in shown["eval"]
+    assert "n" in shown["generate"] and "lr" in shown["train"] and "tracking" in shown  # the settings a user edits stay
+    assert load_config(IterateConfig, None, sets={"rounds": 2}).rounds == 2
+    with pytest.raises(ConfigError, match=r"train.data is set in a pipeline config — each round sets it .* drop it"):
+        load_config(IterateConfig, None, sets={"train.data": "mine.parquet"})
+
+
 def test_resolved_config_is_plain_data():
     d = config_to_dict(IterateConfig())
     assert d["train"]["loss"] == "topr" and isinstance(d["generate"]["dataset"], dict)

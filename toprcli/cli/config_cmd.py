@@ -16,14 +16,17 @@ from toprcli.cli.common import console, echo, echo_json, err_console, user_error
 app = typer.Typer(help="Show default configs and validate config files.", no_args_is_help=True)
 
 
-def commented_yaml(cfg: object, indent: str = "") -> list[str]:
-    """``cfg`` as YAML, every key followed by its help as a comment (still valid YAML to edit and load)."""
+def commented_yaml(cfg: object, indent: str = "", skip: frozenset[str] = frozenset(), prefix: str = "") -> list[str]:
+    """``cfg`` as YAML, every key followed by its help as a comment (still valid YAML to edit and load); the dotted keys
+    ``skip`` left out."""
     lines = []
     for f in dataclasses.fields(cfg):
         value, note = getattr(cfg, f.name), f.metadata.get("help")
         comment = f"  # {note}" if note else ""
+        if prefix + f.name in skip:
+            continue
         if dataclasses.is_dataclass(value):
-            lines += [f"{indent}{f.name}:{comment}", *commented_yaml(value, indent + "  ")]
+            lines += [f"{indent}{f.name}:{comment}", *commented_yaml(value, indent + "  ", skip, f"{prefix}{f.name}.")]
         else:
             text = yaml.safe_dump(value, default_flow_style=True, width=10**6, allow_unicode=True).removesuffix("...\n").strip()
             lines.append(f"{indent}{f.name}: {text}{comment}")
@@ -33,11 +36,12 @@ def commented_yaml(cfg: object, indent: str = "") -> list[str]:
 @app.command("show")
 @user_errors
 def show(
-    stage: Annotated[str | None, typer.Argument(metavar="STAGE", help="generate, score, curate, verifier-data, train, eval or iterate; all when omitted.")] = None,
+    stage: Annotated[str | None, typer.Argument(metavar="STAGE", help="generate, score, curate, verifier-data, train, eval or iterate (the pipeline: when omitted).")] = None,
 ) -> None:
     """Print the default config of a stage (or of the whole pipeline) as YAML, each key with its help.
 
-    The output is a valid config: save it, edit what you need, and pass it with --config.
+    The output is a valid config: save it, edit what you need, and pass it with --config. The pipeline's
+    leaves out what each round sets itself (a stage's model, input and output in the run directory).
 
     Examples:
       [bold]topr config show[/]
@@ -45,7 +49,11 @@ def show(
     """
     from toprcli.config import default_config
 
-    echo("\n".join(commented_yaml(default_config(stage or "iterate"))))
+    from toprcli.config.schema import PIPELINE_REFUSES, ROUND_SETS
+
+    pipeline = stage in (None, "iterate")
+    skip = frozenset([*PIPELINE_REFUSES, *(f"{s}.{k}" for s, keys in ROUND_SETS.items() for k in keys)] if pipeline else [])
+    echo("\n".join(commented_yaml(default_config(stage or "iterate"), skip=skip)))
 
 
 @app.command("check")

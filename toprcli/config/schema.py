@@ -429,6 +429,10 @@ class IterateConfig:
             if getattr(self, stage).tracking.report_to:
                 raise ConfigError(f"{stage}.tracking is set in a pipeline config — tracking is one run per run directory: "
                                   f"move it to the top level (tracking: {{report_to: [...]}})")
+        for stage, keys in ROUND_SETS.items():  # else overridden by each round in silence
+            if given := [k for k in keys if getattr(getattr(self, stage), k) != getattr(STAGES[stage](), k)]:
+                raise ConfigError(f"{stage}.{given[0]} is set in a pipeline config — each round sets it (its input or output in the run "
+                                  "directory): drop it")
         self.warm_start_train()
 
     def warm_start_train(self) -> TrainConfig:
@@ -437,5 +441,10 @@ class IterateConfig:
         return from_dict(TrainConfig, data, prefix="warm_start.train.")
 
 
+# The keys of a pipeline's stage sections that each round sets itself (what it reads and writes in the run directory,
+# which policy) or that a pipeline refuses: `config show iterate` leaves them out.
+ROUND_SETS = {"generate": ("model", "out", "iteration"), "score": ("samples", "out"), "curate": ("scored", "out", "source_weights"),
+              "train": ("model", "data", "out", "resume"), "eval": ("model", "out", "iteration")}
+PIPELINE_REFUSES = ("generate.shard_index", "generate.num_shards", "train.tracking", "eval.tracking")
 STAGES: dict[str, type] = {"generate": GenerateConfig, "score": ScoreConfig, "curate": CurateConfig, "verifier_data": VerifierDataConfig,
                            "train": TrainConfig, "eval": EvalConfig, "iterate": IterateConfig}
