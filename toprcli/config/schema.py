@@ -196,7 +196,7 @@ class VerifierDataConfig:
     balance: bool = opt(False, "As many correct as incorrect candidates (the larger class is subsampled, seeded).")
     max_per_question: int | None = opt(None, "At most this many candidates per question (a seeded choice).", check=AT_LEAST_ONE)
     dedupe: bool = opt(True, "One row per distinct question and candidate text.")
-    seed: int = opt(0, "Seed of --balance and --max-per-question.", check=SEED)
+    seed: int = opt(0, "Seed of --balance, --max-per-question and the rows' shuffled order.", check=SEED)
     overwrite: bool = opt(False, "Replace an --out made from other inputs or settings.")
 
 
