@@ -307,6 +307,8 @@ def test_exact():
     assert check("New   York", "New York").verdict == "correct"
     assert check("paris", "Paris").verdict == "incorrect"
     assert check("   ", "Paris").verdict == "no_answer"
+    assert check("Paris", " ").verdict == check("x", None).verdict == "error"  # an empty gold (was incorrect: wrong, not unchecked)
+    assert resolve_verifier(r"regex:\d+").check("42", "").verdict == "error"
 
 
 def test_regex():

@@ -22,7 +22,7 @@ from toprcli.verifiers.base import ERROR, NO_ANSWER, Verdict, judged, normalize_
 
 
 def check_exact(completion: str, answer: str | None, row: dict | None = None) -> Verdict:
-    if answer is None:
+    if answer is None or not answer.strip():  # "" matches only an empty completion, which is no answer: nothing to check
         return Verdict(ERROR, detail="gold answer is empty")
     pred = normalize_ws(completion)
     if not pred:
@@ -37,7 +37,7 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
 
 
 def check_regex(completion: str, answer: str | None, row: dict | None = None, *, pattern: str) -> Verdict:
-    if answer is None:
+    if answer is None or not answer.strip():
         return Verdict(ERROR, detail="gold answer is empty")
     rx = compile_pattern(pattern)
     m = rx.search(completion)
