@@ -174,7 +174,8 @@ def _value(m: re.Match) -> str:
 def check(completion: str, answer: str | None, row: dict | None = None, *, strict: bool = False) -> Verdict:
     gold = gold_number(answer)
     if gold is None:
-        return Verdict(ERROR, detail=f"gold answer has no '#### n' and is not a number: {clip_text(answer, 60)!r}")
+        said = "gold answer is empty" if answer is None or not answer.strip() else f"gold answer has no '#### n' and is not a number: {clip_text(answer, 60)!r}"
+        return Verdict(ERROR, detail=said)
     text = extract(completion, strict)
     if text is None:
         return Verdict(NO_ANSWER)
