@@ -155,22 +155,28 @@ def test_a_new_branch_is_held_to_the_files_its_parent_s_rounds_were_made_with(tw
         record.write_text(yaml.safe_dump(config_to_dict(cfg)))
     (run / "round-001" / "policy").mkdir()
     (run / "round-001" / "policy" / "config.json").write_text("{}")
-    branch = load_config(IterateConfig, run / "config.yaml", sets={"run_dir": str(root / "other" / "b"), "rounds": 2})
+    branch = load_config(IterateConfig, run / "config.yaml", sets={"run_dir": str(root / "other" / "runs" / "b"), "rounds": 2})
     monkeypatch.chdir(root / "other")
     with pytest.raises(UserError, match=rf"model: models/tiny names {root}/other/models/tiny from here, but the run it branches from "
                                         rf"\({run}\) used {root}/proj/models/tiny — run it from {root}/proj"):
         Pipeline(branch, branch_from=str(run / "round-001")).prepare()
-    assert not (root / "other" / "b" / "lineage.json").exists()
+    assert not (root / "other" / "runs" / "b" / "lineage.json").exists()  # at the parent's depth: ../../models/tiny from both
     monkeypatch.chdir(root / "proj")  # from where the parent ran: branched, and its record is the parent's
     Pipeline(branch, branch_from=str(run / "round-001")).prepare()
-    assert json.loads((root / "other" / "b" / PATHS_FILE).read_text())["paths"]["model"]["path"] == str(root / "proj" / "models" / "tiny")
+    made = root / "other" / "runs" / "b"
+    assert json.loads((made / PATHS_FILE).read_text())["paths"]["model"]["path"] == str(root / "proj" / "models" / "tiny")
+    # Killed after the branch was made, before its paths were recorded, then resumed with --run-dir alone: still the parent's.
+    (made / PATHS_FILE).unlink()
+    monkeypatch.chdir(root / "other")
+    with pytest.raises(UserError, match="but the run it branches from"):
+        Pipeline(load_config(IterateConfig, made / "config.yaml")).prepare()
 
 
 def test_a_launch_killed_between_the_run_config_and_topr_s_copy_is_no_hand_edit(tmp_path):
     """reconcile rewrote config.yaml, then a kill came before topr's copy was written: the next launch (no -c) took its
     own write for a hand edit, asked for --apply-from-next-round and said the file had been edited."""
-    from toprcli.config import config_to_dict, load_config
-    from toprcli.run_paths import keep_recorded_copy, pend_recorded_copy, recorded_copy
+    from toprcli.config import config_to_dict, config_yaml, load_config
+    from toprcli.run_paths import keep_recorded_copy, recorded_copy, recording
     from toprcli.runs import reconcile
 
     run = tmp_path / "run"
@@ -182,13 +188,20 @@ def test_a_launch_killed_between_the_run_config_and_topr_s_copy_is_no_hand_edit(
     changed = load_config(IterateConfig, None, sets={**{k: v for k, v in config_to_dict(cfg).items() if k in ("run_dir", "model", "rounds")},
                                                      "train.lr": 3e-6})
     edited = recorded_copy(run)  # the launch with -c changed.yaml --apply-from-next-round, as Pipeline.prepare goes ...
-    pend_recorded_copy(run, changed)
-    assert reconcile(run, changed, apply_from_next_round=True, recorded_file=edited) == ["train.lr"]
+    with recording(run, changed, edited):
+        assert reconcile(run, changed, apply_from_next_round=True, recorded_file=edited) == ["train.lr"]
     # ... killed here, before keep_recorded_copy. The next launch goes on with the run's config.yaml:
     assert recorded_copy(run) is None
     assert reconcile(run, load_config(IterateConfig, run / "config.yaml"), apply_from_next_round=False) == []
     assert "lr: 3.0e-06" in (run / ".recorded-config.yaml").read_text() and not (run / ".recorded-config.yaml.pending").exists()
-    # A pending copy of a launch refused before config.yaml changed is dropped, and a real edit is still seen as one.
-    pend_recorded_copy(run, cfg)
+    # A pending copy of a launch killed before config.yaml changed is dropped, and a real edit is still seen as one.
+    (run / ".recorded-config.yaml.pending").write_text(config_yaml(cfg))
     (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("3.0e-06", "1.0e-05"))
     assert recorded_copy(run) == run / ".recorded-config.yaml" and not (run / ".recorded-config.yaml.pending").exists()
+    # That edit, refused, and the same launch again: refused again (its bytes were pended as topr's own, and taken).
+    for _ in range(2):
+        edited = recorded_copy(run)
+        now = load_config(IterateConfig, run / "config.yaml")
+        with pytest.raises(UserError, match="started with a different config"), recording(run, now, edited):
+            reconcile(run, now, apply_from_next_round=False, recorded_file=edited)
+    assert recorded_copy(run) == run / ".recorded-config.yaml"

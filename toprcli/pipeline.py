@@ -327,9 +327,9 @@ class Pipeline:
         lineage = runs.branch(self.branch_from, self.run_dir, self.cfg) if self.branch_from else None
         before = runs.round_records(self.run_dir)
         edited = run_paths.recorded_copy(self.run_dir)  # config.yaml edited by hand: checked against topr's copy, as a -c is
-        run_paths.pend_recorded_copy(self.run_dir, self.cfg)
         try:
-            changed = runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round, recorded_file=edited)
+            with run_paths.recording(self.run_dir, self.cfg, edited):
+                changed = runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round, recorded_file=edited)
         except UserError as e:
             if edited is None:
                 raise

@@ -11,8 +11,10 @@ is taken, and said.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import yaml
 from toprcli.config import IterateConfig, config_to_dict, config_yaml
 from toprcli.data.local_files import LOCAL_FORMATS, local_suffix
 from toprcli.errors import UserError
-from toprcli.runs import CONFIG_FILE
+from toprcli.runs import CONFIG_FILE, LINEAGE_FILE
 from toprcli.shards import read_json, value_at, write_atomic, write_json_atomic, write_text_atomic
 
 PATHS_FILE = "paths.json"
@@ -51,10 +53,12 @@ def check_paths(run_dir: Path, cfg: IterateConfig, *, pinned: bool = True, paren
     (nothing made yet: a launch from the wrong place that failed at once), the paths of this launch are taken. A new
     branch of the run ``parent`` is held to the parent's record: the rounds it inherits were made with those files."""
     path, home = Path(run_dir) / PATHS_FILE, os.path.realpath(run_dir)  # real paths: a run dir reached through a symlink is where it lies
+    lineage = Path(run_dir) / LINEAGE_FILE  # a branch made, its paths not yet recorded (killed in between): its parent's still hold
+    parent = Path(read_json(lineage, needs="parent")["parent"]) if lineage.is_file() else parent
     inherited = parent is not None and not path.is_file() and (Path(parent) / PATHS_FILE).is_file()
-    if inherited:
+    if inherited:  # where a file lies from the run dir is the parent's question: its record says where from the parent
         path, pinned, started = Path(parent) / PATHS_FILE, True, f"the run it branches from ({os.path.realpath(parent)}) used"
-        again = "the same topr iterate --branch-from"
+        home, again = os.path.realpath(parent), "the same topr iterate --branch-from"
     else:
         started, again = "this run started with", f"topr iterate --run-dir {home}"
     recorded = read_json(path, needs="paths") if path.is_file() else {"cwd": os.getcwd(), "paths": {}}
@@ -99,10 +103,19 @@ def recorded_copy(run_dir: Path) -> Path | None:
     return copy if copy.is_file() and path.is_file() and copy.read_bytes() != path.read_bytes() else None
 
 
-def pend_recorded_copy(run_dir: Path, cfg: IterateConfig) -> None:
-    """Before ``config.yaml`` is rewritten with ``cfg``: what topr's copy will hold (:func:`recorded_copy` finishes it
-    after a kill; :func:`keep_recorded_copy` once the config is accepted)."""
-    write_text_atomic(Path(run_dir) / PENDING_COPY, config_yaml(cfg))
+@contextlib.contextmanager
+def recording(run_dir: Path, cfg: IterateConfig, edited: Path | None) -> Iterator[None]:
+    """While ``config.yaml`` may be rewritten with ``cfg``: the copy topr will keep is pending (:func:`recorded_copy`
+    finishes it after a kill, :func:`keep_recorded_copy` once the config is accepted), and dropped when it is refused.
+    Not for a hand edit: its bytes are ``config.yaml``'s already, so a refused edit would be taken on the next launch."""
+    pending = Path(run_dir) / PENDING_COPY
+    if edited is None:
+        write_text_atomic(pending, config_yaml(cfg))
+    try:
+        yield
+    except UserError:
+        pending.unlink(missing_ok=True)
+        raise
 
 
 def keep_recorded_copy(run_dir: Path, cfg: IterateConfig, edited: Path | None) -> None:
