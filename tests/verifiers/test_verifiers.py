@@ -99,6 +99,13 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("The answer is 12, because x = 5", "12", "correct", "12"),
         ("The answer is 2 + 3", "5", "incorrect", "2"),  # no result said: nothing is computed from model text
         ("#### 1 Eggs per day\n16-3-4=9\nThe answer is 18", "18", "correct", "18"),
+        # ... and where it must not: arithmetic after the answer, not begun by it; a dash; a ramble to a next problem.
+        ("So the answer is **18**, since 16 − 3 − 4 = 9 eggs are sold", "18", "correct", "18"),
+        ("The answer is 20 - note 5 * 4 = 20, not 5 + 4 = 9", "20", "correct", "20"),
+        ("#### 18 dollars\nQuestion: Tom has 3 apples. The answer is 7", "18", "correct", "18"),
+        ("The answer is 1,000 * 2 = 2,000", "2000", "correct", "2,000"),
+        ("The answer is 10. 10 x 2 = 20", "10", "correct", "10"),
+        ("The answer is 60 = 15 - 20 minutes", "60", "correct", "60"),
     ],
 )
 def test_gsm8k_reading_and_numeric_comparison(completion, answer, verdict, extracted):
@@ -146,6 +153,9 @@ def test_gsm8k_is_fast_and_bounded_on_huge_inputs():
         "Final answer:**" + " " * 8_000 + "*" * 8_000,
         "\\boxed{" * 20_000,
         "1/" * 50_000,
+        "The answer is 3 * 4 = 12" + " " * 50_000 + "x",  # a calculation's result, checked past its closers in one pass
+        "The answer is 3 * 4 =" + " 1 =" * 20_000,
+        "#### 1 Title\n" + "The answer is 2 + " * 5_000,
     ]
     t = time.perf_counter()
     for text in nasty:

@@ -61,11 +61,14 @@ _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\{[ \t$]*" + _VALUE + r"[ \t$.]*\}")
 # LaTeX's thousands separators: 1{,}000, 10,\!000, 1\,000 (a thin space).
 _LATEX_THOUSANDS_RE = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,)(?=\d{3}(?!\d))")
 _BARE_RE = re.compile(r"\s*(" + _NUMBER + r")\s*\.?\s*")
-# A calculation after "the answer is 3": an operator next ("* 4 = 12"); its result, a number nothing is done to.
+# A calculation right after "the answer is 3" ("3 * 4 = 12", "20+22=42"): an operator, then a number; its result is the
+# number after the sentence's last "=", when nothing more is done to it. A new problem a model rambles on to.
 _OPS = r"(?:[-−+*/×x÷·^]|\\(?:times|cdot|div))"
-_OPERATOR_RE = re.compile(r"[ \t]*" + _OPS)
-_LONE_RESULT_RE = re.compile(r"[ \t]*" + _OPEN + _VALUE + _CLOSE + r"(?![ \t]*" + _OPS + ")")
+_CALCULATION_RE = re.compile(r"[ \t]*" + _OPS + r"[ \t]*(?:\$[ \t]*)?\d")
+_RESULT_RE = re.compile(r"[ \t]*" + _OPEN + _VALUE)
 _SENTENCE_END_RE = re.compile(r"\.(?!\d)|[\n!?;]")
+_CLOSE_RE = re.compile(_CLOSE)
+_NEW_PROBLEM_RE = re.compile(r"(?im)^[ \t*#]*(?:question|problem|q)[ \t*]*[:.]")
 
 
 def to_number(text: str) -> Decimal | Fraction | None:
@@ -136,8 +139,9 @@ def extract(completion: str, strict: bool = False) -> str | None:
     """The number text the model gave, or None."""
     completion = _LATEX_THOUSANDS_RE.sub(",", completion)
     m = _HASH_LINE_RE.search(completion)
-    if m is None and (m := _HASH_RE.search(completion)) and not strict and _ANSWER_IS_RE.search(completion, m.end()):
-        m = None  # "#### 1 Eggs per day ... The answer is 18": a heading, with the answer said after it
+    if m is None and (m := _HASH_RE.search(completion)) and not strict and (said := _ANSWER_IS_RE.search(completion, m.end())):
+        if not _NEW_PROBLEM_RE.search(completion, m.end(), said.start()):  # not a next problem the model rambled on to
+            return _result(completion, said)  # "#### 1 Eggs per day ... The answer is 18": a heading, the answer said after it
     if m:
         return m.group(1)
     if strict:
@@ -161,9 +165,13 @@ def _result(completion: str, m: re.Match) -> str:
     after its last ``=`` (the sentence's; a result that is itself a sum, "42 = 6 * 7", leaves the first number)."""
     end = _SENTENCE_END_RE.search(completion, m.end())
     said = completion[m.end() : end.start() if end else len(completion)]
-    if _OPERATOR_RE.match(said) and (r := _LONE_RESULT_RE.match(said.rsplit("=", 1)[-1])) and "=" in said:
-        return _value(r)
-    return _value(m)
+    if "=" not in said or not _CALCULATION_RE.match(said):
+        return _value(m)
+    after = said.rsplit("=", 1)[1]
+    r = _RESULT_RE.match(after)
+    if r is None or _CALCULATION_RE.match(after, _CLOSE_RE.match(after, r.end()).end()):  # (past its closers: bold, $, a box)
+        return _value(m)  # "42 = 6 * 7": the result is itself a calculation, so the number said stands
+    return _value(r)
 
 
 def _value(m: re.Match) -> str:
