@@ -152,15 +152,18 @@ def test_config_show_and_check_cli(tmp_path):
 
 def test_what_each_round_sets_is_neither_shown_nor_taken_in_a_pipeline_config(tmp_path):
     """`config show` printed generate.out, train.data, train.tracking, ... for a user to edit: tracking was refused
-    when filled, the others were overridden by every round in silence."""
+    when filled, the others were overridden by every round in silence (now said, and dropped)."""
     import yaml
 
     shown = yaml.safe_load(runner.invoke(app, ["config", "show"]).stdout)
     assert "out" not in shown["generate"] and "data" not in shown["train"] and "tracking" not in shown["eval"]
     assert "n" in shown["generate"] and "lr" in shown["train"] and "tracking" in shown  # the settings a user edits stay
-    assert load_config(IterateConfig, None, sets={"rounds": 2}).rounds == 2
-    with pytest.raises(ConfigError, match=r"train.data is set in a pipeline config — each round sets it .* drop it"):
-        load_config(IterateConfig, None, sets={"train.data": "mine.parquet"})
+    with pytest.warns(UserWarning, match=r"train.data in a pipeline config: each round sets it .* so it is not used"):
+        cfg = load_config(IterateConfig, None, sets={"train.data": "mine.parquet", "train.out": ""})
+    assert cfg.train.data == ""  # dropped, so a run recorded with it (never used) resumes with no change to refuse
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config(IterateConfig, None, sets={"train.out": ""}).rounds == 3  # a default: nothing to say
 
 
 def test_resolved_config_is_plain_data():

@@ -355,8 +355,8 @@ def test_a_saved_dataset_directory_is_read_and_a_missing_hub_id_names_the_builti
     # A saved split knows its name: eval's default --split test read a saved train split as test problems, labelled test-…
     datasets.Dataset.from_list([{"question": "1 + 1?", "answer": "#### 2"}], split="train").save_to_disk(str(tmp_path / "train"))
     assert load_examples(DatasetSpec(source=str(tmp_path / "train"), split="train"))[0].answer == "2"
-    with pytest.raises(UserError, match=r"is the saved train split, not 'test' — pass --split train"):
-        load_examples(DatasetSpec(source=str(tmp_path / "train"), split="test"))
+    with pytest.warns(UserWarning, match=r"was saved as the train split and is read as 'test' .* pass --split train"):
+        load_examples(DatasetSpec(source=str(tmp_path / "train"), split="test"))  # a warning: train_test_split's test part says train too
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as this machine is: no half-minute of retries
     with pytest.raises(UserError, match="builtin:gsm8k ships with topr"):
         load_examples(DatasetSpec(source="no-such-user-zz/no-such-dataset-zz"))

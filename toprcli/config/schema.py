@@ -390,10 +390,15 @@ class IterateConfig:
 
     @staticmethod
     def migrate(data: dict[str, Any]) -> dict[str, Any]:
-        """A run's ``train.tensorboard: true`` (before trackers) reports the whole run to TensorBoard."""
+        """A run's ``train.tensorboard: true`` (before trackers) reports the whole run to TensorBoard; what each round sets
+        itself (``ROUND_SETS``) is dropped, said when it was given (it was never used: a run recorded with it goes on)."""
         train = data.get("train")
         if isinstance(train, dict) and train.get("tensorboard"):
             data["tracking"] = TrainConfig.migrate({"tensorboard": train.pop("tensorboard"), "tracking": data.get("tracking")})["tracking"]
+        for stage, keys in ((s, k) for s, k in ROUND_SETS.items() if isinstance(data.get(s), dict)):
+            data[stage] = section = dict(data[stage])
+            if given := [k for k in keys if k in section and section.pop(k) != getattr(STAGES[stage](), k)]:
+                warnings.warn(f"{', '.join(f'{stage}.{k}' for k in given)} in a pipeline config: each round sets it (its input or output in the run directory), so it is not used")
         return data
 
     def check(self) -> None:
@@ -429,10 +434,6 @@ class IterateConfig:
             if getattr(self, stage).tracking.report_to:
                 raise ConfigError(f"{stage}.tracking is set in a pipeline config — tracking is one run per run directory: "
                                   f"move it to the top level (tracking: {{report_to: [...]}})")
-        for stage, keys in ROUND_SETS.items():  # else overridden by each round in silence
-            if given := [k for k in keys if getattr(getattr(self, stage), k) != getattr(STAGES[stage](), k)]:
-                raise ConfigError(f"{stage}.{given[0]} is set in a pipeline config — each round sets it (its input or output in the run "
-                                  "directory): drop it")
         self.warm_start_train()
 
     def warm_start_train(self) -> TrainConfig:
@@ -441,8 +442,7 @@ class IterateConfig:
         return from_dict(TrainConfig, data, prefix="warm_start.train.")
 
 
-# The keys of a pipeline's stage sections that each round sets itself (what it reads and writes in the run directory,
-# which policy) or that a pipeline refuses: `config show iterate` leaves them out.
+# A pipeline's stage keys that each round sets itself (its policy, input, output), and those it refuses: not in `config show`.
 ROUND_SETS = {"generate": ("model", "out", "iteration"), "score": ("samples", "out"), "curate": ("scored", "out", "source_weights"),
               "train": ("model", "data", "out", "resume"), "eval": ("model", "out", "iteration")}
 PIPELINE_REFUSES = ("generate.shard_index", "generate.num_shards", "train.tracking", "eval.tracking")

@@ -239,8 +239,9 @@ def _load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
                 config_name = HUB_DEFAULT_CONFIGS[src.rstrip("/")]
             if (path / "state.json").is_file():  # one Dataset written by save_to_disk (it has no splits; load_dataset refuses it)
                 ds = datasets.load_from_disk(str(path))
-                if ds.split is not None and str(ds.split) != spec.split:  # eval's default split test would read the train rows
-                    raise UserError(f"{src} is the saved {ds.split} split, not {spec.split!r} — pass --split {ds.split}, or the {spec.split} split's own directory")
+                if ds.split is not None and str(ds.split) != spec.split:  # eval's default split test reads what may be the train rows
+                    warnings.warn(f"{src} was saved as the {ds.split} split and is read as {spec.split!r} (one saved split has no other) — "
+                                  f"pass --split {ds.split} if it is that split (a train_test_split part keeps its parent's name)")
             else:
                 ds = datasets.load_dataset(str(path) if path.is_dir() else src, config_name, split=spec.split)
         else:
