@@ -75,8 +75,9 @@ def write_stage_config(cfg: Any, path: Path) -> Path:
     return write_text_atomic(path, config_yaml(cfg))
 
 
-def _last_error_line(log: Path, start: int = 0) -> str:
-    """The line of ``log`` (from byte ``start``: this attempt's, the log is appended to) that says why a child failed."""
+def _last_error_line(log: Path, start: int = 0, limit: int | None = 300) -> str:
+    """The line of ``log`` (from byte ``start``: this attempt's, the log is appended to) that says why a child failed, cut
+    to ``limit`` characters."""
     try:
         with open(log, "rb") as f:
             f.seek(start)
@@ -87,8 +88,8 @@ def _last_error_line(log: Path, start: int = 0) -> str:
     for wanted in (lambda ln: ln.startswith("error:"), lambda ln: "Error" in ln or "error" in ln):
         for ln in reversed(lines):
             if wanted(ln):
-                return ln[:300]
-    return lines[-1][:300] if lines else ""
+                return ln[:limit]
+    return lines[-1][:limit] if lines else ""
 
 
 STOP_GRACE_S = 120.0  # a stopped child's time to finish its step and checkpoint before it is killed
@@ -262,10 +263,10 @@ def generate_data_parallel(cfg: GenerateConfig, progress: ProgressFn | None = No
         raise
     if failed:
         i, code, log = failed[0]
-        said = _last_error_line(log, starts[i])
+        said = _last_error_line(log, starts[i], limit=None)  # whole: the advice ends a message that names paths and settings
         if generate_stage.START_OVER in said:  # shards made otherwise: the caller's fix applies (iterate: remove them)
             raise MadeOtherwise(said.removeprefix("error: "), out)
-        raise UserError(f"generation process {i} of {n} failed (exit code {code}): {said} — see {log}")
+        raise UserError(f"generation process {i} of {n} failed (exit code {code}): {said[:300]} — see {log}")
     manifest = read_manifest(out)
     # Each child's part manifest holds what it did in this invocation: a resumed run wrote only the missing shards.
     parts = [json.loads((out / f"_manifest.part-{i:03d}-of-{n:03d}.json").read_text())["summary"] for i in range(n)]
