@@ -381,5 +381,5 @@ def test_rows_with_an_empty_gold_are_named_before_generation(tmp_path):
     then failed its check after the generation was spent."""
     rows = [{"question": "1 + 1?", "answer": "#### 2"}, {"question": "2 + 2?", "answer": None}, {"question": "3 + 3?", "answer": " "}]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.warns(UserWarning, match=r"2 of 3 rows have no gold answer \(column 'answer' empty\)"):
+    with pytest.warns(UserWarning, match=r"2 of 3 rows have no gold answer \(column 'answer' empty"):
         load_examples(DatasetSpec(source=str(tmp_path / "d.jsonl")))

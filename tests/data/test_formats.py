@@ -289,11 +289,12 @@ def test_an_answer_column_beside_a_conversation_is_the_gold(tmp_path):
     wrong number (\"Four apples plus 10 pears\" gave 10: the right answer scored -1). The turn is the worked solution."""
     turn = "Four apples plus 10 pears, so the total is four."
     rows = [{"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": turn}], "answer": "4"},
-            {"messages": [{"role": "user", "content": "What is 1+2?"}, {"role": "assistant", "content": "#### 3"}], "answer": None}]
+            {"messages": [{"role": "user", "content": "What is 1+2?"}, {"role": "assistant", "content": "#### 3"}], "answer": None},
+            {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "#### 4"}], "answer": " "}]
     (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    first, second = load_examples(DatasetSpec(source=str(tmp_path / "m.jsonl"), split="train"))
+    first, second, third = load_examples(DatasetSpec(source=str(tmp_path / "m.jsonl"), split="train"))
     assert (first.answer, first.solution, first.messages[-1]["role"]) == ("4", turn, "user")
-    assert second.answer == "3"  # a row with no answer: its own turn
+    assert (second.answer, third.answer) == ("3", "4")  # a row with no (or a blank) answer: its own turn
 
 
 @pytest.mark.parametrize("text", [json.dumps([{"role": "user", "content": "What is 1+1?"}]), str([{"role": "user", "content": "What is 1+1?"}])])

@@ -835,3 +835,8 @@ def test_rows_whose_check_failed_are_not_trained_as_negatives(tmp_path):
     assert result["dropped"] == {"unchecked": 1} and t.column("prompt_id").to_pylist() == ["q0", "q0", "q1"]  # a timeout stays: the policy's
     kept, t = run(tmp_path, scored, drop_unchecked=False, overwrite=True)
     assert "unchecked" not in kept["dropped"] and t.num_rows == 4
+    # Nor do they weigh in the baselines: q1's group mean is its timeout's and its wrong row's −1, not the error's too.
+    table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array([1.0, -1.0, 5.0, -1.0], pa.float32()))
+    scored = write_scored(tmp_path / "scored2", table)
+    _, t = run(tmp_path, scored, baseline="group-mean", overwrite=True)
+    assert t.column("advantage").to_pylist() == [1.0, -1.0, 0.0]  # (q0: mean 0; q1: mean −1 over its checked rows)

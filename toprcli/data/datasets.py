@@ -337,7 +337,7 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
         examples.append(Example(pid, q, preset.gold(raw), solution or raw, messages, _text(r.get("data_source")), preset=preset.name,
                                 verbatim=q_col == "prompt"))
     if a_col is not None and (missing := sum(not (e.answer or "").strip() for e in examples)):  # verl's model-RM rows: ground_truth null
-        warnings.warn(f"dataset {spec.source!r}: {missing} of {len(examples)} rows have no gold answer (column {a_col!r} empty): a verifier "
+        warnings.warn(f"dataset {spec.source!r}: {missing} of {len(examples)} rows have no gold answer (column {a_col!r} empty, or no answer in it): a verifier "
                       "that needs one checks none of them (verdict error; curate leaves them out) — fill or drop those rows")
     if spec.few_shot:
         source, split = few_shot_source(spec.source, spec.few_shot_split)

@@ -94,8 +94,9 @@ def gold_text(value: Any, reference: str | None, where: str) -> str | None:
     """The gold of a row: its answer column's ``value`` (a short gold beats the conversation's last assistant turn, as
     OpenR1-Math's ``answer`` beside its ``messages``), else the ``reference`` turn. A conversational value (TRL's
     ``completion``) is its last turn's content; a list of one answer (verl's ``ground_truth: ["42"]``) is that answer."""
-    if value is None or reference is not None and isinstance(value, (list, tuple)) and not is_messages(value) and len(value) != 1:
-        return reference  # no one answer in the column: the conversation's own
+    blank = value is None or isinstance(value, str) and not value.strip()
+    if blank or reference is not None and isinstance(value, (list, tuple)) and not is_messages(value) and len(value) != 1:
+        return reference if reference is not None or value is None else value  # no one answer in the column: the conversation's own
     if is_messages(value):
         return value[-1]["content"] if value else None
     if isinstance(value, (list, tuple)):  # several accepted answers: a verifier checks against one gold, and "['4', 'four']" matches none

@@ -176,8 +176,9 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     row_source = np.repeat(inputs.file_source, inputs.file_rows)  # (N,)
     row_weight = np.asarray(weights, dtype=np.float64)[row_source]
     groups, n_groups = cu.group_ids(light["iteration"], light["policy"], light["prompt_id"])
-    # Group and batch-mean baselines, and the std, use every scored sample (see module docstring).
-    group_c, c_const, std = _all_sample_statistics(cfg, kind, c_const, reward, row_weight, groups, n_groups)
+    # Group and batch-mean baselines, and the std, use every scored sample (see module docstring) that was checked.
+    counted = np.flatnonzero(_numpy(pc.not_equal(light["verdict"], ERROR), bool)) if cfg.drop_unchecked else np.arange(len(reward))
+    group_c, c_const, std = _all_sample_statistics(cfg, kind, c_const, reward, row_weight, groups, n_groups, counted)
     keep, dropped = _select(cfg, inputs, light, correct, groups, n_groups, sample_index)
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
@@ -200,7 +201,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
                       "baseline (a group baseline needs prompts with samples of both outcomes, n > 1)", stacklevel=2)
     elif c_const is not None and (wrong := ~correct[kept][written]).any() and not np.any(adv[written][wrong]):
         warnings.warn(f"all {int(wrong.sum())} wrong rows have advantage 0 (their reward equals the baseline {c_const:g}): they train "
-                      "nothing, so this set is its positives only — reward wrong answers below the baseline (score --reward-incorrect -1; "
+                      "nothing (unless training whitens advantages), so this set is its positives only — reward wrong answers below the baseline (score --reward-incorrect -1; "
                       "a plugin that returns 0/1 sets its own rewards) or set --baseline between the two rewards", stacklevel=2)
     rows = (kept, adv, w32) if pair_order is None else (kept[pair_order], adv[pair_order], w32[pair_order])
     counts = _summarise(cfg, kind, c_const, inputs, light, groups, keep, *rows, correct, row_source, weights, dropped, target)
@@ -231,23 +232,29 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
 
 
 def _all_sample_statistics(cfg: CurateConfig, kind: str, c_const: float | None, reward: np.ndarray, row_weight: np.ndarray,
-                           groups: np.ndarray, n_groups: int) -> tuple[np.ndarray | None, float | None, np.ndarray | float | None]:
-    """What is estimated from every scored sample, before selection: a per-row group baseline (N,) or None, the
-    constant c (batch-mean: the mean reward), and the std of ``std_normalize`` (ROLL normalises before it masks). The
-    batch's statistics count each source by its weight: a replayed round as its replay weight says."""
-    group_c = None
-    if kind == "group-mean":
-        group_c = cu.group_mean_baseline(reward, groups, n_groups)
-    elif kind == "leave-one-out":
-        group_c = cu.leave_one_out_baseline(reward, groups, n_groups)
-    elif kind == "batch-mean":
-        c_const = cu.batch_mean(reward, row_weight)
+                           groups: np.ndarray, n_groups: int, counted: np.ndarray) -> tuple[np.ndarray | None, float | None, np.ndarray | float | None]:
+    """What is estimated from every scored sample before selection, of the rows ``counted`` (K,) (not those whose
+    check failed: their reward says nothing): a per-row group baseline (N,) or None, the constant c (batch-mean: the
+    mean reward), and the std of ``std_normalize`` (ROLL normalises before it masks). The batch's statistics count
+    each source by its weight: a replayed round as its replay weight says."""
+    r, w, g = reward[counted], row_weight[counted], groups[counted]
+    per_row = {"group-mean": cu.group_mean_baseline, "leave-one-out": cu.leave_one_out_baseline}.get(kind)
+    group_c = _scatter(per_row(r, g, n_groups), counted, len(reward)) if per_row else None
+    if kind == "batch-mean":
+        c_const = cu.batch_mean(r, w)
     std = None
     if cfg.std_normalize == "batch":
-        std = cu.reward_std(reward, row_weight)
+        std = cu.reward_std(r, w)
     elif cfg.std_normalize == "group":
-        std = cu.group_reward_std(reward, groups, n_groups)
+        std = _scatter(cu.group_reward_std(r, g, n_groups), counted, len(reward))
     return group_c, c_const, std
+
+
+def _scatter(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """``values`` (K,) of ``rows`` as a float64 (N,) array, 0 elsewhere (rows no selection keeps)."""
+    out = np.zeros(n, dtype=np.float64)
+    out[rows] = values
+    return out
 
 
 def _solve_positive_fraction(cfg: CurateConfig, reward: np.ndarray, weight: np.ndarray, correct: np.ndarray) -> tuple[float, float, str]:

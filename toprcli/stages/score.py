@@ -338,7 +338,7 @@ def _score(cfg, out, files, todo, existing, total_rows, verifier, rewards, setti
         lazy = cfg.verifier.startswith("python:") and result.verdicts.get(TIMEOUT, 0) == result.rows  # or a model loaded on its first call
         fix = ("every check ran past --timeout: a plugin that loads a model on its first call loads it again in each worker started after "
                "a timeout — load it as its module imports, or raise --timeout" if lazy else f"check that verifier {cfg.verifier} fits the data")
-        warnings.warn(f"{failed / result.rows:.1%} of the completions could not be checked{example} and are rewarded as wrong — {fix}",
+        warnings.warn(f"{failed / result.rows:.1%} of the completions could not be checked{example} and are rewarded as wrong (curate leaves the errors out) — {fix}",
                       ChecksFailed, stacklevel=2)
     result.wall_time_s = time.monotonic() - t0
     result.rows_per_s = scored_rows / t_scoring if t_scoring > 0 else None

@@ -54,7 +54,7 @@ def parse_plugin_spec(target: str) -> tuple[str, str]:
 
 # Per plugin loaded in this process: the files of the modules its import brought in from outside the Python installation
 # (a helper module beside it, a package of the user's). They decide its verdicts as much as its own file does.
-_LOCAL_IMPORTS: dict[str, list[str]] = {}
+_LOCAL_IMPORTS: dict[str, list[tuple[str, str]]] = {}  # target -> [(module name, file)]
 
 
 def source_digest(target: str) -> str | None:
@@ -73,17 +73,19 @@ def source_digest(target: str) -> str | None:
     if path is None or not path.is_file():
         return None
     digest = hashlib.sha256(path.read_bytes())
-    for f in _LOCAL_IMPORTS.get(target, []):
-        digest.update(f.encode() + b"\0" + (Path(f).read_bytes() if Path(f).is_file() else b"(gone)"))
+    for name, f in _LOCAL_IMPORTS.get(target, []):  # by module name: a project moved with its files keeps its digest
+        digest.update(name.encode() + b"\0" + (Path(f).read_bytes() if Path(f).is_file() else b"(gone)"))
     return digest.hexdigest()[:16]
 
 
-def _user_modules(names: set[str], own: Path | None) -> list[str]:
-    """The source files of the modules ``names`` that are not the Python installation's (stdlib, site-packages)."""
+def _user_modules(names: set[str], own: Path | None) -> list[tuple[str, str]]:
+    """(name, source file) of the modules ``names`` that are the user's: not the Python installation's (stdlib,
+    site-packages) nor toprcli's own (the tool, whichever of it was imported before the plugin)."""
     installed = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                                                               *site.getsitepackages(), site.getusersitepackages())})
-    files = {os.path.realpath(f) for name in names if isinstance(f := getattr(sys.modules.get(name), "__file__", None), str)}
-    return sorted(f for f in files if not f.startswith(installed) and (own is None or f != str(own)) and f.endswith(".py"))
+    found = {(name, os.path.realpath(f)) for name in names if not name.split(".")[0] == "toprcli"
+             and isinstance(f := getattr(sys.modules.get(name), "__file__", None), str)}
+    return sorted((n, f) for n, f in found if not f.startswith(installed) and (own is None or f != str(own)) and f.endswith(".py"))
 
 
 def load_function(target: str) -> Callable:
