@@ -106,6 +106,11 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("The answer is 1,000 * 2 = 2,000", "2000", "correct", "2,000"),
         ("The answer is 10. 10 x 2 = 20", "10", "correct", "10"),
         ("The answer is 60 = 15 - 20 minutes", "60", "correct", "60"),
+        # The result is where the chain of "=" ends, not the sentence's last "=" (SmolLM2 went on: "... and so on to 3 * 2.3 = 6.6").
+        ("The final answer is 23*0.12 = 2.3 equal parts and so on to 3 * 2.3 = 6.6", "2.3", "correct", "2.3"),
+        ("The answer is 3 * 4 = 6 * 2 = 12", "12", "correct", "12"),
+        ("The answer is 3 * 4 = **12**.", "12", "correct", "12"),
+        ("The answer is 3 * 4 = 6 * 2", "12", "incorrect", "3"),  # left open: the number said
     ],
 )
 def test_gsm8k_reading_and_numeric_comparison(completion, answer, verdict, extracted):
@@ -156,6 +161,7 @@ def test_gsm8k_is_fast_and_bounded_on_huge_inputs():
         "The answer is 3 * 4 = 12" + " " * 50_000 + "x",  # a calculation's result, checked past its closers in one pass
         "The answer is 3 * 4 =" + " 1 =" * 20_000,
         "#### 1 Title\n" + "The answer is 2 + " * 5_000,
+        "The answer is 3 * 4 =" + " 1 * 2 =" * 10_000,
     ]
     t = time.perf_counter()
     for text in nasty:

@@ -12,7 +12,7 @@ Prediction, in order (flexible mode, the default):
    in ``\\( \\)`` or after an escaped ``\\$``,
 2. the number after the first "the answer is" / "the final answer is", also
    in bold, ``$\\boxed{}$`` or ``\\( \\)``; when it begins a calculation
-   ("the answer is 3 * 4 = 12"), the result after the sentence's last ``=`` (a
+   ("the answer is 3 * 4 = 12"), the result its chain of ``=`` ends with (a
    ``####`` that does not end its line, followed by "the answer is", is a heading),
 3. the number in the last ``\\boxed{}`` (``\\boxed{\\frac{1}{2}}`` too),
 4. the last number in the completion.
@@ -162,16 +162,24 @@ def extract(completion: str, strict: bool = False) -> str | None:
 
 def _result(completion: str, m: re.Match) -> str:
     """The number said after "the answer is"; when it begins a calculation ("3 * 4 = 12", "$20+22=42$"), the result
-    after its last ``=`` (the sentence's; a result that is itself a sum, "42 = 6 * 7", leaves the first number)."""
+    its chain of ``=`` ends with ("3 * 4 = 6 * 2 = 12"; "2 * 2 = 4 apples, then 5 = 6": 4). A chain that ends in a
+    calculation left open ("3 * 4 = 6 * 2") leaves the number said, as does one the number said does not begin."""
     end = _SENTENCE_END_RE.search(completion, m.end())
     said = completion[m.end() : end.start() if end else len(completion)]
-    if "=" not in said or not _CALCULATION_RE.match(said):
+    if not _CALCULATION_RE.match(said):
         return _value(m)
-    after = said.rsplit("=", 1)[1]
-    r = _RESULT_RE.match(after)
-    if r is None or _CALCULATION_RE.match(after, _CLOSE_RE.match(after, r.end()).end()):  # (past its closers: bold, $, a box)
-        return _value(m)  # "42 = 6 * 7": the result is itself a calculation, so the number said stands
-    return _value(r)
+    pos = said.find("=")
+    while pos != -1:  # each step moves on past an "=": linear in the sentence
+        r = _RESULT_RE.match(said, pos + 1)
+        if r is None:
+            break
+        if _CALCULATION_RE.match(said, r.end()):  # "= 6 * 2 = 12": the chain goes on at its next "="
+            pos = said.find("=", r.end())
+        elif said.startswith("=", nxt := _CLOSE_RE.match(said, r.end()).end()):  # "= 12 = 12", past closers: bold, $, a box
+            pos = nxt
+        else:
+            return _value(r)
+    return _value(m)
 
 
 def _value(m: re.Match) -> str:
