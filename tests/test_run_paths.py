@@ -165,6 +165,7 @@ def test_a_new_branch_is_held_to_the_files_its_parent_s_rounds_were_made_with(tw
     Pipeline(branch, branch_from=str(run / "round-001")).prepare()
     made = root / "other" / "runs" / "b"
     assert json.loads((made / PATHS_FILE).read_text())["paths"]["model"]["path"] == str(root / "proj" / "models" / "tiny")
+    assert json.loads((made / PATHS_FILE).read_text())["paths"]["model"]["from_run"] == "../../../proj/models/tiny"  # from its own dir
     # Killed after the branch was made, before its paths were recorded, then resumed with --run-dir alone: still the parent's.
     (made / PATHS_FILE).unlink()
     monkeypatch.chdir(root / "other")
@@ -188,7 +189,7 @@ def test_a_launch_killed_between_the_run_config_and_topr_s_copy_is_no_hand_edit(
     changed = load_config(IterateConfig, None, sets={**{k: v for k, v in config_to_dict(cfg).items() if k in ("run_dir", "model", "rounds")},
                                                      "train.lr": 3e-6})
     edited = recorded_copy(run)  # the launch with -c changed.yaml --apply-from-next-round, as Pipeline.prepare goes ...
-    with recording(run, changed, edited):
+    with recording(run, changed):
         assert reconcile(run, changed, apply_from_next_round=True, recorded_file=edited) == ["train.lr"]
     # ... killed here, before keep_recorded_copy. The next launch goes on with the run's config.yaml:
     assert recorded_copy(run) is None
@@ -199,9 +200,23 @@ def test_a_launch_killed_between_the_run_config_and_topr_s_copy_is_no_hand_edit(
     (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("3.0e-06", "1.0e-05"))
     assert recorded_copy(run) == run / ".recorded-config.yaml" and not (run / ".recorded-config.yaml.pending").exists()
     # That edit, refused, and the same launch again: refused again (its bytes were pended as topr's own, and taken).
+    from toprcli.pipeline import Pipeline
+
     for _ in range(2):
-        edited = recorded_copy(run)
-        now = load_config(IterateConfig, run / "config.yaml")
-        with pytest.raises(UserError, match="started with a different config"), recording(run, now, edited):
-            reconcile(run, now, apply_from_next_round=False, recorded_file=edited)
+        with pytest.raises(UserError, match="started with a different config .* was edited since topr recorded it"):
+            Pipeline(load_config(IterateConfig, run / "config.yaml")).prepare()
     assert recorded_copy(run) == run / ".recorded-config.yaml"
+    # Accepted (--apply-from-next-round), killed after reconcile rewrote config.yaml: the next launch takes it as topr's.
+    import toprcli.run_paths as run_paths
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    edited_cfg = load_config(IterateConfig, run / "config.yaml")
+    original, run_paths.keep_recorded_copy = run_paths.keep_recorded_copy, killed
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Pipeline(edited_cfg, apply_from_next_round=True).prepare()
+    finally:
+        run_paths.keep_recorded_copy = original
+    assert recorded_copy(run) is None and "lr: 1.0e-05" in (run / ".recorded-config.yaml").read_text()

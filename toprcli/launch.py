@@ -122,7 +122,7 @@ def run_logged(cmd: str | Sequence[str], log: Path, *, what: str, env: dict[str,
             proc.kill()
             raise
     if code != 0:
-        last = _last_error_line(log, start)
+        last = _last_error_line(log, start, limit=None)  # whole: a caller reads the refusal it ends with (RESUME_REFUSED)
         raise UserError(f"{what} failed (exit code {code}): {last} — see {log}")
 
 

@@ -328,7 +328,9 @@ class Pipeline:
         before = runs.round_records(self.run_dir)
         edited = run_paths.recorded_copy(self.run_dir)  # config.yaml edited by hand: checked against topr's copy, as a -c is
         try:
-            with run_paths.recording(self.run_dir, self.cfg, edited):
+            if edited is not None:  # checked before it is pended as topr's own: a refused edit must not be taken next time
+                runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round, write=False, recorded_file=edited)
+            with run_paths.recording(self.run_dir, self.cfg):
                 changed = runs.reconcile(self.run_dir, self.cfg, apply_from_next_round=self.apply_from_next_round, recorded_file=edited)
         except UserError as e:
             if edited is None:

@@ -52,17 +52,18 @@ def check_paths(run_dir: Path, cfg: IterateConfig, *, pinned: bool = True, paren
     (``cp -a proj proj2``) finds its files where they lie beside it, as they lay beside the original: taken. Not ``pinned``
     (nothing made yet: a launch from the wrong place that failed at once), the paths of this launch are taken. A new
     branch of the run ``parent`` is held to the parent's record: the rounds it inherits were made with those files."""
-    path, home = Path(run_dir) / PATHS_FILE, os.path.realpath(run_dir)  # real paths: a run dir reached through a symlink is where it lies
+    path = Path(run_dir) / PATHS_FILE
+    home = own = os.path.realpath(run_dir)  # real paths: a run dir reached through a symlink is where it lies
     lineage = Path(run_dir) / LINEAGE_FILE  # a branch made, its paths not yet recorded (killed in between): its parent's still hold
     parent = Path(read_json(lineage, needs="parent")["parent"]) if lineage.is_file() else parent
     inherited = parent is not None and not path.is_file() and (Path(parent) / PATHS_FILE).is_file()
-    if inherited:  # where a file lies from the run dir is the parent's question: its record says where from the parent
+    if inherited:  # compared from where the parent lies, as its record says; recorded from the branch's own dir
         path, pinned, started = Path(parent) / PATHS_FILE, True, f"the run it branches from ({os.path.realpath(parent)}) used"
         home, again = os.path.realpath(parent), "the same topr iterate --branch-from"
     else:
         started, again = "this run started with", f"topr iterate --run-dir {home}"
     recorded = read_json(path, needs="paths") if path.is_file() else {"cwd": os.getcwd(), "paths": {}}
-    resolved, kept = config_to_dict(cfg), dict(recorded["paths"])
+    resolved, kept = config_to_dict(cfg), {} if inherited else dict(recorded["paths"])
     for key in PATH_KEYS:
         words = _relative(key, value_at(resolved, key))
         if words is None:
@@ -77,7 +78,7 @@ def check_paths(run_dir: Path, cfg: IterateConfig, *, pinned: bool = True, paren
         if os.path.exists(here):
             if was is not None and was["words"] == words and was["path"] != here and was.get("from_run") != beside:
                 warnings.warn(f"{key}: {words} is {here} now; {was['path']}, where the run started, is gone (the project moved?)")
-            kept[key] = {"words": words, "path": here, "from_run": beside}
+            kept[key] = {"words": words, "path": here, "from_run": os.path.relpath(here, own)}
     moved = not pinned or inherited or any(v["path"] != recorded["paths"].get(k, v)["path"] for k, v in kept.items())
     return {"cwd": os.getcwd() if moved or not path.is_file() else recorded["cwd"], "paths": kept}
 
@@ -104,13 +105,13 @@ def recorded_copy(run_dir: Path) -> Path | None:
 
 
 @contextlib.contextmanager
-def recording(run_dir: Path, cfg: IterateConfig, edited: Path | None) -> Iterator[None]:
+def recording(run_dir: Path, cfg: IterateConfig) -> Iterator[None]:
     """While ``config.yaml`` may be rewritten with ``cfg``: the copy topr will keep is pending (:func:`recorded_copy`
     finishes it after a kill, :func:`keep_recorded_copy` once the config is accepted), and dropped when it is refused.
-    Not for a hand edit: its bytes are ``config.yaml``'s already, so a refused edit would be taken on the next launch."""
+    A hand edit is pended only once it is accepted: its bytes are ``config.yaml``'s already, so a refused one would be
+    taken on the next launch."""
     pending = Path(run_dir) / PENDING_COPY
-    if edited is None:
-        write_text_atomic(pending, config_yaml(cfg))
+    write_text_atomic(pending, config_yaml(cfg))
     try:
         yield
     except UserError:

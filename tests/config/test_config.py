@@ -158,12 +158,15 @@ def test_what_each_round_sets_is_neither_shown_nor_taken_in_a_pipeline_config(tm
     shown = yaml.safe_load(runner.invoke(app, ["config", "show"]).stdout)
     assert "out" not in shown["generate"] and "data" not in shown["train"] and "tracking" not in shown["eval"]
     assert "n" in shown["generate"] and "lr" in shown["train"] and "tracking" in shown  # the settings a user edits stay
-    with pytest.warns(UserWarning, match=r"train.data in a pipeline config: each round sets it .* so it is not used"):
-        cfg = load_config(IterateConfig, None, sets={"train.data": "mine.parquet", "train.out": ""})
-    assert cfg.train.data == ""  # dropped, so a run recorded with it (never used) resumes with no change to refuse
+    from toprcli.cli.iterate import check_config
+
+    (tmp_path / "p.yaml").write_text("train:\n  data: mine.parquet\n  out: ''\n")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert load_config(IterateConfig, None, sets={"train.out": ""}).rounds == 3  # a default: nothing to say
+        warnings.simplefilter("error")  # dropped in silence where records are read (a run recorded with it goes on)
+        cfg = load_config(IterateConfig, tmp_path / "p.yaml")
+    assert cfg.train.data == ""
+    with pytest.warns(UserWarning, match=r"^train.data in .*p.yaml: each round sets it .* so it is not used$"):  # said of a -c
+        check_config(str(tmp_path / "p.yaml"), {}, cfg)
 
 
 def test_resolved_config_is_plain_data():
@@ -314,7 +317,7 @@ def test_a_flag_reaches_into_a_section_left_empty(tmp_path):
     ("curate:\n  baseline: batch_mean\n", "bad value for 'curate.baseline': 'batch_mean'"),
     ("curate:\n  baseline: 0.5\n  positive_fraction: 0.2\n", "both given"),
     ("curate:\n  positive_fraction: 0.2\n  std_normalize: group\n", "std_normalize: group"),
-    ("curate:\n  source_weights: [1, -2]\n", "bad source weight -2"),
+    ("replay_weight: -1\n", "bad value for 'replay_weight'"),  # (a pipeline's source weights: curate.source_weights is each round's)
     ("curate:\n  unreachable_baseline: .nan\n", "expected a finite number"),
     ("train:\n  entropy_coef: .inf\n", "expected a finite number"),
     ("train:\n  epochs: .inf\n", "expected a finite number > 0"),

@@ -103,6 +103,8 @@ def test_gsm8k_every_gold_solution_is_correct_and_wrong_for_other_problems():
         ("So the answer is **18**, since 16 − 3 − 4 = 9 eggs are sold", "18", "correct", "18"),
         ("The answer is 20 - note 5 * 4 = 20, not 5 + 4 = 9", "20", "correct", "20"),
         ("#### 18 dollars\nQuestion: Tom has 3 apples. The answer is 7", "18", "correct", "18"),
+        ("Janet makes 18.\n#### 18 dollars\n\nQuestion 2: A robe takes 2 + 1 = 3. The answer is 3.", "18", "correct", "18"),
+        ("#### 1 Understand the question\n**Question:** Janet...\n9*2=18\nThe answer is 18", "18", "correct", "18"),
         ("The answer is 1,000 * 2 = 2,000", "2000", "correct", "2,000"),
         ("The answer is 10. 10 x 2 = 20", "10", "correct", "10"),
         ("The answer is 60 = 15 - 20 minutes", "60", "correct", "60"),

@@ -66,9 +66,20 @@ def default_config(given: dict) -> Path:
 
 def check_config(path: str, given: dict, cfg: IterateConfig) -> None:
     """``-c RUN/config.yaml``, a run's own record, acts on the run_dir written in it: a copied or moved run's names the
-    original (it resumed the original, or began anew at its old path, with the copy's work untouched)."""
+    original (it resumed the original, or began anew at its old path, with the copy's work untouched). A key each round
+    sets itself, given, is said not to be used (the config drops it)."""
+    import warnings
+
+    from toprcli.config import read_yaml
+    from toprcli.config.schema import ROUND_SETS, STAGES
     from toprcli.errors import UserError
     from toprcli.runs import CONFIG_FILE, round_dirs
+    from toprcli.shards import value_at
+
+    raw = read_yaml(path)
+    unused = [f"{s}.{k}" for s, keys in ROUND_SETS.items() for k in keys if value_at(raw, f"{s}.{k}") not in (None, getattr(STAGES[s](), k))]
+    if unused:
+        warnings.warn(f"{', '.join(unused)} in {path}: each round sets it (its input or output in the run directory), so it is not used")
 
     home = Path(path).resolve().parent
     made = round_dirs(home) or (home / "base").is_dir() or (home / "warmstart").is_dir()  # a run's dir, whatever it has made

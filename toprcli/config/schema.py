@@ -391,14 +391,12 @@ class IterateConfig:
     @staticmethod
     def migrate(data: dict[str, Any]) -> dict[str, Any]:
         """A run's ``train.tensorboard: true`` (before trackers) reports the whole run to TensorBoard; what each round sets
-        itself (``ROUND_SETS``) is dropped, said when it was given (it was never used: a run recorded with it goes on)."""
+        itself (``ROUND_SETS``) is dropped (never used: a run recorded with it goes on; `topr iterate` says so of a -c's)."""
         train = data.get("train")
         if isinstance(train, dict) and train.get("tensorboard"):
             data["tracking"] = TrainConfig.migrate({"tensorboard": train.pop("tensorboard"), "tracking": data.get("tracking")})["tracking"]
         for stage, keys in ((s, k) for s, k in ROUND_SETS.items() if isinstance(data.get(s), dict)):
-            data[stage] = section = dict(data[stage])
-            if given := [k for k in keys if k in section and section.pop(k) != getattr(STAGES[stage](), k)]:
-                warnings.warn(f"{', '.join(f'{stage}.{k}' for k in given)} in a pipeline config: each round sets it (its input or output in the run directory), so it is not used")
+            data[stage] = {k: v for k, v in data[stage].items() if k not in keys}
         return data
 
     def check(self) -> None:

@@ -13,7 +13,8 @@ Prediction, in order (flexible mode, the default):
 2. the number after the first "the answer is" / "the final answer is", also
    in bold, ``$\\boxed{}$`` or ``\\( \\)``; when it begins a calculation
    ("the answer is 3 * 4 = 12"), the result its chain of ``=`` ends with (a
-   ``####`` that does not end its line, followed by "the answer is", is a heading),
+   ``####`` whose number a title follows, "#### 1 Eggs per day", is a heading when
+   "the answer is" comes after it),
 3. the number in the last ``\\boxed{}`` (``\\boxed{\\frac{1}{2}}`` too),
 4. the last number in the completion.
 
@@ -68,7 +69,7 @@ _CALCULATION_RE = re.compile(r"[ \t]*" + _OPS + r"[ \t]*(?:\$[ \t]*)?\d")
 _RESULT_RE = re.compile(r"[ \t]*" + _OPEN + _VALUE)
 _SENTENCE_END_RE = re.compile(r"\.(?!\d)|[\n!?;]")
 _CLOSE_RE = re.compile(_CLOSE)
-_NEW_PROBLEM_RE = re.compile(r"(?im)^[ \t*#]*(?:question|problem|q)[ \t*]*[:.]")
+_TITLE_RE = re.compile(r"[ \t]*[*_]*[A-Z]")  # "#### 1 Eggs per day": a heading's title after its number ("#### 18 dollars": units)
 
 
 def to_number(text: str) -> Decimal | Fraction | None:
@@ -139,9 +140,9 @@ def extract(completion: str, strict: bool = False) -> str | None:
     """The number text the model gave, or None."""
     completion = _LATEX_THOUSANDS_RE.sub(",", completion)
     m = _HASH_LINE_RE.search(completion)
-    if m is None and (m := _HASH_RE.search(completion)) and not strict and (said := _ANSWER_IS_RE.search(completion, m.end())):
-        if not _NEW_PROBLEM_RE.search(completion, m.end(), said.start()):  # not a next problem the model rambled on to
-            return _result(completion, said)  # "#### 1 Eggs per day ... The answer is 18": a heading, the answer said after it
+    if m is None and (m := _HASH_RE.search(completion)) and not strict and _TITLE_RE.match(completion, m.end()):
+        if said := _ANSWER_IS_RE.search(completion, m.end()):  # "#### 1 Eggs per day ... The answer is 18": a heading
+            return _result(completion, said)
     if m:
         return m.group(1)
     if strict:
