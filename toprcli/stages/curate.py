@@ -177,7 +177,7 @@ def _curate(cfg: CurateConfig, kind: str, c_const: float | None, weights: list[f
     row_weight = np.asarray(weights, dtype=np.float64)[row_source]
     groups, n_groups = cu.group_ids(light["iteration"], light["policy"], light["prompt_id"])
     # Group and batch-mean baselines, and the std, use every scored sample (see module docstring) that was checked.
-    counted = np.flatnonzero(_numpy(pc.not_equal(light["verdict"], ERROR), bool)) if cfg.drop_unchecked else np.arange(len(reward))
+    counted = np.flatnonzero(~light["unchecked"]) if cfg.drop_unchecked else np.arange(len(reward))
     group_c, c_const, std = _all_sample_statistics(cfg, kind, c_const, reward, row_weight, groups, n_groups, counted)
     keep, dropped = _select(cfg, inputs, light, correct, groups, n_groups, sample_index)
     kept = np.flatnonzero(keep)
@@ -302,8 +302,8 @@ def _select(cfg: CurateConfig, inputs: ScoredInputs, light: dict[str, Any], corr
         keep[idx[~mask]] = False
         dropped[name] = int((~mask).sum())
 
-    if cfg.drop_unchecked and (unchecked := pc.equal(light["verdict"], ERROR).to_numpy(zero_copy_only=False)).any():
-        narrow("unchecked", lambda idx: ~unchecked[idx].astype(bool))
+    if cfg.drop_unchecked and light["unchecked"].any():
+        narrow("unchecked", lambda idx: ~light["unchecked"][idx])
     if cfg.drop_truncated:
         truncated = pc.equal(light["finish_reason"], "length").to_numpy(zero_copy_only=False)
         narrow("truncated", lambda idx: ~truncated[idx].astype(bool))
@@ -349,6 +349,8 @@ def _read_light(inputs: ScoredInputs, cfg: CurateConfig, progress: ProgressFn | 
     derived = {"fingerprint": ("completion", cu.string_fingerprint)} if cfg.dedupe else None
     light = inputs.read_light(cols, derived=derived, progress=lambda i, n: report(progress, "curate: reading ids and rewards", i, n))
     light.setdefault("fingerprint", None)
+    if cfg.drop_unchecked:  # the rows whose check failed (N,): read once, for the baselines and the selection
+        light["unchecked"] = _numpy(pc.equal(light.pop("verdict"), ERROR), bool)
     reward = _numpy(light["reward"], np.float64)
     if not np.all(np.isfinite(reward)):
         bad = np.flatnonzero(~np.isfinite(reward))
