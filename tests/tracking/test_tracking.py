@@ -305,6 +305,25 @@ def test_wandb_reads_back_what_its_offline_files_hold(tmp_path, monkeypatch):
     assert state["logged"] == {"train": 5}
 
 
+
+def test_a_closed_offline_wandb_run_has_written_its_file(tmp_path, monkeypatch):
+    """A shared W&B service wrote the run file after ``finish`` returned (CI read a bare 7-byte header): a run reopened
+    at once took nothing as logged. Close waits for the file's exit record, and gives up in bounded time."""
+    from toprcli.tracking import RunInfo
+    from toprcli.tracking.wandb_run import offline_records, open_run, wait_for_exit_record
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for attempt in range(3):  # the service outlives each run: the race was between runs of one process
+        run = open_run(RunInfo(tmp_path / str(attempt), "p", "r"), {}, {"a": 1})
+        run.log({"train/loss": 1.0, "train/step": 1.0}, 1, "train")
+        run.close()
+        (run_file,) = (tmp_path / str(attempt) / "wandb").glob("offline-run-*/run-*.wandb")
+        assert [r.WhichOneof("record_type") for r in offline_records(run_file)][-1] == "exit"
+    header_only = tmp_path / "header.wandb"
+    header_only.write_bytes(run_file.read_bytes()[:7])
+    assert not wait_for_exit_record(header_only, seconds=0.3)
+    assert wait_for_exit_record(run_file, seconds=0.3)
+
 def _mlflow_history(tracker, key):
     from mlflow.tracking import MlflowClient
 

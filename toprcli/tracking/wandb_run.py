@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import struct
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,22 @@ class WandbRun:
         pass  # no flush in W&B's API: see the module's note
 
     def close(self, status: str = "finished") -> None:
+        offline, run_file = self.run.settings.mode == "offline", Path(self.run.settings.sync_file)
         self.run.finish(exit_code=0 if status == "finished" else 1)  # W&B marks a nonzero exit as crashed
+        if offline:
+            wait_for_exit_record(run_file)
+
+
+def wait_for_exit_record(run_file: Path, seconds: float = 30.0) -> bool:
+    """Whether the run file ends with its exit record within ``seconds``. A shared W&B service writes the file after
+    ``finish`` returns (a run reopened at once in the same process read a bare header, took nothing as logged and
+    logged it all again); a process killed in that window lost the records ``finish`` was given."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if run_file.exists() and any(r.WhichOneof("record_type") == "exit" for r in offline_records(run_file)):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def open_run(info, state: dict[str, Any], config: dict[str, Any], save: Callable[[], None] = lambda: None) -> WandbRun:
