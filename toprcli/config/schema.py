@@ -79,7 +79,7 @@ class EngineConfig:
     tensor_parallel_size: int = opt(1, "GPUs per vLLM engine (tensor parallelism).", check=AT_LEAST_ONE)
     gpu_memory_utilization: float | None = opt(
         None, "vLLM's share of device memory for weights + KV cache; unset: 0.9 on GPU. On CPU a share of RAM; unset: a KV cache of 15% "
-        "of RAM (1-8 GiB), or VLLM_CPU_KVCACHE_SPACE GiB.", check=UNIT_HALF_OPEN)
+        "of RAM (1-8 GiB) but no more than 256 full-context sequences fill, or VLLM_CPU_KVCACHE_SPACE GiB.", check=UNIT_HALF_OPEN)
     max_model_len: int | None = opt(None, "Context length (prompt + completion); unset: the model's.", check=AT_LEAST_ONE)
     enforce_eager: bool | None = opt(None, "vLLM: no CUDA graphs / compilation; unset: eager on CPU (fast start), compiled on GPU.")
     batch_size: int = opt(64, "Prompts per engine call (hf backend).", check=AT_LEAST_ONE)

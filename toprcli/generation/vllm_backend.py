@@ -56,7 +56,7 @@ from toprcli.generation.base import (
     cuda_available,
     resolve_dtype,
 )
-from toprcli.generation.model_info import context_length, model_config_json, same_architecture, stop_token_ids
+from toprcli.generation.model_info import context_length, load_config, model_config_json, same_architecture, stop_token_ids
 from toprcli.processes import scratch_dir
 
 EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
@@ -208,7 +208,8 @@ class VLLMBackend:
             if o.gpu_memory_utilization is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 # A share of RAM minus what the worker already holds (torch, weights, the warm-up
                 # of a full step) can leave nothing for the KV cache; ask for the cache itself.
-                kwargs["kv_cache_memory_bytes"] = vllm_cpu.kv_cache_bytes()
+                seqs = o.extra.get("max_num_seqs") or 256 * o.tensor_parallel_size  # vLLM's own on CPU (LLM class)
+                kwargs["kv_cache_memory_bytes"] = vllm_cpu.kv_cache_bytes(vllm_cpu.kv_cache_need(load_config(model), dtype, ctx, seqs))
         kwargs.update(o.extra)
         return kwargs
 

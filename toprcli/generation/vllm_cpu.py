@@ -22,15 +22,41 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 
 
-def kv_cache_bytes() -> int:
-    """The KV cache of a CPU engine by default: 15% of RAM, between 1 and 8 GiB."""
+def kv_cache_bytes(need: int | None = None) -> int:
+    """The KV cache of a CPU engine by default: 15% of RAM, between 1 and 8 GiB, and never more than ``need``
+    (what the engine can fill at once, :func:`kv_cache_need`). vLLM writes the whole cache as it starts: 3.5 GiB
+    took 20 s on a 2-core machine, 1 GiB 5 s, for the tiny model's 128 MiB at most in use."""
     import psutil
 
-    return int(min(8 * 2**30, max(2**30, 0.15 * psutil.virtual_memory().total)))
+    default = int(min(8 * 2**30, max(2**30, 0.15 * psutil.virtual_memory().total)))
+    return default if need is None else min(default, need)
+
+
+# Layers whose state is not K and V per token: a cache sized by tokens could not hold them.
+_OTHER_LAYERS = ("mamba", "ssm", "linear_attn", "linear_attention", "conv_kernel", "rwkv", "recurrent")
+
+
+def kv_cache_need(config: Any, dtype: str, max_model_len: int, max_num_seqs: int) -> int | None:
+    """Bytes of K and V in every layer for ``max_num_seqs`` sequences of ``max_model_len`` tokens (each rounded up to
+    256-token blocks, one more for slack): more than vLLM's scheduler can ever fill, so a cache this size never makes it
+    wait or preempt, and sampling is unchanged. None when the config names other kinds of layers or leaves a size out."""
+    fields = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    if any(word in key.lower() for key in fields for word in _OTHER_LAYERS) or \
+            set(fields.get("layer_types") or []) - {"full_attention", "sliding_attention"}:
+        return None
+    layers, heads = fields.get("num_hidden_layers"), fields.get("num_attention_heads")
+    kv_heads = fields.get("num_key_value_heads") or heads
+    head_dim = fields.get("head_dim") or (fields.get("hidden_size") // heads if heads and fields.get("hidden_size") else None)
+    if not all(isinstance(v, int) and v > 0 for v in (layers, kv_heads, head_dim, max_model_len, max_num_seqs)):
+        return None
+    width = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)
+    tokens = max_num_seqs * (-(-max_model_len // 256) + 1) * 256
+    return tokens * 2 * layers * kv_heads * head_dim * width
 
 
 def _cores() -> list[int]:
