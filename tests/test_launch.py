@@ -81,7 +81,7 @@ def test_ctrl_c_at_the_terminal_stops_multi_rank_training_at_a_checkpoint(tiny_m
     data = write_curated(tmp_path / "train.parquet", n=48)
     out = tmp_path / "policy"
     args = [sys.executable, "-m", "toprcli", "train", "-m", str(tiny_model_dir), "-d", str(data), "-o", str(out), "--optimizer", "adamw",
-            "--lr", "1e-3", "--batch-size", "4", "--max-steps", "400", "--nproc-per-node", "2", "--no-progress", "--json"]
+            "--lr", "1e-3", "--batch-size", "4", "--max-steps", "120", "--nproc-per-node", "2", "--no-progress", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.Popen(args, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = out.with_name("policy.partial") / "metrics.jsonl"
@@ -110,7 +110,7 @@ def test_ctrl_c_at_the_terminal_stops_multi_rank_training_at_a_checkpoint(tiny_m
     resumed = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
-    assert summary["resumed_from_step"] == stopped_at and summary["steps"] == 400
+    assert summary["resumed_from_step"] == stopped_at < 120 and summary["steps"] == 120
 
 
 def test_a_stopped_launcher_is_asked_to_stop_with_sigterm(tmp_path):
