@@ -61,7 +61,8 @@ def test_the_default_kv_cache_is_what_the_engine_can_fill():
     assert kv_cache_need({**tiny, "head_dim": 64}, "float32", 500, 256) == 2 * need  # 500 tokens: two 256-token blocks + one
     assert kv_cache_bytes(need) == need < kv_cache_bytes() and 2**30 <= kv_cache_bytes() <= 8 * 2**30
     assert kv_cache_bytes(100 * 2**30) == kv_cache_bytes()  # a long context: the share of RAM, as before
-    for other in ({"mamba_d_state": 16}, {"layer_types": ["full_attention", "linear_attention"]}, {"num_hidden_layers": None}):
+    for other in ({"mamba_d_state": 16}, {"layer_types": ["full_attention", "linear_attention"]}, {"num_hidden_layers": None},
+                  {"model_type": "recurrent_gemma", "block_types": ["recurrent", "attention"]}, {"model_type": "rwkv"}):
         assert kv_cache_need({**tiny, **other}, "float32", 512, 256) is None  # a cache sized by tokens would not hold them
 
 

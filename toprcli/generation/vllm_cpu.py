@@ -38,7 +38,7 @@ def kv_cache_bytes(need: int | None = None) -> int:
 
 
 # Layers whose state is not K and V per token: a cache sized by tokens could not hold them.
-_OTHER_LAYERS = ("mamba", "ssm", "linear_attn", "linear_attention", "conv_kernel", "rwkv", "recurrent")
+_OTHER_LAYERS = ("mamba", "ssm", "linear_attn", "linear_attention", "conv_kernel", "rwkv", "recurrent", "xlstm")
 
 
 def kv_cache_need(config: Any, dtype: str, max_model_len: int, max_num_seqs: int) -> int | None:
@@ -46,7 +46,8 @@ def kv_cache_need(config: Any, dtype: str, max_model_len: int, max_num_seqs: int
     256-token blocks, one more for slack): more than vLLM's scheduler can ever fill, so a cache this size never makes it
     wait or preempt, and sampling is unchanged. None when the config names other kinds of layers or leaves a size out."""
     fields = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    if any(word in key.lower() for key in fields for word in _OTHER_LAYERS) or \
+    names = [*fields, str(fields.get("model_type") or ""), *map(str, fields.get("block_types") or [])]
+    if any(word in name.lower() for name in names for word in _OTHER_LAYERS) or \
             set(fields.get("layer_types") or []) - {"full_attention", "sliding_attention"}:
         return None
     layers, heads = fields.get("num_hidden_layers"), fields.get("num_attention_heads")
