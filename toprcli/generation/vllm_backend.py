@@ -56,7 +56,7 @@ from toprcli.generation.base import (
     cuda_available,
     resolve_dtype,
 )
-from toprcli.generation.model_info import context_length, load_config, model_config_json, same_architecture, stop_token_ids
+from toprcli.generation.model_info import config_context_length, context_length, load_config, model_config_json, same_architecture, stop_token_ids
 from toprcli.processes import scratch_dir
 
 EXTENSION_CLS = "toprcli.generation.vllm_backend.ToprWorkerExtension"
@@ -202,14 +202,14 @@ class VLLMBackend:
             # prefill) kills the engine ("CPU Generator does not use offset": the runner
             # rewinds the request's generator with a CUDA-only call). Without chunked
             # prefill no prompt is split; the step budget must then hold a whole prompt.
-            ctx = context_length(model, o.max_model_len) or 0  # as transformers reads it (hub ids, text configs); unknown: the floor
+            config = load_config(model)  # read once: the context and the KV cache's size
+            ctx = o.max_model_len or config_context_length(config) or 0  # as transformers reads it (hub ids, text configs); unknown: the floor
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(4096, int(ctx))
             if o.gpu_memory_utilization is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-                # A share of RAM minus what the worker already holds (torch, weights, the warm-up
-                # of a full step) can leave nothing for the KV cache; ask for the cache itself.
+                # A share of RAM minus what the worker holds (torch, weights, a step's warm-up) can leave no KV cache: ask for it.
                 seqs = o.extra.get("max_num_seqs") or 256 * o.tensor_parallel_size  # vLLM's own on CPU (LLM class)
-                kwargs["kv_cache_memory_bytes"] = vllm_cpu.kv_cache_bytes(vllm_cpu.kv_cache_need(load_config(model), dtype, ctx, seqs))
+                kwargs["kv_cache_memory_bytes"] = vllm_cpu.kv_cache_bytes(vllm_cpu.kv_cache_need(config, dtype, ctx, seqs))
         kwargs.update(o.extra)
         return kwargs
 
